@@ -1,0 +1,149 @@
+"""Everything that differs between SQLite and PostgreSQL, behind one interface.
+
+Services never test ``dialect.name``; they ask :func:`dialect_for` for a :class:`StoreDialect` and call it:
+transaction start (SQLite ``BEGIN IMMEDIATE`` versus PostgreSQL ``BEGIN`` plus row locks), upserts,
+scalar maximum, advisory locks, and the short timeouts of non-blocking probes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy import ColumnElement, Connection, Engine, Select, Table, event, func
+from sqlalchemy.dialects import postgresql, sqlite
+
+#: Execution option read by the SQLite "begin" hook: True opens a deferred (read-only) transaction.
+READ_ONLY_OPTION = "hostedrooms_read_only"
+
+#: A stable 64-bit key for advisory locks that serialise schema migrations on PostgreSQL.
+MIGRATION_LOCK_KEY = 0x686F737465640001  # "hosted" + 1
+
+_S = TypeVar("_S", bound=Select[Any])
+
+
+class UpsertInsert(Protocol):
+    """The insert construct both dialects return: ``on_conflict_do_update`` / ``on_conflict_do_nothing``."""
+
+    excluded: Any
+
+    def values(self, *args: Any, **kwargs: Any) -> UpsertInsert: ...
+
+    def on_conflict_do_update(self, *, index_elements: Any = ..., set_: Any = ..., where: Any = ...) -> Any: ...
+
+    def on_conflict_do_nothing(self, *, index_elements: Any = ...) -> Any: ...
+
+
+class StoreDialect:
+    """Dialect-specific behaviour; one instance per supported backend."""
+
+    name = "generic"
+
+    def configure_engine(self, engine: Engine, *, synchronous: str, busy_timeout: float) -> None:
+        """Install connection hooks (pragmas, transaction start) on a new engine."""
+
+    def insert(self, table: Table) -> UpsertInsert:
+        """An INSERT that supports ``ON CONFLICT`` upserts."""
+        raise NotImplementedError
+
+    def for_update(self, stmt: _S) -> _S:
+        """Lock the selected rows until the transaction ends where the backend needs row locks."""
+        return stmt
+
+    def greatest(self, *values: Any) -> ColumnElement[Any]:
+        """The scalar maximum of its arguments."""
+        raise NotImplementedError
+
+    def lock_migrations(self, connection: Connection) -> None:
+        """Serialise concurrent migration runs for the rest of the current transaction."""
+
+    @contextlib.contextmanager
+    def probe_timeouts(self, connection: Connection, seconds: float) -> Iterator[None]:
+        """Bound how long statements in the current transaction may wait for locks."""
+        yield
+
+
+class SQLiteDialect(StoreDialect):
+    """SQLite: WAL, durable commits, and ``BEGIN IMMEDIATE`` for every write transaction.
+
+    pysqlite's default transaction handling issues reads before its implicit BEGIN, which loses updates
+    under concurrency; we take transaction control ourselves (the recipe in SQLAlchemy's SQLite dialect
+    docs) so a read-then-write transaction holds the write lock from its first statement.
+    """
+
+    name = "sqlite"
+
+    def configure_engine(self, engine: Engine, *, synchronous: str, busy_timeout: float) -> None:
+        timeout_ms = int(busy_timeout * 1000)
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None  # we emit BEGIN ourselves
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute(f"PRAGMA busy_timeout={timeout_ms}")
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute(f"PRAGMA synchronous={synchronous}")
+                cursor.execute("PRAGMA foreign_keys=ON")
+            finally:
+                cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(connection: Connection) -> None:
+            read_only = connection.get_execution_options().get(READ_ONLY_OPTION, False)
+            connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+    def insert(self, table: Table) -> UpsertInsert:
+        return sqlite.insert(table)  # type: ignore[return-value]
+
+    def greatest(self, *values: Any) -> ColumnElement[Any]:
+        return func.max(*values)
+
+    @contextlib.contextmanager
+    def probe_timeouts(self, connection: Connection, seconds: float) -> Iterator[None]:
+        raw = connection.connection.dbapi_connection
+        assert raw is not None
+        cursor = raw.cursor()
+        previous = cursor.execute("PRAGMA busy_timeout").fetchone()[0]
+        cursor.execute(f"PRAGMA busy_timeout={int(seconds * 1000)}")
+        try:
+            yield
+        finally:
+            cursor.execute(f"PRAGMA busy_timeout={int(previous)}")
+            cursor.close()
+
+
+class PostgreSQLDialect(StoreDialect):
+    """PostgreSQL: READ COMMITTED transactions; writers to one room serialise on ``SELECT ... FOR UPDATE``."""
+
+    name = "postgresql"
+
+    def insert(self, table: Table) -> UpsertInsert:
+        return postgresql.insert(table)  # type: ignore[return-value]
+
+    def for_update(self, stmt: _S) -> _S:
+        return stmt.with_for_update()
+
+    def greatest(self, *values: Any) -> ColumnElement[Any]:
+        return func.greatest(*values)
+
+    def lock_migrations(self, connection: Connection) -> None:
+        connection.execute(func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY).select())
+
+    @contextlib.contextmanager
+    def probe_timeouts(self, connection: Connection, seconds: float) -> Iterator[None]:
+        milliseconds = max(1, int(seconds * 1000))
+        # SET LOCAL lasts until the transaction ends; set_config(..., true) is its parameterisable form.
+        for setting in ("lock_timeout", "statement_timeout"):
+            connection.execute(func.set_config(setting, f"{milliseconds}ms", True).select())
+        yield
+
+
+_DIALECTS: dict[str, StoreDialect] = {d.name: d for d in (SQLiteDialect(), PostgreSQLDialect())}
+SUPPORTED_DIALECTS = frozenset(_DIALECTS)
+
+
+def dialect_for(bind: Engine | Connection) -> StoreDialect:
+    """The :class:`StoreDialect` of an engine or connection (only supported backends reach here)."""
+    return _DIALECTS[bind.dialect.name]

@@ -1,0 +1,386 @@
+"""Declarative models: the only place hostedrooms tables are defined.
+
+Table and column names, nullability, defaults, keys and indexes follow the reference implementation's
+DDL so existing ``state.db`` files can be adopted in place. Types are chosen to round-trip on SQLite and
+PostgreSQL: room timestamps are float seconds (REAL / double precision), ledger timestamps are integer
+seconds (64-bit), and JSON columns hold the canonical JSON *text* the services write, because byte
+accounting and idempotency compare that exact text.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Double,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    PrimaryKeyConstraint,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+#: Deterministic constraint and index names on every dialect (CHECK names are given per constraint).
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+# SQLite keeps the reference DDL's type names (REAL, INTEGER); PostgreSQL gets double precision and bigint.
+Seconds = Double().with_variant(sqlite.REAL(), "sqlite")
+Int64 = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = metadata
+
+
+# --- rooms and the event log -------------------------------------------------------------------------
+
+
+class Room(Base):
+    """A hosted Group Chat room: identity, membership, authority lineage and log counters."""
+
+    __tablename__ = "hosted_rooms"
+    __table_args__ = (
+        PrimaryKeyConstraint("room_id"),
+        CheckConstraint("authority_epoch >= 1", name="authority_epoch_positive"),
+        CheckConstraint("next_seq >= 1", name="next_seq_positive"),
+        CheckConstraint("event_bytes >= 0", name="event_bytes_non_negative"),
+        CheckConstraint("revision >= 1", name="revision_positive"),
+    )
+
+    room_id: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(Text)
+    members_json: Mapped[str] = mapped_column(Text)
+    authority_gateway_id: Mapped[str] = mapped_column(Text)
+    authority_epoch: Mapped[int] = mapped_column(Int64, server_default=text("1"))
+    next_seq: Mapped[int] = mapped_column(Int64, server_default=text("1"))
+    event_bytes: Mapped[int] = mapped_column(Int64, server_default=text("0"))
+    revision: Mapped[int] = mapped_column(Int64, server_default=text("1"))
+    created_at: Mapped[float] = mapped_column(Seconds)
+    updated_at: Mapped[float] = mapped_column(Seconds)
+    disbanded_at: Mapped[float | None] = mapped_column(Seconds)
+
+
+class RoomEvent(Base):
+    """One entry of a room's append-only log, at a contiguous per-room ``seq``."""
+
+    __tablename__ = "hosted_room_events"
+    __table_args__ = (
+        PrimaryKeyConstraint("room_id", "seq"),
+        UniqueConstraint("room_id", "event_id"),
+        ForeignKeyConstraint(["room_id"], ["hosted_rooms.room_id"]),
+        CheckConstraint("seq >= 1", name="seq_positive"),
+        CheckConstraint("authority_epoch IS NULL OR authority_epoch >= 1", name="authority_epoch_positive"),
+        Index("idx_hosted_room_events_cursor", "room_id", "seq"),
+    )
+
+    room_id: Mapped[str] = mapped_column(Text)
+    seq: Mapped[int] = mapped_column(Int64)
+    event_id: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(Text)
+    actor_json: Mapped[str] = mapped_column(Text)
+    authority_epoch: Mapped[int | None] = mapped_column(Int64)
+    payload_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Seconds)
+
+
+class RetiredRoomId(Base):
+    """A room id that may never name another Group Chat (kept after its history is pruned)."""
+
+    __tablename__ = "hosted_room_retired_ids"
+    __table_args__ = (PrimaryKeyConstraint("room_id"),)
+
+    room_id: Mapped[str] = mapped_column(Text)
+    retired_at: Mapped[float] = mapped_column(Seconds)
+
+
+# --- peer routing state ------------------------------------------------------------------------------
+
+
+class RoomLink(Base):
+    """A private peer route for one room member. ``grant`` is a secret: never log or format it."""
+
+    __tablename__ = "hosted_room_links"
+    __table_args__ = (PrimaryKeyConstraint("room_id", "member_id"),)
+
+    room_id: Mapped[str] = mapped_column(Text)
+    member_id: Mapped[str] = mapped_column(Text)
+    target_url: Mapped[str] = mapped_column(Text)
+    target_profile: Mapped[str] = mapped_column(Text)
+    grant: Mapped[str] = mapped_column(Text)
+    catalog_json: Mapped[str] = mapped_column(Text)
+    cancellation_scope_id: Mapped[str] = mapped_column(Text)
+    trace_id: Mapped[str] = mapped_column(Text)
+    transport_security: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text, server_default=text("'ready'"))
+    updated_at: Mapped[float] = mapped_column(Seconds)
+
+    def __repr__(self) -> str:  # the default repr would include the grant
+        return f"RoomLink(room_id={self.room_id!r}, member_id={self.member_id!r}, status={self.status!r})"
+
+
+#: The logical identity of a remote run, in primary-key order.
+REMOTE_RUN_IDENTITY_COLUMNS = (
+    "room_id",
+    "home_install_id",
+    "authority_gateway_id",
+    "authority_epoch",
+    "member_id",
+    "target_install_id",
+    "target_profile",
+    "task_id",
+    "execution_generation",
+)
+
+
+class RemoteRun(Base):
+    """A receipt binding one logical remote task (the 9-column identity) to one run and session."""
+
+    __tablename__ = "hosted_room_remote_runs"
+    __table_args__ = (
+        PrimaryKeyConstraint(*REMOTE_RUN_IDENTITY_COLUMNS),
+        CheckConstraint("authority_epoch >= 1", name="authority_epoch_positive"),
+        CheckConstraint("execution_generation >= 1", name="execution_generation_positive"),
+    )
+
+    room_id: Mapped[str] = mapped_column(Text)
+    home_install_id: Mapped[str] = mapped_column(Text)
+    authority_gateway_id: Mapped[str] = mapped_column(Text)
+    authority_epoch: Mapped[int] = mapped_column(Int64)
+    member_id: Mapped[str] = mapped_column(Text)
+    task_id: Mapped[str] = mapped_column(Text)
+    execution_generation: Mapped[int] = mapped_column(Int64)
+    target_install_id: Mapped[str] = mapped_column(Text)
+    target_profile: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[str] = mapped_column(Text)
+    session_id: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Seconds)
+    updated_at: Mapped[float] = mapped_column(Seconds)
+
+
+class RevokedGrant(Base):
+    """A revoked grant scope (sha256 of its seven scope fields): grants issued before the fence are dead."""
+
+    __tablename__ = "hosted_room_revoked_grants"
+    __table_args__ = (PrimaryKeyConstraint("scope_key"),)
+
+    scope_key: Mapped[str] = mapped_column(Text)
+    expires_at: Mapped[float] = mapped_column(Seconds)
+    revoked_before: Mapped[float] = mapped_column(Seconds)
+
+
+class PeerReservation(Base):
+    """A peer gateway's reservation of a room/profile at an authority epoch."""
+
+    __tablename__ = "hosted_room_peer_reservations"
+    __table_args__ = (
+        PrimaryKeyConstraint("room_id", "member_id", "target_profile"),
+        CheckConstraint("authority_epoch >= 1", name="authority_epoch_positive"),
+    )
+
+    room_id: Mapped[str] = mapped_column(Text)
+    member_id: Mapped[str] = mapped_column(Text)
+    target_profile: Mapped[str] = mapped_column(Text)
+    authority_gateway_id: Mapped[str] = mapped_column(Text)
+    authority_epoch: Mapped[int] = mapped_column(Int64)
+    expires_at: Mapped[float] = mapped_column(Seconds)
+    revoked_at: Mapped[float | None] = mapped_column(Seconds)
+    created_at: Mapped[float] = mapped_column(Seconds)
+    updated_at: Mapped[float] = mapped_column(Seconds)
+
+
+# --- replicas ----------------------------------------------------------------------------------------
+
+
+class Replica(Base):
+    """A follower copy of another gateway's room, fed by its ``read_events`` pages."""
+
+    __tablename__ = "hosted_room_replicas"
+    __table_args__ = (
+        PrimaryKeyConstraint("room_id"),
+        CheckConstraint("authority_epoch >= 1", name="authority_epoch_positive"),
+        CheckConstraint("last_seq >= 0", name="last_seq_non_negative"),
+    )
+
+    room_id: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(Text)
+    members_json: Mapped[str] = mapped_column(Text)
+    authority_gateway_id: Mapped[str] = mapped_column(Text)
+    authority_epoch: Mapped[int] = mapped_column(Int64)
+    last_seq: Mapped[int] = mapped_column(Int64, server_default=text("0"))
+    latest_seq: Mapped[int] = mapped_column(Int64, server_default=text("0"))
+    event_bytes: Mapped[int] = mapped_column(Int64, server_default=text("0"))
+    created_at: Mapped[float] = mapped_column(Seconds)
+    updated_at: Mapped[float] = mapped_column(Seconds)
+
+
+class ReplicaEvent(Base):
+    """One replicated log entry, stored verbatim from the authority's page."""
+
+    __tablename__ = "hosted_room_replica_events"
+    __table_args__ = (
+        PrimaryKeyConstraint("room_id", "seq"),
+        CheckConstraint("seq >= 1", name="seq_positive"),
+    )
+
+    room_id: Mapped[str] = mapped_column(Text)
+    seq: Mapped[int] = mapped_column(Int64)
+    event_id: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(Text)
+    actor_json: Mapped[str] = mapped_column(Text)
+    authority_epoch: Mapped[int | None] = mapped_column(Int64)
+    payload_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Seconds)
+
+
+# --- secure-peer delivery ledger ---------------------------------------------------------------------
+
+DELIVERY_STATES = ("prepared", "authorized", "queued", "running", "completed", "failed")
+OUTBOUND_STATES = ("pending", "committed", "failed")
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    # Literal constants of this module only; never input.
+    return f"{column} IN ({', '.join(repr(value) for value in values)})"
+
+
+class Delivery(Base):
+    """One inbound secure-peer delivery and its local admission, run and response state."""
+
+    __tablename__ = "secure_peer_deliveries"
+    __table_args__ = (
+        PrimaryKeyConstraint("envelope_id"),
+        CheckConstraint(_in("transport_role", ("host", "client")), name="transport_role"),
+        CheckConstraint(_in("action", ("instruction", "request_reply")), name="action"),
+        CheckConstraint(_in("kind", ("instruction", "request_reply", "response")), name="kind"),
+        CheckConstraint("used_legs BETWEEN 1 AND 6", name="used_legs"),
+        CheckConstraint("max_legs = 6", name="max_legs"),
+        CheckConstraint(_in("state", DELIVERY_STATES), name="state"),
+        CheckConstraint("response_committed IN (0, 1)", name="response_committed"),
+        CheckConstraint(
+            "response_request_response IS NULL OR response_request_response IN (0, 1)",
+            name="response_request_response",
+        ),
+        Index("secure_peer_delivery_state", "state", "updated_at"),
+        Index("secure_peer_delivery_run", "run_id", "state"),
+        Index(
+            "secure_peer_delivery_queued_owner",
+            "queued_id",
+            unique=True,
+            sqlite_where=text("queued_id IS NOT NULL"),
+            postgresql_where=text("queued_id IS NOT NULL"),
+        ),
+        Index(
+            "secure_peer_delivery_run_owner",
+            "run_id",
+            unique=True,
+            sqlite_where=text("run_id IS NOT NULL"),
+            postgresql_where=text("run_id IS NOT NULL"),
+        ),
+    )
+
+    envelope_id: Mapped[str] = mapped_column(Text)
+    request_id: Mapped[str] = mapped_column(Text)
+    claim_digest: Mapped[str] = mapped_column(Text)
+    transport_role: Mapped[str] = mapped_column(Text)
+    connection_id: Mapped[str] = mapped_column(Text)
+    lease_token: Mapped[str] = mapped_column(Text)
+    team_id: Mapped[str] = mapped_column(Text)
+    source_peer_id: Mapped[str | None] = mapped_column(Text)
+    source_server_identity: Mapped[str] = mapped_column(Text)
+    source_route_id: Mapped[str] = mapped_column(Text)
+    source_route_revision: Mapped[str] = mapped_column(Text)
+    target_peer_id: Mapped[str | None] = mapped_column(Text)
+    target_server_identity: Mapped[str] = mapped_column(Text)
+    target_route_id: Mapped[str] = mapped_column(Text)
+    target_route_revision: Mapped[str] = mapped_column(Text)
+    target_chat_id: Mapped[str] = mapped_column(Text)
+    action: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(Text)
+    exchange_id: Mapped[str] = mapped_column(Text)
+    parent_envelope_id: Mapped[str | None] = mapped_column(Text)
+    parent_leg: Mapped[int | None] = mapped_column(Int64)
+    used_legs: Mapped[int] = mapped_column(Int64)
+    max_legs: Mapped[int] = mapped_column(Int64)
+    expires_at: Mapped[int] = mapped_column(Int64)
+    body_json: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(Text)
+    queued_id: Mapped[str | None] = mapped_column(Text)
+    run_id: Mapped[str | None] = mapped_column(Text)
+    admission_retry_at: Mapped[int | None] = mapped_column(Int64)
+    admission_attempts: Mapped[int] = mapped_column(Int64, server_default=text("0"))
+    admission_last_error: Mapped[str | None] = mapped_column(Text)
+    response_committed: Mapped[int] = mapped_column(Int64, server_default=text("0"))
+    response_request_id: Mapped[str | None] = mapped_column(Text)
+    response_request_digest: Mapped[str | None] = mapped_column(Text)
+    response_body: Mapped[str | None] = mapped_column(Text)
+    response_request_response: Mapped[int | None] = mapped_column(Int64)
+    response_retry_at: Mapped[int | None] = mapped_column(Int64)
+    response_attempts: Mapped[int] = mapped_column(Int64, server_default=text("0"))
+    response_last_error: Mapped[str | None] = mapped_column(Text)
+    result_hash: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[int] = mapped_column(Int64)
+    updated_at: Mapped[int] = mapped_column(Int64)
+
+
+class OutboundIntent(Base):
+    """One outbound secure-peer request, bound to its digest before it is sent."""
+
+    __tablename__ = "secure_peer_outbound_intents"
+    __table_args__ = (
+        PrimaryKeyConstraint("request_id"),
+        CheckConstraint(_in("action", ("instruction", "request_reply")), name="action"),
+        CheckConstraint(_in("state", OUTBOUND_STATES), name="state"),
+        Index("secure_peer_outbound_pending", "state", "retry_at", "created_at"),
+        Index("secure_peer_outbound_source", "state", "source_session_id", "created_at"),
+        Index("secure_peer_outbound_connection", "state", "connection_id", "created_at"),
+    )
+
+    request_id: Mapped[str] = mapped_column(Text)
+    intent_digest: Mapped[str] = mapped_column(Text)
+    source_session_id: Mapped[str] = mapped_column(Text)
+    source_run_id: Mapped[str] = mapped_column(Text)
+    connection_id: Mapped[str] = mapped_column(Text)
+    source_route_id: Mapped[str] = mapped_column(Text)
+    source_route_revision: Mapped[str] = mapped_column(Text)
+    snapshot_json: Mapped[str] = mapped_column(Text)
+    body: Mapped[str] = mapped_column(Text)
+    action: Mapped[str] = mapped_column(Text)
+    expires_at: Mapped[int] = mapped_column(Int64)
+    state: Mapped[str] = mapped_column(Text)
+    response_json: Mapped[str | None] = mapped_column(Text)
+    retry_at: Mapped[int | None] = mapped_column(Int64)
+    attempts: Mapped[int] = mapped_column(Int64, server_default=text("0"))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[int] = mapped_column(Int64)
+    updated_at: Mapped[int] = mapped_column(Int64)
+
+
+#: Handy Core handles for hot paths (Core statements avoid ORM object churn).
+rooms = cast(Table, Room.__table__)
+events = cast(Table, RoomEvent.__table__)
+retired_ids = cast(Table, RetiredRoomId.__table__)
+links = cast(Table, RoomLink.__table__)
+remote_runs = cast(Table, RemoteRun.__table__)
+revoked_grants = cast(Table, RevokedGrant.__table__)
+peer_reservations = cast(Table, PeerReservation.__table__)
+replicas = cast(Table, Replica.__table__)
+replica_events = cast(Table, ReplicaEvent.__table__)
+deliveries = cast(Table, Delivery.__table__)
+outbound_intents = cast(Table, OutboundIntent.__table__)

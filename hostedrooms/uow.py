@@ -1,0 +1,114 @@
+"""The unit of work: one database transaction per public operation, rolled back unless committed.
+
+Usage::
+
+    with UnitOfWork(engine) as uow:
+        row = uow.connection.execute(select(...)).one()
+        uow.fenced(update(rooms).where(...).values(...), AuthorityConflictError("..."))
+        uow.commit()
+
+Write units start with ``BEGIN IMMEDIATE`` on SQLite (the write lock is held from the first statement, so
+read-then-write cannot lose updates); ``write=False`` opens a deferred read transaction instead. Driver
+errors raised inside the block, on commit or on connect are translated here, in one place.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, Self
+
+from sqlalchemy import Connection, Engine, Executable, Result
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session
+
+from .dialect import READ_ONLY_OPTION, StoreDialect, dialect_for
+from .errors import translate
+
+
+class UnitOfWork:
+    """A context manager around one transaction on ``engine``; exposes ``connection`` and ``session``."""
+
+    def __init__(self, engine: Engine, *, write: bool = True) -> None:
+        self.engine = engine
+        self.write = write
+        self.dialect: StoreDialect = dialect_for(engine)
+        self._connection: Connection | None = None
+        self._session: Session | None = None
+        self._committed = False
+
+    def __enter__(self) -> Self:
+        try:
+            connection = self.engine.connect()
+            if not self.write:
+                connection = connection.execution_options(**{READ_ONLY_OPTION: True})
+            self._connection = connection
+            connection.begin()
+        except sa_exc.SQLAlchemyError as exc:
+            self._close()
+            raise translate(exc, self.engine.url) from exc
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if not self._committed:
+                self.rollback()
+        finally:
+            self._close()
+        if exc is not None and isinstance(exc, sa_exc.SQLAlchemyError):
+            raise translate(exc, self.engine.url) from exc
+
+    @property
+    def connection(self) -> Connection:
+        """The connection holding this unit's transaction (use Core statements on hot paths)."""
+        if self._connection is None:
+            raise RuntimeError("unit of work is not active")
+        return self._connection
+
+    @property
+    def session(self) -> Session:
+        """An ORM session joined to this unit's transaction; it never commits on its own."""
+        if self._session is None:
+            self._session = Session(
+                bind=self.connection, join_transaction_mode="conservative_savepoint", expire_on_commit=False)
+        return self._session
+
+    def execute(self, statement: Executable, parameters: Any = None) -> Result[Any]:
+        """Execute a Core statement in this unit's transaction."""
+        return self.connection.execute(statement, parameters)
+
+    def fenced(self, statement: Executable, error: BaseException) -> None:
+        """Run a guarded ``UPDATE ... WHERE``; raise ``error`` unless exactly one row changed.
+
+        The caller leaves the block with the exception, so the unit rolls back and nothing it wrote stays.
+        """
+        result = self.connection.execute(statement)
+        if result.rowcount != 1:  # type: ignore[attr-defined]
+            raise error
+
+    def commit(self) -> None:
+        """Commit the transaction (flushing the ORM session first)."""
+        try:
+            if self._session is not None:
+                self._session.flush()
+            self.connection.commit()
+        except sa_exc.SQLAlchemyError as exc:
+            raise translate(exc, self.engine.url) from exc
+        self._committed = True
+
+    def rollback(self) -> None:
+        """Roll back whatever this unit wrote; safe to call more than once."""
+        if self._connection is not None and self._connection.in_transaction():
+            try:
+                self._connection.rollback()
+            except sa_exc.SQLAlchemyError:  # the connection is gone; its transaction went with it
+                self._connection.invalidate()
+
+    def _close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None

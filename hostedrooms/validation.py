@@ -1,0 +1,80 @@
+"""Pure input validation with the reference implementation's rules and messages (no database here).
+
+Every public operation validates all of its arguments with these helpers before a transaction opens,
+so bad input never touches the database.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+ErrorFactory = Callable[[str], Exception]
+
+#: Identifier shape: an ASCII letter or digit, then letters, digits, ``.``, ``_``, ``:`` or ``-``.
+IDENTIFIER_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+_DEFAULT_PATTERN: Any = object()
+
+
+def identifier(
+    value: Any,
+    *,
+    error: ErrorFactory,
+    label: str,
+    max_chars: int = 128,
+    pattern: re.Pattern[str] | None = _DEFAULT_PATTERN,
+    invalid: str | None = None,
+) -> str:
+    """Return ``value`` stripped, or raise ``error``.
+
+    A non-string is ``"<label> must be a string"``; an empty, over-long or misshapen value is ``invalid``
+    (default ``"invalid <label>"``). ``pattern=None`` checks only emptiness and length (free text).
+    """
+    if not isinstance(value, str):
+        raise error(f"{label} must be a string")
+    text = value.strip()
+    shape = IDENTIFIER_PATTERN if pattern is _DEFAULT_PATTERN else pattern
+    if not text or len(text) > max_chars or (shape is not None and shape.fullmatch(text) is None):
+        raise error(invalid if invalid is not None else f"invalid {label}")
+    return text
+
+
+def bounded_int(value: Any, *, error: ErrorFactory, message: str, low: int = 0, high: int | None = None) -> int:
+    """Return ``value`` if it is an ``int`` (never a ``bool``) within ``[low, high]``, else raise ``error(message)``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        raise error(message)
+    return value
+
+
+def compact_json(value: Any, *, ensure_ascii: bool = True) -> str:
+    """Sorted keys and ``,``/``:`` separators; the json module's own errors propagate."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=ensure_ascii)
+
+
+def canonical_json(value: Any, *, error: ErrorFactory, label: str, max_bytes: int, ensure_ascii: bool = False) -> str:
+    """The canonical text stored for actors, payloads and members, bounded to ``max_bytes`` UTF-8 bytes."""
+    try:
+        text = compact_json(value, ensure_ascii=ensure_ascii)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise error(f"{label} must be JSON-serializable") from exc
+    if utf8_len(text) > max_bytes:
+        raise error(f"{label} is too large")
+    return text
+
+
+def canonical_json_bytes(value: Any) -> bytes:
+    """UTF-8 canonical JSON for digests: sorted keys, compact, non-ASCII kept, NaN/Infinity refused."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def utf8_len(*parts: str) -> int:
+    """Total UTF-8 byte length: the event byte accounting is event_id + kind + actor_json + payload_json."""
+    return sum(len(part.encode("utf-8")) for part in parts)
+
+
+def clock(now: float | None) -> float:
+    """``time.time()`` read at call time when ``now`` is None, else ``float(now)``."""
+    return time.time() if now is None else float(now)
