@@ -1,0 +1,3 @@
+"""Peer routing functions of the seed-compatible facade (filled in by the peers work)."""
+
+__all__: list[str] = []
