@@ -78,3 +78,33 @@ def utf8_len(*parts: str) -> int:
 def clock(now: float | None) -> float:
     """``time.time()`` read at call time when ``now`` is None, else ``float(now)``."""
     return time.time() if now is None else float(now)
+
+
+# --- room-domain identifiers (shared by rooms, peers and replicas) -------------------------------------------
+
+
+def _room_error(message: str) -> Exception:
+    from .errors import HostedRoomError  # errors imports nothing of ours; kept local to keep this module pure
+
+    return HostedRoomError(message)
+
+
+def room_id(value: Any, error: ErrorFactory = _room_error) -> str:
+    """A validated room id (``invalid room_id``)."""
+    from . import limits
+
+    return identifier(value, error=error, label="room_id", max_chars=limits.MAX_ROOM_ID_CHARS)
+
+
+def event_id(value: Any, error: ErrorFactory = _room_error) -> str:
+    """A validated event id (``invalid event_id``)."""
+    from . import limits
+
+    return identifier(value, error=error, label="event_id", max_chars=limits.MAX_EVENT_ID_CHARS)
+
+
+def actor_id(value: Any, label: str, error: ErrorFactory = _room_error) -> str:
+    """A validated actor-like id (gateway ids, member ids, profiles) reported as ``label``."""
+    from . import limits
+
+    return identifier(value, error=error, label=label, max_chars=limits.MAX_ACTOR_ID_CHARS)
