@@ -19,14 +19,15 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
-    Table,
     PrimaryKeyConstraint,
+    Table,
     Text,
     UniqueConstraint,
     text,
 )
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeEngine
 
 #: Deterministic constraint and index names on every dialect (CHECK names are given per constraint).
 NAMING_CONVENTION = {
@@ -40,8 +41,8 @@ NAMING_CONVENTION = {
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 # SQLite keeps the reference DDL's type names (REAL, INTEGER); PostgreSQL gets double precision and bigint.
-Seconds = Double().with_variant(sqlite.REAL(), "sqlite")
-Int64 = BigInteger().with_variant(Integer(), "sqlite")
+Seconds: TypeEngine[float] = Double().with_variant(sqlite.REAL(), "sqlite")
+Int64: TypeEngine[int] = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class Base(DeclarativeBase):

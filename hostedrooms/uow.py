@@ -70,8 +70,8 @@ class UnitOfWork:
     def session(self) -> Session:
         """An ORM session joined to this unit's transaction; it never commits on its own."""
         if self._session is None:
-            self._session = Session(
-                bind=self.connection, join_transaction_mode="conservative_savepoint", expire_on_commit=False)
+            # The session joins the connection's transaction and never commits it: the unit of work does.
+            self._session = Session(bind=self.connection, expire_on_commit=False)
         return self._session
 
     def execute(self, statement: Executable, parameters: Any = None) -> Result[Any]:
@@ -84,7 +84,7 @@ class UnitOfWork:
         The caller leaves the block with the exception, so the unit rolls back and nothing it wrote stays.
         """
         result = self.connection.execute(statement)
-        if result.rowcount != 1:  # type: ignore[attr-defined]
+        if result.rowcount != 1:
             raise error
 
     def commit(self) -> None:

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-
 revision: str = '0001_baseline'
 down_revision: str | Sequence[str] | None = None
 branch_labels: str | Sequence[str] | None = None

@@ -7,8 +7,8 @@ so lowering one on this module (as the reference's own tests do) takes effect.
 
 from __future__ import annotations
 
-# Room and event functions, limits and exceptions (issue: rooms and the event log).
-from ._rooms_api import *  # noqa: F403
-
 # Links, revoked grants, peer reservations, remote-run receipts, probes (issue: peer routing state).
 from ._peers_api import *  # noqa: F403
+
+# Room and event functions, limits and exceptions (issue: rooms and the event log).
+from ._rooms_api import *  # noqa: F403
