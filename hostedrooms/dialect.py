@@ -63,6 +63,17 @@ class StoreDialect:
         """Bound how long statements in the current transaction may wait for locks."""
         yield
 
+    def serialize(self, connection: Connection, key: int) -> None:
+        """Serialise transactions taking the same ``key`` until they end (SQLite: BEGIN IMMEDIATE already does)."""
+
+    def bytewise(self, expr: ColumnElement[Any]) -> ColumnElement[Any]:
+        """``expr`` compared by code point (SQLite's BINARY), whatever the database's default collation."""
+        return expr
+
+    def is_crash_safe(self, connection: Connection) -> bool:
+        """Whether a commit on ``connection`` survives a process crash and power loss."""
+        return True
+
 
 class SQLiteDialect(StoreDialect):
     """SQLite: WAL, durable commits, and ``BEGIN IMMEDIATE`` for every write transaction.
@@ -97,6 +108,11 @@ class SQLiteDialect(StoreDialect):
     def insert(self, table: Table) -> UpsertInsert:
         return sqlite.insert(table)  # type: ignore[return-value]
 
+    def is_crash_safe(self, connection: Connection) -> bool:
+        journal = str(connection.exec_driver_sql("PRAGMA journal_mode").scalar()).lower()
+        synchronous = int(connection.exec_driver_sql("PRAGMA synchronous").scalar() or 0)
+        return journal == "wal" and synchronous >= 2  # 2 = FULL, 3 = EXTRA
+
     def greatest(self, *values: Any) -> ColumnElement[Any]:
         return func.max(*values)
 
@@ -130,6 +146,12 @@ class PostgreSQLDialect(StoreDialect):
 
     def lock_migrations(self, connection: Connection) -> None:
         connection.execute(func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY).select())
+
+    def serialize(self, connection: Connection, key: int) -> None:
+        connection.execute(func.pg_advisory_xact_lock(key).select())
+
+    def bytewise(self, expr: ColumnElement[Any]) -> ColumnElement[Any]:
+        return expr.collate("C")
 
     @contextlib.contextmanager
     def probe_timeouts(self, connection: Connection, seconds: float) -> Iterator[None]:
