@@ -11,7 +11,21 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Engine, Select, Table, event, func
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Connection,
+    Engine,
+    LargeBinary,
+    Select,
+    Table,
+    cast,
+    column,
+    event,
+    func,
+    select,
+    table,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
 #: Execution option read by the SQLite "begin" hook: True opens a deferred (read-only) transaction.
@@ -69,6 +83,18 @@ class StoreDialect:
     def bytewise(self, expr: ColumnElement[Any]) -> ColumnElement[Any]:
         """``expr`` compared by code point (SQLite's BINARY), whatever the database's default collation."""
         return expr
+
+    #: Whether write transactions can run concurrently (PostgreSQL); SQLite's BEGIN IMMEDIATE serialises them.
+    concurrent_writers = False
+
+    def serialize_shared(self, connection: Connection, key: int) -> int:
+        """Take ``key`` in shared mode until the transaction ends (``serialize`` waits for every sharer);
+        return how many transactions hold it shared now, this one included (1 where writers are serialised)."""
+        return 1
+
+    def byte_length(self, expr: ColumnElement[Any]) -> ColumnElement[Any]:
+        """The UTF-8 byte length of a text expression."""
+        return func.length(cast(expr, LargeBinary))
 
     def is_crash_safe(self, connection: Connection) -> bool:
         """Whether a commit on ``connection`` survives a process crash and power loss."""
@@ -149,6 +175,27 @@ class PostgreSQLDialect(StoreDialect):
 
     def serialize(self, connection: Connection, key: int) -> None:
         connection.execute(func.pg_advisory_xact_lock(key).select())
+
+    concurrent_writers = True
+
+    def serialize_shared(self, connection: Connection, key: int) -> int:
+        connection.execute(func.pg_advisory_xact_lock_shared(key).select())
+        # A bigint advisory key shows in pg_locks as classid (high 32 bits), objid (low 32 bits), objsubid 1.
+        locks = table(
+            "pg_locks", column("locktype"), column("database"), column("classid"), column("objid"),
+            column("objsubid"), column("mode"), column("granted"))
+        databases = table("pg_database", column("oid"), column("datname"))
+        holders = select(func.count()).select_from(locks).where(
+            locks.c.locktype == "advisory",
+            locks.c.database == select(databases.c.oid).where(
+                databases.c.datname == func.current_database()).scalar_subquery(),
+            cast(locks.c.classid, BigInteger) == (key >> 32) & 0xFFFFFFFF,
+            cast(locks.c.objid, BigInteger) == key & 0xFFFFFFFF,
+            locks.c.objsubid == 1, locks.c.mode == "ShareLock", locks.c.granted.is_(True))
+        return int(connection.execute(holders).scalar_one())
+
+    def byte_length(self, expr: ColumnElement[Any]) -> ColumnElement[Any]:
+        return func.octet_length(expr)
 
     def bytewise(self, expr: ColumnElement[Any]) -> ColumnElement[Any]:
         return expr.collate("C")
