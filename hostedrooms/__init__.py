@@ -23,6 +23,7 @@ from .errors import (
     StoreIntegrityError,
     StoreUnavailableError,
 )
+from .integrity import Violation, verify
 from .uow import UnitOfWork
 
 __version__ = "0.1.0"
@@ -43,6 +44,8 @@ __all__ = [
     "StoreIntegrityError",
     "StoreUnavailableError",
     "UnitOfWork",
+    "Violation",
     "__version__",
     "create_engine",
+    "verify",
 ]

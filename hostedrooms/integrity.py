@@ -1,0 +1,173 @@
+"""Integrity verifier: checks every invariant the store relies on and reports the violations found.
+
+Each check is one aggregate query (nothing is loaded whole), run in one read-only transaction, so a large
+database is verified in bounded memory and without taking the write lock. ``verify`` changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection, Engine
+
+from .db import Target, create_engine
+from .dialect import StoreDialect, dialect_for
+from .models import DELIVERY_STATES, deliveries, events, replica_events, replicas, retired_ids, rooms
+from .uow import UnitOfWork
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant: which check, which row (room id, envelope id, ...), and what is wrong."""
+
+    check: str
+    subject: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.check}: {self.subject}: {self.detail}"
+
+
+Check = Callable[[Connection, StoreDialect], Iterable[Violation]]
+
+
+def _event_stats(table: sa.Table) -> sa.Subquery:
+    return (sa.select(table.c.room_id, sa.func.count().label("n"), sa.func.min(table.c.seq).label("lo"),
+                      sa.func.max(table.c.seq).label("hi"))
+            .group_by(table.c.room_id).subquery())
+
+
+def check_room_seqs(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+    """Every room's seqs run 1..next_seq-1 with no gap and no extra."""
+    stats = _event_stats(events)
+    count = sa.func.coalesce(stats.c.n, 0)
+    query = (sa.select(rooms.c.room_id, rooms.c.next_seq, count, stats.c.lo, stats.c.hi)
+             .select_from(rooms.outerjoin(stats, stats.c.room_id == rooms.c.room_id))
+             .where(sa.or_(count != rooms.c.next_seq - 1,
+                           sa.and_(count > 0, sa.or_(stats.c.lo != 1, stats.c.hi != rooms.c.next_seq - 1))))
+             .order_by(rooms.c.room_id))
+    for room_id, next_seq, n, lo, hi in connection.execute(query):
+        yield Violation("room_seqs", room_id,
+                        f"{n} events with seqs {lo}..{hi}, expected 1..{next_seq - 1} contiguous")
+
+
+def check_orphan_events(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+    """No event belongs to a room that does not exist."""
+    query = (sa.select(events.c.room_id, sa.func.count()).where(
+        ~sa.exists().where(rooms.c.room_id == events.c.room_id)).group_by(events.c.room_id))
+    for room_id, n in connection.execute(query):
+        yield Violation("orphan_events", room_id, f"{n} events without a room")
+
+
+def check_event_bytes(connection: Connection, dialect: StoreDialect) -> Iterator[Violation]:
+    """Each room's ``event_bytes`` equals the UTF-8 bytes of its events' id, kind, actor and payload."""
+    size = sum((dialect.byte_length(column) for column in
+                (events.c.event_id, events.c.kind, events.c.actor_json, events.c.payload_json)),
+               start=sa.literal(0))
+    sums = sa.select(events.c.room_id, sa.func.sum(size).label("total")).group_by(events.c.room_id).subquery()
+    total = sa.func.coalesce(sums.c.total, 0)
+    query = (sa.select(rooms.c.room_id, rooms.c.event_bytes, total)
+             .select_from(rooms.outerjoin(sums, sums.c.room_id == rooms.c.room_id))
+             .where(rooms.c.event_bytes != total).order_by(rooms.c.room_id))
+    for room_id, stored, actual in connection.execute(query):
+        yield Violation("event_bytes", room_id, f"event_bytes is {stored}, events hold {actual} bytes")
+
+
+def check_event_ids_unique(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+    """An event id names at most one event per room."""
+    query = (sa.select(events.c.room_id, events.c.event_id, sa.func.count())
+             .group_by(events.c.room_id, events.c.event_id).having(sa.func.count() > 1))
+    for room_id, event_id, n in connection.execute(query):
+        yield Violation("event_ids_unique", room_id, f"event_id {event_id!r} stored {n} times")
+
+
+def check_event_epochs(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+    """No event carries an epoch above its room's current authority epoch."""
+    query = (sa.select(events.c.room_id, events.c.seq, events.c.authority_epoch, rooms.c.authority_epoch)
+             .join(rooms, rooms.c.room_id == events.c.room_id)
+             .where(events.c.authority_epoch > rooms.c.authority_epoch).order_by(events.c.room_id, events.c.seq))
+    for room_id, seq, event_epoch, room_epoch in connection.execute(query):
+        yield Violation("event_epochs", room_id, f"seq {seq} at epoch {event_epoch} above the room's {room_epoch}")
+
+
+def check_disbanded_retired(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+    """Every disbanded room's id is permanently retired."""
+    query = (sa.select(rooms.c.room_id).where(
+        rooms.c.disbanded_at.is_not(None), ~sa.exists().where(retired_ids.c.room_id == rooms.c.room_id)))
+    for (room_id,) in connection.execute(query):
+        yield Violation("disbanded_retired", room_id, "disbanded room's id is not retired")
+
+
+def check_replica_logs(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+    """A replica holds exactly seqs 1..last_seq, and never claims more than the authority's latest_seq."""
+    stats = _event_stats(replica_events)
+    count = sa.func.coalesce(stats.c.n, 0)
+    query = (sa.select(replicas.c.room_id, replicas.c.last_seq, replicas.c.latest_seq, count, stats.c.lo,
+                       stats.c.hi)
+             .select_from(replicas.outerjoin(stats, stats.c.room_id == replicas.c.room_id))
+             .where(sa.or_(count != replicas.c.last_seq, replicas.c.latest_seq < replicas.c.last_seq,
+                           sa.and_(count > 0, sa.or_(stats.c.lo != 1, stats.c.hi != replicas.c.last_seq))))
+             .order_by(replicas.c.room_id))
+    for room_id, last_seq, latest_seq, n, lo, hi in connection.execute(query):
+        yield Violation("replica_log", room_id,
+                        f"last_seq {last_seq} (latest_seq {latest_seq}) but {n} events with seqs {lo}..{hi}")
+    orphans = (sa.select(replica_events.c.room_id, sa.func.count())
+               .where(~sa.exists().where(replicas.c.room_id == replica_events.c.room_id))
+               .group_by(replica_events.c.room_id))
+    for room_id, n in connection.execute(orphans):
+        yield Violation("replica_log", room_id, f"{n} replica events without a replica")
+
+
+def check_delivery_owners(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+    """A queued id and a run id each own at most one delivery."""
+    for column in (deliveries.c.queued_id, deliveries.c.run_id):
+        query = (sa.select(column, sa.func.count()).where(column.is_not(None))
+                 .group_by(column).having(sa.func.count() > 1))
+        for owner, n in connection.execute(query):
+            yield Violation("delivery_owners", str(owner), f"{column.name} owns {n} deliveries")
+
+
+def check_delivery_states(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+    """Deliveries are in a known state, and a committed response names the request it answered."""
+    unknown = sa.select(deliveries.c.envelope_id, deliveries.c.state).where(
+        deliveries.c.state.not_in(DELIVERY_STATES))
+    for envelope_id, state in connection.execute(unknown):
+        yield Violation("delivery_states", envelope_id, f"unknown state {state!r}")
+    committed = sa.select(deliveries.c.envelope_id).where(
+        deliveries.c.response_committed == 1, deliveries.c.response_request_id.is_(None))
+    for (envelope_id,) in connection.execute(committed):
+        yield Violation("delivery_states", envelope_id, "response committed without a request id")
+
+
+def check_storage(connection: Connection, dialect: StoreDialect) -> Iterator[Violation]:
+    """The database engine's own integrity check (SQLite ``PRAGMA integrity_check``)."""
+    for problem in dialect.integrity_problems(connection):
+        yield Violation("storage", "database", problem)
+
+
+CHECKS: tuple[Check, ...] = (
+    check_room_seqs, check_orphan_events, check_event_bytes, check_event_ids_unique, check_event_epochs,
+    check_disbanded_retired, check_replica_logs, check_delivery_owners, check_delivery_states, check_storage)
+
+
+def verify(target: Target, *, progress: Callable[[str], Any] | None = None) -> list[Violation]:
+    """Check every invariant of the hostedrooms store in ``target``; return the violations (empty: clean).
+
+    ``progress`` (optional) is called with each check's name before it runs.
+    """
+    engine = create_engine(target)
+    try:
+        with UnitOfWork(engine, write=False) as uow:
+            dialect = dialect_for(uow.connection)
+            found: list[Violation] = []
+            for check in CHECKS:
+                if progress is not None:
+                    progress(check.__name__.removeprefix("check_"))
+                found.extend(check(uow.connection, dialect))
+            return found
+    finally:
+        if not isinstance(target, Engine):
+            engine.dispose()
