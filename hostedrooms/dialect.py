@@ -8,15 +8,19 @@ scalar maximum, advisory locks, and the short timeouts of non-blocking probes.
 from __future__ import annotations
 
 import contextlib
+import os
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import (
+    URL,
     BigInteger,
     ColumnElement,
     Connection,
     Engine,
     LargeBinary,
+    NullPool,
     Select,
     Table,
     cast,
@@ -26,6 +30,7 @@ from sqlalchemy import (
     select,
     table,
 )
+from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy.dialects import postgresql, sqlite
 
 #: Execution option read by the SQLite "begin" hook: True opens a deferred (read-only) transaction.
@@ -100,6 +105,28 @@ class StoreDialect:
         """Whether a commit on ``connection`` survives a process crash and power loss."""
         return True
 
+    def integrity_problems(self, connection: Connection) -> list[str]:
+        """The backend's own structural integrity check (empty when sound, or when it has none)."""
+        return []
+
+    def restrict_to_owner(self, connection: Connection) -> None:
+        """Make the files holding the store owner-only (SQLite: ``0600``); nothing for a database server.
+
+        Raises ``OSError`` when the mode cannot be changed (for example a file owned by another user).
+        """
+
+    def store_absent(self, url: URL) -> bool:
+        """Whether ``url`` certainly names no existing store, decided without creating anything."""
+        return False
+
+    def probe_engine(self, url: URL, seconds: float) -> Engine:
+        """A small engine for non-blocking probes of ``url``: no hooks, no migration, never creates the store."""
+        raise NotImplementedError
+
+    def is_missing_store(self, exc: BaseException) -> bool:
+        """Whether an error raised while connecting means the database itself does not exist."""
+        return False
+
 
 class SQLiteDialect(StoreDialect):
     """SQLite: WAL, durable commits, and ``BEGIN IMMEDIATE`` for every write transaction.
@@ -134,6 +161,10 @@ class SQLiteDialect(StoreDialect):
     def insert(self, table: Table) -> UpsertInsert:
         return sqlite.insert(table)  # type: ignore[return-value]
 
+    def integrity_problems(self, connection: Connection) -> list[str]:
+        rows = connection.exec_driver_sql("PRAGMA integrity_check").scalars().all()
+        return [] if rows == ["ok"] else [str(row) for row in rows]
+
     def is_crash_safe(self, connection: Connection) -> bool:
         journal = str(connection.exec_driver_sql("PRAGMA journal_mode").scalar()).lower()
         synchronous = int(connection.exec_driver_sql("PRAGMA synchronous").scalar() or 0)
@@ -141,6 +172,27 @@ class SQLiteDialect(StoreDialect):
 
     def greatest(self, *values: Any) -> ColumnElement[Any]:
         return func.max(*values)
+
+    def restrict_to_owner(self, connection: Connection) -> None:
+        database = connection.engine.url.database
+        if not database or database == ":memory:" or database.startswith("file:"):
+            return
+        # The WAL and shared-memory files hold the same rows as the database file until a checkpoint.
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(database + suffix).st_mode & 0o777 != 0o600:
+                    os.chmod(database + suffix, 0o600)
+
+    def store_absent(self, url: URL) -> bool:
+        database = url.database
+        return not database or database == ":memory:" or not os.path.isfile(database)
+
+    def probe_engine(self, url: URL, seconds: float) -> Engine:
+        # Read-only URI: a probe can neither create the file nor write to it; no WAL/migration hooks.
+        uri = "file:" + urllib.parse.quote(str(url.database))
+        probe_url = URL.create("sqlite", database=uri, query={"mode": "ro", "uri": "true"})
+        return _sa_create_engine(
+            probe_url, poolclass=NullPool, connect_args={"timeout": seconds, "check_same_thread": False})
 
     @contextlib.contextmanager
     def probe_timeouts(self, connection: Connection, seconds: float) -> Iterator[None]:
@@ -200,6 +252,20 @@ class PostgreSQLDialect(StoreDialect):
     def bytewise(self, expr: ColumnElement[Any]) -> ColumnElement[Any]:
         return expr.collate("C")
 
+    def probe_engine(self, url: URL, seconds: float) -> Engine:
+        # A small private pool: probes never queue behind the application's connections for long.
+        connect_args = {} if "connect_timeout" in url.query else {"connect_timeout": 2}  # libpq's minimum
+        return _sa_create_engine(
+            url, pool_size=1, max_overflow=4, pool_timeout=seconds, connect_args=connect_args)
+
+    def is_missing_store(self, exc: BaseException) -> bool:
+        original = getattr(exc, "orig", None) or exc
+        if getattr(original, "sqlstate", None) == "3D000":  # invalid_catalog_name
+            return True
+        # libpq reports a missing database at connect time as text only (no SQLSTATE).
+        text = str(original)
+        return "database" in text and "does not exist" in text
+
     @contextlib.contextmanager
     def probe_timeouts(self, connection: Connection, seconds: float) -> Iterator[None]:
         milliseconds = max(1, int(seconds * 1000))
@@ -216,3 +282,8 @@ SUPPORTED_DIALECTS = frozenset(_DIALECTS)
 def dialect_for(bind: Engine | Connection) -> StoreDialect:
     """The :class:`StoreDialect` of an engine or connection (only supported backends reach here)."""
     return _DIALECTS[bind.dialect.name]
+
+
+def dialect_for_url(url: URL) -> StoreDialect:
+    """The :class:`StoreDialect` of a resolved URL (only supported backends reach here)."""
+    return _DIALECTS[url.get_backend_name()]
