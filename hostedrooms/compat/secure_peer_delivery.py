@@ -1,0 +1,82 @@
+"""Drop-in replacement for the reference ``secure_peer_delivery`` module.
+
+Switch with one import change (``from hostedrooms.compat.secure_peer_delivery import
+SecurePeerDeliveryLedger``). ``SecurePeerDeliveryLedger(path)`` takes a filesystem path like the reference (an
+owner-private SQLite file: the parent directory is made ``0700``, the file ``0600``, and the file is checked
+before every transaction); a SQLAlchemy URL string or an Engine works too (PostgreSQL: no file checks).
+``MAX_NONTERMINAL_DELIVERIES`` below is read at call time, so lowering it on this module takes effect.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import URL, Engine, make_url
+
+from .. import migrate
+from ..db import create_engine
+from ..ledger import (
+    DELIVERY_STATES,
+    TERMINAL_DELIVERY_STATES,
+    DeliveryLedger,
+    ensure_private_directory,
+    secure_ledger_file,
+)
+from ._engine import engine_for
+
+__all__ = [
+    "DELIVERY_STATES",
+    "MAX_NONTERMINAL_DELIVERIES",
+    "TERMINAL_DELIVERY_STATES",
+    "SecurePeerDeliveryLedger",
+]
+
+MAX_NONTERMINAL_DELIVERIES = 2_048
+
+
+def _ledger_file(target: Any) -> Path | None:
+    """The SQLite file a target names, as given (absolute, symlinks NOT resolved), or None."""
+    if isinstance(target, Engine):
+        return None  # an Engine's file is guarded by DeliveryLedger itself
+    if isinstance(target, URL) or "://" in os.fspath(target):
+        url = target if isinstance(target, URL) else make_url(os.fspath(target))
+        if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+            return None
+        database = str(url.database)
+    else:
+        database = os.fspath(target)
+    return Path(os.path.abspath(Path(database).expanduser()))
+
+
+class SecurePeerDeliveryLedger(DeliveryLedger):
+    """Owner-private, crash-safe mapping from a relay envelope to one turn (the reference's API)."""
+
+    def __init__(self, path: Path | str | URL | Engine) -> None:
+        file = _ledger_file(path)
+        if file is None:
+            engine, owned = engine_for(path), False
+        else:
+            # Private directory and 0600 file first, so SQLite never creates the ledger with the umask's mode.
+            ensure_private_directory(file.parent)
+            secure_ledger_file(file, create=True)
+            engine, owned = create_engine(file), True
+            try:
+                if not migrate.is_at_head(engine):
+                    migrate.upgrade(engine)
+            except BaseException:
+                engine.dispose()
+                raise
+        self._owns_engine = owned
+        try:
+            super().__init__(engine, path=file)
+        except BaseException:
+            self.close()
+            raise
+        self.path: Path | None = file
+        if isinstance(path, (str, Path)) and "://" not in str(path):
+            self.path = Path(path)  # as given, like the reference
+
+    def _capacity(self) -> int:
+        return int(MAX_NONTERMINAL_DELIVERIES)  # this module's global, read at call time
