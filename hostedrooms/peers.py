@@ -1,0 +1,552 @@
+"""Peer routing state: room links, revoked grant scopes, peer reservations, remote-run receipts, probes.
+
+Every public function takes an :class:`~sqlalchemy.Engine` first (the probes take any database target,
+because they must never go through anything that creates or migrates a store), then the reference
+implementation's keyword arguments, and returns the reference's shapes. Each call is one transaction.
+
+Secrets: a room link carries a private ``grant``. No message raised here contains one, a failed link write
+never chains the driver error (its bound parameters would hold the grant), and on SQLite the database
+file is made owner-only (``0600``) before a link write commits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from sqlalchemy import URL, ColumnElement, Engine, Select, delete, exists, func, inspect, select, update
+from sqlalchemy import exc as sa_exc
+
+from . import limits as _default_limits
+from . import models
+from .db import Target, resolve_url
+from .dialect import dialect_for_url
+from .errors import AuthorityConflictError, HostedRoomError, RoomProbeUnavailableError, StorageError
+from .uow import UnitOfWork
+from .validation import clock, compact_json, identifier
+
+__all__ = [
+    "GRANT_SCOPE_FIELDS",
+    "LINK_COLUMNS",
+    "PROBE_TIMEOUT_SECONDS",
+    "REMOTE_RUN_COLUMNS",
+    "delete_room_link_records",
+    "forget_probe_engines",
+    "list_remote_run_receipts",
+    "list_room_link_records",
+    "peer_room_grant_is_current",
+    "peer_room_is_reserved",
+    "probe_hosted_room",
+    "probe_peer_room_reservation",
+    "remote_run_receipt",
+    "reserve_peer_room",
+    "revoke_room_grant_scope",
+    "room_grant_is_revoked",
+    "room_grant_scope_key",
+    "update_room_link_status",
+    "upsert_remote_run_receipt",
+    "upsert_room_link_record",
+]
+
+#: The columns of a room link record, in the reference's order.
+LINK_COLUMNS = (
+    "room_id", "member_id", "target_url", "target_profile", "grant", "catalog_json", "cancellation_scope_id",
+    "trace_id", "transport_security", "status", "updated_at")
+_LINK_KEY = ("room_id", "member_id")
+
+#: The seven claim fields whose values identify one revocable grant scope.
+GRANT_SCOPE_FIELDS = (
+    "room_id", "home_install_id", "authority_gateway_id", "authority_epoch", "member_id", "target_install_id",
+    "target_profile")
+
+_RECEIPT_INT_COLUMNS = frozenset({"authority_epoch", "execution_generation"})
+#: The caller-supplied columns of a remote-run receipt: the 9-column identity, then the run it is bound to.
+REMOTE_RUN_COLUMNS = (*models.REMOTE_RUN_IDENTITY_COLUMNS, "run_id", "session_id")
+
+#: How long a probe may wait for a lock (or a statement) before it answers "unavailable".
+PROBE_TIMEOUT_SECONDS = 0.2
+
+# Advisory keys (PostgreSQL) that serialise the read-then-write units below, as BEGIN IMMEDIATE does on
+# SQLite: the link cap counts every stored link, and reservation rules read other rows of the table.
+_LINKS_LOCK = int.from_bytes(hashlib.sha256(b"hostedrooms:hosted_room_links").digest()[:8], "big", signed=True)
+_RESERVATIONS_LOCK = int.from_bytes(
+    hashlib.sha256(b"hostedrooms:hosted_room_peer_reservations").digest()[:8], "big", signed=True)
+
+
+# --- argument validation (pure) ----------------------------------------------------------------------
+
+
+def _limit(source: object | None, name: str) -> int:
+    """A MAX_* limit read now from ``source`` (the compat facade module), else from hostedrooms.limits."""
+    value = getattr(source, name, None) if source is not None else None
+    return int(getattr(_default_limits, name) if value is None else value)
+
+
+def _room_id(value: Any, source: object | None) -> str:
+    return identifier(value, error=HostedRoomError, label="room_id", max_chars=_limit(source, "MAX_ROOM_ID_CHARS"))
+
+
+def _actor_id(value: Any, label: str, source: object | None) -> str:
+    return identifier(value, error=HostedRoomError, label=label, max_chars=_limit(source, "MAX_ACTOR_ID_CHARS"))
+
+
+def _mapping(value: Any, label: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise HostedRoomError(f"{label} must be a mapping")
+    return value
+
+
+def _required(record: Mapping[str, Any], key: str, label: str) -> Any:
+    # Name the key, never the record: a link record holds a grant.
+    if key not in record:
+        raise HostedRoomError(f"{label} is missing {key}")
+    return record[key]
+
+
+def _text(value: Any, label: str) -> str:
+    if not isinstance(value, str):
+        raise HostedRoomError(f"{label} must be a string")
+    return value
+
+
+def _seconds(value: Any, label: str) -> float:
+    """A timestamp argument: anything ``float()`` accepts (the reference's leniency) except NaN."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise HostedRoomError(f"{label} must be a number") from exc
+    if math.isnan(seconds):
+        raise HostedRoomError(f"{label} must be a number")
+    return seconds
+
+
+def _lenient_epoch(claims: Mapping[str, Any]) -> int:
+    """``int(claims.get("authority_epoch") or 0)``: the reference accepts ``"3"``, ``3.9`` and ``True``."""
+    try:
+        return int(claims.get("authority_epoch") or 0)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise HostedRoomError("authority_epoch must be a positive integer") from exc
+
+
+def _claim_values(claims: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, str]:
+    return {key: str(claims.get(key) or "") for key in keys}
+
+
+def room_grant_scope_key(claims: Mapping[str, Any]) -> str:
+    """The stable, non-secret key of one room/home/target/profile grant scope.
+
+    It is the SHA-256 of the compact JSON of the seven :data:`GRANT_SCOPE_FIELDS`, each taken as
+    ``str(value or "")``; a missing or empty field raises ``HostedRoomError("room grant scope is incomplete")``.
+    """
+    fields = _claim_values(_mapping(claims, "claims"), GRANT_SCOPE_FIELDS)
+    if not all(fields.values()):
+        raise HostedRoomError("room grant scope is incomplete")
+    return hashlib.sha256(compact_json(fields).encode("utf-8")).hexdigest()
+
+
+def _link_values(record: Any) -> dict[str, Any]:
+    record = _mapping(record, "room link record")
+    values: dict[str, Any] = {}
+    for column in LINK_COLUMNS:
+        value = _required(record, column, "room link record")
+        if column == "updated_at":
+            values[column] = _seconds(value, "room link updated_at")
+        else:
+            values[column] = _text(value, f"room link {column}")
+    return values
+
+
+def _max_links(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise HostedRoomError("max_links must be a number")
+    return value
+
+
+def _receipt_identity(record: Any) -> dict[str, Any]:
+    return _receipt_values(record, models.REMOTE_RUN_IDENTITY_COLUMNS)
+
+
+def _receipt_values(record: Any, columns: tuple[str, ...]) -> dict[str, Any]:
+    record = _mapping(record, "remote run record")
+    values: dict[str, Any] = {}
+    for column in columns:
+        value = _required(record, column, "remote run record")
+        if column in _RECEIPT_INT_COLUMNS:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise HostedRoomError(f"remote run {column} must be a positive integer")
+        else:
+            _text(value, f"remote run {column}")
+        values[column] = value
+    return values
+
+
+def _reservation_claims(claims: Any, source: object | None) -> dict[str, Any]:
+    """Validated (room_id, member_id, target_profile, authority_gateway_id, authority_epoch), stripped."""
+    claims = _mapping(claims, "claims")
+    values: dict[str, Any] = {"room_id": _room_id(claims.get("room_id"), source)}
+    for key in ("member_id", "target_profile", "authority_gateway_id"):
+        values[key] = _actor_id(claims.get(key), key, source)
+    values["authority_epoch"] = _lenient_epoch(claims)
+    if values["authority_epoch"] < 1:
+        raise HostedRoomError("authority_epoch must be positive")
+    return values
+
+
+# --- secrets -----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _grant_safe(grant: str) -> Iterator[None]:
+    """Re-raise a failed link write without its driver chain, whose bound parameters hold ``grant``."""
+    failure: HostedRoomError | None = None
+    try:
+        yield
+    except HostedRoomError as exc:
+        if exc.__cause__ is None and exc.__context__ is None and (not grant or grant not in str(exc)):
+            raise
+        message = str(exc).replace(grant, "***") if grant else str(exc)
+        failure = type(exc)(message)
+    if failure is not None:
+        raise failure  # outside the except block: no __context__ either
+
+
+def _restrict_to_owner(uow: UnitOfWork) -> None:
+    """Before a link write commits: the store's files become owner-only (SQLite), or the write fails."""
+    try:
+        uow.dialect.restrict_to_owner(uow.connection)
+    except OSError as exc:
+        raise StorageError(f"cannot make the room store owner-only: {exc.strerror or exc}") from exc
+
+
+# --- room links --------------------------------------------------------------------------------------
+
+
+def list_room_link_records(engine: Engine) -> list[dict[str, Any]]:
+    """Every private room link record (grant included) ordered by room and member; never logged."""
+    table = models.links
+    with UnitOfWork(engine, write=False) as uow:
+        bytewise = uow.dialect.bytewise
+        stmt = select(*(table.c[column] for column in LINK_COLUMNS)).order_by(
+            bytewise(table.c.room_id), bytewise(table.c.member_id))
+        rows = uow.connection.execute(stmt).mappings().all()
+    return [dict(row) for row in rows]
+
+
+def upsert_room_link_record(engine: Engine, *, record: Mapping[str, Any], max_links: int) -> None:
+    """Atomically insert or replace every field of one private room link record.
+
+    ``max_links`` caps the number of stored links; it counts only a new (room_id, member_id), so replacing
+    an existing record always succeeds (``HostedRoomError("too many stored room links")`` otherwise).
+    """
+    values = _link_values(record)
+    cap = _max_links(max_links)
+    table = models.links
+    with _grant_safe(values["grant"]), UnitOfWork(engine) as uow:
+        uow.dialect.serialize(uow.connection, _LINKS_LOCK)
+        key = [table.c[column] == values[column] for column in _LINK_KEY]
+        known = uow.connection.execute(select(exists().where(*key))).scalar_one()
+        if not known and uow.connection.execute(select(func.count()).select_from(table)).scalar_one() >= cap:
+            raise HostedRoomError("too many stored room links")
+        stmt = uow.dialect.insert(table).values(**values)
+        replaced = {column: stmt.excluded[column] for column in LINK_COLUMNS if column not in _LINK_KEY}
+        uow.connection.execute(stmt.on_conflict_do_update(index_elements=list(_LINK_KEY), set_=replaced))
+        _restrict_to_owner(uow)
+        uow.commit()
+
+
+def update_room_link_status(
+    engine: Engine, *, room_id: str, member_id: str, status: str, now: float | None = None
+) -> bool:
+    """Persist a non-secret route health classification; False when no such link exists."""
+    room_id = _text(room_id, "room_id")
+    member_id = _text(member_id, "member_id")
+    status = _text(status, "status")
+    timestamp = clock(now)
+    table = models.links
+    stmt = (update(table).where(table.c.room_id == room_id, table.c.member_id == member_id)
+            .values(status=status, updated_at=timestamp))
+    with UnitOfWork(engine) as uow:
+        changed = uow.connection.execute(stmt).rowcount == 1
+        _restrict_to_owner(uow)
+        uow.commit()
+    return changed
+
+
+def delete_room_link_records(engine: Engine, *, room_id: str) -> int:
+    """Delete a room's persisted peer routes (after their target grants are revoked); return how many."""
+    room_id = _text(room_id, "room_id")
+    with UnitOfWork(engine) as uow:
+        deleted = int(uow.connection.execute(delete(models.links).where(models.links.c.room_id == room_id)).rowcount)
+        uow.commit()
+    return deleted
+
+
+# --- grant revocation --------------------------------------------------------------------------------
+
+
+def revoke_room_grant_scope(
+    engine: Engine, *, claims: Mapping[str, Any], expires_at: float, now: float | None = None
+) -> None:
+    """Revoke every grant of one exact scope issued at or before ``now``, until ``expires_at``.
+
+    The fence's ``expires_at`` and ``revoked_before`` only grow. In the same transaction the scope's peer
+    reservation (same room, member, profile, gateway and epoch) is revoked. An ``expires_at`` that is not in
+    the future does nothing at all (the reference's behaviour).
+    """
+    scope_key = room_grant_scope_key(claims)
+    timestamp = clock(now)
+    expiry = _seconds(expires_at, "expires_at")
+    if expiry <= timestamp:
+        return
+    scope = _claim_values(claims, ("room_id", "member_id", "target_profile", "authority_gateway_id"))
+    epoch = _lenient_epoch(claims)
+    grants, reservations = models.revoked_grants, models.peer_reservations
+    with UnitOfWork(engine) as uow:
+        uow.dialect.serialize(uow.connection, _RESERVATIONS_LOCK)
+        uow.connection.execute(delete(grants).where(grants.c.expires_at <= timestamp))
+        stmt = uow.dialect.insert(grants).values(scope_key=scope_key, expires_at=expiry, revoked_before=timestamp)
+        greatest = uow.dialect.greatest
+        uow.connection.execute(stmt.on_conflict_do_update(index_elements=["scope_key"], set_={
+            "expires_at": greatest(grants.c.expires_at, stmt.excluded.expires_at),
+            "revoked_before": greatest(grants.c.revoked_before, stmt.excluded.revoked_before)}))
+        uow.connection.execute(update(reservations).where(
+            *(reservations.c[column] == value for column, value in scope.items()),
+            reservations.c.authority_epoch == epoch).values(revoked_at=timestamp, updated_at=timestamp))
+        uow.commit()
+
+
+def room_grant_is_revoked(engine: Engine, *, claims: Mapping[str, Any], now: float | None = None) -> bool:
+    """Whether a grant (``claims["issued_at"]``, default 0) was issued at or before its scope's live fence."""
+    timestamp = clock(now)
+    scope_key = room_grant_scope_key(claims)
+    issued_at = _seconds(claims.get("issued_at") or 0, "issued_at")
+    grants = models.revoked_grants
+    stmt = select(grants.c.revoked_before).where(grants.c.scope_key == scope_key, grants.c.expires_at > timestamp)
+    with UnitOfWork(engine, write=False) as uow:
+        revoked_before = uow.connection.execute(stmt).scalar_one_or_none()
+    return revoked_before is not None and issued_at <= float(revoked_before)
+
+
+# --- peer reservations -------------------------------------------------------------------------------
+
+
+def _live_reservations(room_id: str, target_profile: str, timestamp: float) -> list[ColumnElement[bool]]:
+    table = models.peer_reservations
+    return [table.c.room_id == room_id, table.c.target_profile == target_profile, table.c.expires_at > timestamp,
+            table.c.revoked_at.is_(None)]
+
+
+def _outranks(row_gateway: str, row_epoch: int, gateway_id: str, epoch: int) -> bool:
+    """A newer epoch, or the same epoch under another gateway, outranks the claim (gateway_id, epoch)."""
+    return int(row_epoch) > epoch or (int(row_epoch) == epoch and str(row_gateway) != gateway_id)
+
+
+def reserve_peer_room(
+    engine: Engine, *, claims: Mapping[str, Any], expires_at: float, now: float | None = None,
+    limits: object | None = None,
+) -> None:
+    """Fence direct Desktop prompts for a room/profile before the first peer run is admitted.
+
+    Expired reservations are dropped first. A live reservation of the room/profile at a newer epoch, or at
+    the same epoch under another gateway, wins (``AuthorityConflictError``); live reservations at lower
+    epochs are revoked. The claim's own row is upserted keeping the later expiry and clearing ``revoked_at``.
+    ``limits`` (default :mod:`hostedrooms.limits`) supplies the identifier length limits.
+    """
+    timestamp = clock(now)
+    expiry = _seconds(expires_at, "expires_at")
+    if expiry <= timestamp:
+        raise HostedRoomError("peer room reservation must expire in the future")
+    values = _reservation_claims(claims, limits)
+    room_id, target_profile = values["room_id"], values["target_profile"]
+    gateway_id, epoch = values["authority_gateway_id"], values["authority_epoch"]
+    table = models.peer_reservations
+    conflict = AuthorityConflictError("peer room reservation authority changed")
+    with UnitOfWork(engine) as uow:
+        uow.dialect.serialize(uow.connection, _RESERVATIONS_LOCK)
+        uow.connection.execute(delete(table).where(table.c.expires_at <= timestamp))
+        live = uow.connection.execute(select(table.c.authority_gateway_id, table.c.authority_epoch).where(
+            *_live_reservations(room_id, target_profile, timestamp))).all()
+        if any(_outranks(row[0], row[1], gateway_id, epoch) for row in live):
+            raise conflict
+        uow.connection.execute(update(table).where(
+            table.c.room_id == room_id, table.c.target_profile == target_profile, table.c.authority_epoch < epoch,
+            table.c.revoked_at.is_(None)).values(revoked_at=timestamp, updated_at=timestamp))
+        # The claim's own row counts even when revoked: a revoked newer-epoch row still wins.
+        own = uow.connection.execute(select(table.c.authority_gateway_id, table.c.authority_epoch).where(
+            table.c.room_id == room_id, table.c.member_id == values["member_id"],
+            table.c.target_profile == target_profile)).first()
+        if own is not None and _outranks(own[0], own[1], gateway_id, epoch):
+            raise conflict
+        stmt = uow.dialect.insert(table).values(
+            **values, expires_at=expiry, revoked_at=None, created_at=timestamp, updated_at=timestamp)
+        uow.connection.execute(stmt.on_conflict_do_update(
+            index_elements=["room_id", "member_id", "target_profile"], set_={
+                "authority_gateway_id": stmt.excluded.authority_gateway_id,
+                "authority_epoch": stmt.excluded.authority_epoch,
+                "expires_at": uow.dialect.greatest(table.c.expires_at, stmt.excluded.expires_at),
+                "revoked_at": None,
+                "updated_at": stmt.excluded.updated_at}))
+        uow.commit()
+
+
+def _exists(engine: Engine, stmt: Select[Any]) -> bool:
+    with UnitOfWork(engine, write=False) as uow:
+        return uow.connection.execute(stmt.limit(1)).first() is not None
+
+
+def peer_room_is_reserved(
+    engine: Engine, *, room_id: str, target_profile: str, now: float | None = None, limits: object | None = None
+) -> bool:
+    """Whether a live (unexpired, unrevoked) reservation of the room/profile fences Desktop prompts."""
+    room_id = _room_id(room_id, limits)
+    target_profile = _actor_id(target_profile, "target_profile", limits)
+    timestamp = clock(now)
+    return _exists(engine, select(1).where(*_live_reservations(room_id, target_profile, timestamp)))
+
+
+def peer_room_grant_is_current(
+    engine: Engine, *, claims: Mapping[str, Any], now: float | None = None, limits: object | None = None
+) -> bool:
+    """Whether a grant's claims match the target's current live reservation exactly."""
+    timestamp = clock(now)
+    values = _reservation_claims(claims, limits)
+    table = models.peer_reservations
+    return _exists(engine, select(1).where(
+        *(table.c[column] == value for column, value in values.items()),
+        table.c.expires_at > timestamp, table.c.revoked_at.is_(None)))
+
+
+# --- remote-run receipts -----------------------------------------------------------------------------
+
+
+def _identity_filter(identity: Mapping[str, Any]) -> list[ColumnElement[bool]]:
+    return [models.remote_runs.c[column] == value for column, value in identity.items()]
+
+
+def upsert_remote_run_receipt(engine: Engine, *, record: Mapping[str, Any], now: float | None = None) -> None:
+    """Durably bind one logical peer task attempt (the 9-column identity) to its run and session.
+
+    The same record again only moves ``updated_at``; a different run or session for the same identity
+    raises ``HostedRoomError("remote run receipt conflicts with its logical task")``.
+    """
+    timestamp = clock(now)
+    values = _receipt_values(record, REMOTE_RUN_COLUMNS)
+    identity = {column: values[column] for column in models.REMOTE_RUN_IDENTITY_COLUMNS}
+    table = models.remote_runs
+    with UnitOfWork(engine) as uow:
+        inserted = uow.connection.execute(uow.dialect.insert(table).values(
+            **values, created_at=timestamp, updated_at=timestamp).on_conflict_do_nothing()).rowcount
+        if inserted != 1:
+            stored = uow.connection.execute(uow.dialect.for_update(
+                select(*(table.c[column] for column in REMOTE_RUN_COLUMNS)).where(*_identity_filter(identity)))
+            ).one()
+            if tuple(stored) != tuple(values.values()):
+                raise HostedRoomError("remote run receipt conflicts with its logical task")
+            uow.connection.execute(update(table).where(*_identity_filter(identity)).values(updated_at=timestamp))
+        uow.commit()
+
+
+def list_remote_run_receipts(
+    engine: Engine, *, room_id: str | None = None, target_profile: str | None = None, session_id: str | None = None
+) -> list[dict[str, Any]]:
+    """Remote-run receipts matching every given filter, in durable task order
+    (``created_at``, ``task_id``, ``execution_generation``)."""
+    candidates = (("room_id", room_id), ("target_profile", target_profile), ("session_id", session_id))
+    filters = {column: _text(value, column) for column, value in candidates if value is not None}
+    table = models.remote_runs
+    with UnitOfWork(engine, write=False) as uow:
+        stmt = select(table).where(*(table.c[column] == value for column, value in filters.items())).order_by(
+            table.c.created_at, uow.dialect.bytewise(table.c.task_id), table.c.execution_generation)
+        rows = uow.connection.execute(stmt).mappings().all()
+    return [dict(row) for row in rows]
+
+
+def remote_run_receipt(engine: Engine, *, record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The durable receipt of one exact task attempt (its 9-column identity), or None."""
+    identity = _receipt_identity(record)
+    with UnitOfWork(engine, write=False) as uow:
+        row = uow.connection.execute(select(models.remote_runs).where(*_identity_filter(identity))).mappings().first()
+    return dict(row) if row is not None else None
+
+
+# --- non-blocking ownership probes -------------------------------------------------------------------
+
+_probe_lock = threading.Lock()
+_probe_engines: dict[str, Engine] = {}
+
+
+def _probe_url(target: Target) -> URL:
+    return target.url if isinstance(target, Engine) else resolve_url(target)
+
+
+def _probe_engine(url: URL) -> Engine:
+    """A cached, hook-free, never-migrating engine per store (never the compat facade's engine)."""
+    key = url.render_as_string(hide_password=False)
+    engine = _probe_engines.get(key)
+    if engine is None:
+        with _probe_lock:
+            engine = _probe_engines.get(key)
+            if engine is None:
+                engine = dialect_for_url(url).probe_engine(url, PROBE_TIMEOUT_SECONDS)
+                _probe_engines[key] = engine
+    return engine
+
+
+def forget_probe_engines() -> None:
+    """Dispose and drop the cached probe engines (tests; forked children)."""
+    with _probe_lock:
+        for engine in _probe_engines.values():
+            engine.dispose()
+        _probe_engines.clear()
+
+
+def _probe(target: Target, table_name: str, stmt: Select[Any], unavailable: str) -> bool:
+    """Answer ``stmt`` finds a row, without creating, migrating or waiting on the store.
+
+    A missing store or table answers False. Any store failure, including a lock held past
+    :data:`PROBE_TIMEOUT_SECONDS`, raises ``RoomProbeUnavailableError(unavailable)``.
+    """
+    url = _probe_url(target)
+    dialect = dialect_for_url(url)
+    if dialect.store_absent(url):
+        return False
+    try:
+        connection = _probe_engine(url).connect()
+    except sa_exc.SQLAlchemyError as exc:
+        if dialect.is_missing_store(exc):
+            return False
+        raise RoomProbeUnavailableError(unavailable) from exc
+    try:
+        with connection, connection.begin(), dialect.probe_timeouts(connection, PROBE_TIMEOUT_SECONDS):
+            if not inspect(connection).has_table(table_name):
+                return False
+            return connection.execute(stmt.limit(1)).first() is not None
+    except sa_exc.SQLAlchemyError as exc:
+        raise RoomProbeUnavailableError(unavailable) from exc
+
+
+def probe_hosted_room(target: Target, *, room_id: Any, limits: object | None = None) -> bool:
+    """Whether this store hosts the live room ``room_id``; never creates, migrates or blocks.
+
+    ``target`` is a SQLite path, a URL or an Engine (only its URL is used). On the synchronous
+    prompt-admission path this fails fast under contention with ``RoomProbeUnavailableError``.
+    """
+    room_id = _room_id(room_id, limits)
+    rooms = models.rooms
+    stmt = select(1).where(rooms.c.room_id == room_id, rooms.c.disbanded_at.is_(None))
+    return _probe(target, rooms.name, stmt, "hosted room ownership is temporarily unavailable")
+
+
+def probe_peer_room_reservation(
+    target: Target, *, room_id: Any, target_profile: Any, now: float | None = None, limits: object | None = None
+) -> bool:
+    """Whether a live peer reservation fences the room/profile; never creates, migrates or blocks."""
+    room_id = _room_id(room_id, limits)
+    target_profile = _actor_id(target_profile, "target_profile", limits)
+    timestamp = clock(now)
+    stmt = select(1).where(*_live_reservations(room_id, target_profile, timestamp))
+    return _probe(target, models.peer_reservations.name, stmt, "peer room ownership is temporarily unavailable")
