@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 from sqlalchemy import Engine
 
 from hostedrooms import migrate, pgcluster
 from hostedrooms.db import create_engine
 from hostedrooms.models import metadata
+from hostedrooms.testing import create_database, drop_database, unique_name
 
 BACKENDS = ("sqlite", "postgresql")
 PG_URL_ENV = "HOSTEDROOMS_TEST_POSTGRES_URL"
@@ -69,27 +68,10 @@ def pg_admin_url() -> Iterator[str]:
         cluster.stop()
 
 
-def _database_url(admin_url: str, name: str) -> sa.URL:
-    return sa.make_url(admin_url).set(database=name)
-
-
-def create_pg_database(admin_url: str, name: str) -> str:
-    """CREATE DATABASE ``name`` (dropping a leftover) and return its URL string (password included)."""
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            quoted = connection.dialect.identifier_preparer.quote(name)
-            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")
-            connection.exec_driver_sql(f"CREATE DATABASE {quoted}")
-    finally:
-        admin.dispose()
-    return _database_url(admin_url, name).render_as_string(hide_password=False)
-
-
 @pytest.fixture(scope="session")
 def pg_worker_url(pg_admin_url: str) -> str:
     """This worker's own migrated PostgreSQL database (tests empty it before use)."""
-    url = create_pg_database(pg_admin_url, f"hostedrooms_test_{_worker()}_{os.getpid()}")
+    url = create_database(pg_admin_url, f"hostedrooms_test_{_worker()}_{os.getpid()}")
     migrate.upgrade(url)
     return url
 
@@ -154,12 +136,6 @@ def empty_target(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -
         yield str(tmp_path / "empty.db")
         return
     admin_url: str = request.getfixturevalue("pg_admin_url")
-    name = f"hostedrooms_empty_{uuid.uuid4().hex[:12]}"
-    url = create_pg_database(admin_url, name)
-    yield url
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        admin.dispose()
+    name = unique_name("hostedrooms_empty")
+    yield create_database(admin_url, name)
+    drop_database(admin_url, name)

@@ -1,0 +1,274 @@
+"""The ``hostedrooms`` console script: migrate, inspect, verify, and a demo of the whole story.
+
+Every command takes ``--url`` (default: ``$HOSTEDROOMS_DATABASE_URL``, else ``./state.db``). Errors are one
+line on stderr and a non-zero exit; progress is shown only when stderr is a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+import sqlalchemy as sa
+from alembic.util.exc import CommandError
+from sqlalchemy import Engine
+
+from . import migrate
+from .db import DATABASE_URL_ENV, create_engine
+from .errors import HostedRoomError, translate
+from .integrity import verify
+from .models import deliveries, events, replicas, rooms
+from .uow import UnitOfWork
+
+DEFAULT_DATABASE = "state.db"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class Progress:
+    """One self-overwriting status line on a terminal; silent when stderr is piped."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
+        self._width = 0
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            text = f"\r{message}".ljust(self._width + 1)
+            self._width = len(message)
+            self.stream.write(text)
+            self.stream.flush()
+
+    def done(self) -> None:
+        if self.enabled and self._width:
+            self.stream.write("\r" + " " * (self._width + 1) + "\r")
+            self.stream.flush()
+
+
+def default_url() -> str:
+    """``$HOSTEDROOMS_DATABASE_URL``, else ``state.db`` in the current directory."""
+    return os.environ.get(DATABASE_URL_ENV) or DEFAULT_DATABASE
+
+
+@contextmanager
+def _engine(args: argparse.Namespace) -> Iterator[Engine]:
+    engine = create_engine(args.url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def _require_schema(engine: Engine) -> None:
+    if migrate.current_revision(engine) is None:
+        raise HostedRoomError(f"no hostedrooms schema in {engine.url.render_as_string(hide_password=True)}; "
+                              "run `hostedrooms upgrade` first")
+
+
+def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) -> None:
+    cells = [[str(value) for value in row] for row in rows]
+    widths = [max([len(header), *(len(row[index]) for row in cells)]) for index, header in enumerate(headers)]
+    out.write("  ".join(header.ljust(width) for header, width in zip(headers, widths, strict=True)).rstrip() + "\n")
+    for row in cells:
+        out.write("  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip() + "\n")
+    if not rows:
+        out.write("(none)\n")
+
+
+# --- commands ------------------------------------------------------------------------------------------
+
+
+def cmd_upgrade(args: argparse.Namespace, out: TextIO) -> int:
+    progress = Progress()
+    progress(f"upgrading to {args.revision} ...")
+    with _engine(args) as engine:
+        migrate.upgrade(engine, args.revision)
+        progress.done()
+        out.write(f"at {migrate.current_revision(engine)}\n")
+    return EXIT_OK
+
+
+def cmd_current(args: argparse.Namespace, out: TextIO) -> int:
+    with _engine(args) as engine:
+        revision = migrate.current_revision(engine)
+    head = migrate.head_revision()
+    out.write(f"{revision or '(none)'}{' (head)' if revision == head else ''}\n")
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
+    with _engine(args) as engine:
+        revision = migrate.current_revision(engine)
+    head = migrate.head_revision()
+    if revision == head:
+        out.write(f"schema at head ({head})\n")
+        return EXIT_OK
+    out.write(f"schema not at head: database at {revision or '(none)'}, head is {head}\n")
+    return EXIT_FAILED
+
+
+def cmd_rooms(args: argparse.Namespace, out: TextIO) -> int:
+    with _engine(args) as engine:
+        _require_schema(engine)
+        with UnitOfWork(engine, write=False) as uow:
+            rows = uow.execute(sa.select(
+                rooms.c.room_id, rooms.c.name, rooms.c.authority_gateway_id, rooms.c.authority_epoch,
+                rooms.c.next_seq - 1, rooms.c.event_bytes, rooms.c.disbanded_at,
+            ).order_by(rooms.c.updated_at.desc(), rooms.c.room_id)).all()
+    _table([[*list(row)[:6], "yes" if row.disbanded_at is not None else ""] for row in rows],
+           ("ROOM", "NAME", "AUTHORITY", "EPOCH", "LATEST_SEQ", "BYTES", "DISBANDED"), out)
+    return EXIT_OK
+
+
+def _event_line(row: Any) -> str:
+    actor = json.loads(row.actor_json)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row.created_at))
+    who = f"{actor.get('kind')}:{actor.get('id')}"
+    return f"{row.seq:>6}  {stamp}  e{row.authority_epoch or '-'}  {row.kind:<20} {who:<24} {row.payload_json}"
+
+
+def _event_json(row: Any) -> str:
+    return json.dumps({
+        "room_id": row.room_id, "seq": row.seq, "event_id": row.event_id, "kind": row.kind,
+        "actor": json.loads(row.actor_json), "authority_epoch": row.authority_epoch,
+        "payload": json.loads(row.payload_json), "created_at": row.created_at}, ensure_ascii=False)
+
+
+def cmd_log(args: argparse.Namespace, out: TextIO) -> int:
+    render: Callable[[Any], str] = _event_json if args.json else _event_line
+    since = args.since
+    with _engine(args) as engine:
+        _require_schema(engine)
+        while True:
+            with UnitOfWork(engine, write=False) as uow:
+                exists = uow.execute(sa.select(rooms.c.room_id).where(rooms.c.room_id == args.room)).first()
+                if exists is None:
+                    raise HostedRoomError(f"hosted room not found: {args.room}")
+                page = uow.execute(sa.select(events).where(events.c.room_id == args.room, events.c.seq > since)
+                                   .order_by(events.c.seq).limit(args.limit)).all()
+            for row in page:
+                out.write(render(row) + "\n")
+                since = row.seq
+            out.flush()
+            if not args.follow:
+                return EXIT_OK
+            if len(page) < args.limit:
+                time.sleep(args.interval)
+
+
+def cmd_replicas(args: argparse.Namespace, out: TextIO) -> int:
+    with _engine(args) as engine:
+        _require_schema(engine)
+        with UnitOfWork(engine, write=False) as uow:
+            rows = uow.execute(sa.select(
+                replicas.c.room_id, replicas.c.authority_gateway_id, replicas.c.authority_epoch,
+                replicas.c.last_seq, replicas.c.latest_seq, replicas.c.event_bytes,
+            ).order_by(replicas.c.room_id)).all()
+    _table(rows, ("ROOM", "AUTHORITY", "EPOCH", "LAST_SEQ", "LATEST_SEQ", "BYTES"), out)
+    return EXIT_OK
+
+
+def cmd_deliveries(args: argparse.Namespace, out: TextIO) -> int:
+    with _engine(args) as engine:
+        _require_schema(engine)
+        query = sa.select(
+            deliveries.c.envelope_id, deliveries.c.state, deliveries.c.kind, deliveries.c.target_chat_id,
+            deliveries.c.queued_id, deliveries.c.run_id, deliveries.c.updated_at,
+        ).order_by(deliveries.c.updated_at.desc(), deliveries.c.envelope_id)
+        if args.state:
+            query = query.where(deliveries.c.state == args.state)
+        with UnitOfWork(engine, write=False) as uow:
+            rows = uow.execute(query).all()
+    _table([tuple("" if value is None else value for value in row) for row in rows],
+           ("ENVELOPE", "STATE", "KIND", "CHAT", "QUEUED_ID", "RUN_ID", "UPDATED_AT"), out)
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+    progress = Progress()
+    with _engine(args) as engine:
+        _require_schema(engine)
+        found = verify(engine, progress=lambda name: progress(f"verifying {name} ..."))
+    progress.done()
+    for violation in found:
+        out.write(f"{violation}\n")
+    out.write("verify: clean\n" if not found else f"verify: {len(found)} violation(s)\n")
+    return EXIT_OK if not found else EXIT_FAILED
+
+
+def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+    from .demo import run_demo
+
+    return run_demo(directory=args.dir, url_a=args.url_a, url_b=args.url_b, out=out)
+
+
+# --- parser ------------------------------------------------------------------------------------------
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hostedrooms", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Callable[[argparse.Namespace, TextIO], int], help_: str,
+                url: bool = True) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_, description=help_)
+        if url:
+            sub.add_argument("--url", default=default_url(),
+                             help=f"database path or URL (default: ${DATABASE_URL_ENV} or ./{DEFAULT_DATABASE})")
+        sub.set_defaults(handler=handler)
+        return sub
+
+    command("upgrade", cmd_upgrade, "migrate the schema (default: to head)").add_argument(
+        "revision", nargs="?", default="head")
+    command("current", cmd_current, "print the schema revision")
+    command("check", cmd_check, "exit 0 when the schema is at head, 1 otherwise")
+    command("rooms", cmd_rooms, "list rooms")
+    log = command("log", cmd_log, "print a room's events")
+    log.add_argument("room")
+    log.add_argument("--since", type=int, default=0, help="print events after this seq")
+    log.add_argument("--limit", type=_positive, default=500, help="events per read")
+    log.add_argument("--follow", action="store_true", help="keep polling for new events")
+    log.add_argument("--interval", type=float, default=1.0, help="poll interval with --follow (seconds)")
+    log.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    command("replicas", cmd_replicas, "list replicas")
+    command("deliveries", cmd_deliveries, "list secure-peer deliveries").add_argument(
+        "--state", choices=("prepared", "authorized", "queued", "running", "completed", "failed"))
+    command("verify", cmd_verify, "check every store invariant; exit 1 on violations")
+    demo = command("demo", cmd_demo, "run the failover story on two gateways' databases", url=False)
+    demo.add_argument("--dir", help="folder for the two SQLite files (default: a temporary folder)")
+    demo.add_argument("--url-a", help="gateway A's database URL (instead of a SQLite file)")
+    demo.add_argument("--url-b", help="gateway B's database URL (instead of a SQLite file)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run one command; errors become one line on stderr and a non-zero exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args, out or sys.stdout))
+    except KeyboardInterrupt:
+        return 130
+    except (HostedRoomError, OSError, CommandError) as exc:
+        sys.stderr.write(f"hostedrooms: error: {exc}\n")
+        return EXIT_FAILED
+    except sa.exc.SQLAlchemyError as exc:
+        sys.stderr.write(f"hostedrooms: error: {translate(exc, getattr(args, 'url', '?'))}\n")
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

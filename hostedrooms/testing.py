@@ -1,0 +1,127 @@
+"""pytest plugin for host applications: a migrated, isolated hostedrooms database per test.
+
+Installed with hostedrooms and registered under the ``pytest11`` entry point, so an application's tests can
+simply ask for the fixtures::
+
+    def test_my_gateway(hostedrooms_engine):
+        my_gateway = Gateway(engine=hostedrooms_engine)
+        ...
+
+    def test_facade(hostedrooms_target):          # a path or URL string, for hostedrooms.compat
+        hosted_rooms.create_room(hostedrooms_target, ...)
+
+By default each test gets its own SQLite file (copied from a template migrated once per session). To test
+on PostgreSQL, pass ``--hostedrooms-postgres-url=postgresql://admin:pw@host/postgres`` or set
+``HOSTEDROOMS_TEST_POSTGRES_URL``: an admin URL whose role may ``CREATE DATABASE``. Each test then gets a
+fresh database cloned from a migrated template database, dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from . import migrate
+from .db import create_engine
+
+POSTGRES_URL_ENV = "HOSTEDROOMS_TEST_POSTGRES_URL"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("hostedrooms")
+    group.addoption(
+        "--hostedrooms-postgres-url", default=None,
+        help=f"admin URL of a PostgreSQL server for hostedrooms fixtures (or ${POSTGRES_URL_ENV})")
+
+
+def _admin(admin_url: str) -> sa.Engine:
+    return sa.create_engine(migrate_url(admin_url), isolation_level="AUTOCOMMIT")
+
+
+def migrate_url(url: str) -> sa.URL:
+    """A PostgreSQL URL with the psycopg 3 driver."""
+    parsed = sa.make_url(url)
+    return parsed.set(drivername="postgresql+psycopg") if parsed.drivername == "postgresql" else parsed
+
+
+def create_database(admin_url: str, name: str, *, template: str | None = None) -> str:
+    """CREATE DATABASE ``name`` (dropping a leftover of that name); return its URL with the password."""
+    admin = _admin(admin_url)
+    try:
+        with admin.connect() as connection:
+            quote = connection.dialect.identifier_preparer.quote
+            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {quote(name)} WITH (FORCE)")
+            suffix = f" TEMPLATE {quote(template)}" if template else ""
+            connection.exec_driver_sql(f"CREATE DATABASE {quote(name)}{suffix}")
+    finally:
+        admin.dispose()
+    return migrate_url(admin_url).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_database(admin_url: str, name: str) -> None:
+    """DROP DATABASE ``name`` if it exists, closing its connections."""
+    admin = _admin(admin_url)
+    try:
+        with admin.connect() as connection:
+            quote = connection.dialect.identifier_preparer.quote
+            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {quote(name)} WITH (FORCE)")
+    finally:
+        admin.dispose()
+
+
+def unique_name(prefix: str) -> str:
+    """A database name unique to this process and call."""
+    return f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def hostedrooms_postgres_url(request: pytest.FixtureRequest) -> str | None:
+    """The admin URL given by option or environment, or None (SQLite)."""
+    given = request.config.getoption("--hostedrooms-postgres-url") or os.environ.get(POSTGRES_URL_ENV)
+    return str(given) if given else None
+
+
+@pytest.fixture(scope="session")
+def _hostedrooms_template(
+    hostedrooms_postgres_url: str | None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A database migrated to head once per session: a SQLite file path, or a PostgreSQL database name."""
+    if hostedrooms_postgres_url is None:
+        path = tmp_path_factory.mktemp("hostedrooms-template") / "template.db"
+        migrate.upgrade(path)
+        yield str(path)
+        return
+    name = unique_name("hostedrooms_template")
+    url = create_database(hostedrooms_postgres_url, name)
+    migrate.upgrade(url)
+    yield name
+    drop_database(hostedrooms_postgres_url, name)
+
+
+@pytest.fixture
+def hostedrooms_target(
+    hostedrooms_postgres_url: str | None, _hostedrooms_template: str, tmp_path: Path
+) -> Iterator[str]:
+    """A migrated hostedrooms database of this test alone, as a path or URL string."""
+    if hostedrooms_postgres_url is None:
+        path = tmp_path / "hostedrooms.db"
+        shutil.copyfile(_hostedrooms_template, path)
+        yield str(path)
+        return
+    name = unique_name("hostedrooms_test")
+    yield create_database(hostedrooms_postgres_url, name, template=_hostedrooms_template)
+    drop_database(hostedrooms_postgres_url, name)
+
+
+@pytest.fixture
+def hostedrooms_engine(hostedrooms_target: str) -> Iterator[sa.Engine]:
+    """An Engine on this test's migrated hostedrooms database (disposed afterwards)."""
+    engine = create_engine(hostedrooms_target)
+    yield engine
+    engine.dispose()

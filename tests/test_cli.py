@@ -1,0 +1,105 @@
+"""The hostedrooms console script: one clear line and a non-zero exit on errors, tables and logs otherwise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from hostedrooms import UnitOfWork, migrate
+from hostedrooms.cli import main
+from hostedrooms.db import create_engine
+from hostedrooms.models import events, rooms
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_upgrade_current_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = str(tmp_path / "state.db")
+    assert _run(capsys, "check", "--url", url)[0] == 1
+    code, out, _ = _run(capsys, "upgrade", "--url", url)
+    assert code == 0 and migrate.head_revision() in out
+    code, out, _ = _run(capsys, "current", "--url", url)
+    assert code == 0 and out.strip() == f"{migrate.head_revision()} (head)"
+    code, out, _ = _run(capsys, "check", "--url", url)
+    assert code == 0 and "at head" in out
+
+
+def test_url_defaults_to_the_environment(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOSTEDROOMS_DATABASE_URL", str(tmp_path / "env.db"))
+    assert _run(capsys, "upgrade")[0] == 0
+    assert (tmp_path / "env.db").is_file()
+
+
+def _seed(target: str) -> None:
+    engine = create_engine(target)
+    with UnitOfWork(engine) as uow:
+        uow.execute(sa.insert(rooms).values(
+            room_id="r1", name="Röom", members_json="[]", authority_gateway_id="install:a", authority_epoch=1,
+            next_seq=3, event_bytes=2 * len("e1message.user" + '{"id":"u","kind":"user"}' + '{"text":"hi"}'),
+            created_at=1.0, updated_at=1.0))
+        uow.execute(sa.insert(events), [
+            {"room_id": "r1", "seq": seq, "event_id": f"e{seq}", "kind": "message.user",
+             "actor_json": '{"id":"u","kind":"user"}', "authority_epoch": 1, "payload_json": '{"text":"hi"}',
+             "created_at": 1.0} for seq in (1, 2)])
+        uow.commit()
+    engine.dispose()
+
+
+def test_inspection_commands(target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _seed(target)
+    code, out, _ = _run(capsys, "rooms", "--url", target)
+    assert code == 0 and "r1" in out and "Röom" in out and "install:a" in out
+    code, out, _ = _run(capsys, "log", "r1", "--url", target)
+    assert code == 0 and len(out.splitlines()) == 2 and "message.user" in out
+    code, out, _ = _run(capsys, "log", "r1", "--since", "1", "--json", "--url", target)
+    assert code == 0 and '"seq": 2' in out and len(out.splitlines()) == 1
+    code, out, _ = _run(capsys, "replicas", "--url", target)
+    assert code == 0 and "(none)" in out
+    code, out, _ = _run(capsys, "deliveries", "--state", "queued", "--url", target)
+    assert code == 0 and "(none)" in out
+    code, out, _ = _run(capsys, "verify", "--url", target)
+    assert code == 0 and "verify: clean" in out
+
+
+def test_verify_exits_non_zero_on_violations(target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _seed(target)
+    engine = create_engine(target)
+    with UnitOfWork(engine) as uow:
+        uow.execute(sa.update(rooms).values(event_bytes=1))
+        uow.commit()
+    engine.dispose()
+    code, out, _ = _run(capsys, "verify", "--url", target)
+    assert code == 1 and "event_bytes" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["rooms", "--url", "mysql://u:secret@h/db"], "unsupported database dialect"),
+    (["log", "nope"], "hosted room not found"),
+    (["rooms"], "no hostedrooms schema"),
+    (["upgrade", "not-a-revision"], "not-a-revision"),
+])
+def test_errors_are_one_line(argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    if argv[0] == "log":
+        migrate.upgrade(tmp_path / "state.db")
+    code, _out, err = _run(capsys, *argv)
+    assert code == 1
+    assert err.startswith("hostedrooms: error: ") and message in err and err.count("\n") == 1
+    assert "secret" not in err
+
+
+def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "hostedrooms.cli", "rooms", "--url", str(tmp_path / "x.db")],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and "no hostedrooms schema" in result.stderr
