@@ -803,13 +803,14 @@ class DeliveryLedger:
             if row is not None:
                 return known(row)
             # ON CONFLICT DO NOTHING: a concurrent prepare of the same id (PostgreSQL) becomes a replay.
-            inserted = _changed(uow, uow.dialect.insert(OUT).values(
+            # (RETURNING tells whether this insert won: psycopg reports no rowcount for it.)
+            inserted = uow.execute(uow.dialect.insert(OUT).values(
                 **values, intent_digest=digest, snapshot_json=snapshot_text, state="pending",
                 retry_at=timestamp, created_at=timestamp, updated_at=timestamp,
-            ).on_conflict_do_nothing(index_elements=["request_id"]))
+            ).on_conflict_do_nothing(index_elements=["request_id"]).returning(OUT.c.request_id)).first()
             row = _outbound(uow, request_id)
             assert row is not None
-            if inserted != 1:
+            if inserted is None:
                 return known(row)
             public = _public_outbound(row)
             assert public is not None

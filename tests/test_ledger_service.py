@@ -1,0 +1,447 @@
+"""DeliveryLedger contract on SQLite and PostgreSQL: deliveries, response intents, outbound intents, prune."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import Engine
+
+from hostedrooms import limits
+from hostedrooms.compat import secure_peer_delivery as facade
+from hostedrooms.ledger import DeliveryLedger
+from hostedrooms.models import deliveries, outbound_intents
+
+START = 1_000_000
+
+
+class FakeClock:
+    """A settable clock; the ledger truncates it to whole seconds."""
+
+    def __init__(self, now: float = START + 0.9) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def ledger(engine: Engine, clock: FakeClock) -> DeliveryLedger:
+    return DeliveryLedger(engine, clock=clock)
+
+
+def envelope(n: int, **overrides: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "envelope_id": f"env-{n}", "request_id": f"req-{n}", "team_id": "team-1", "source_peer_id": "peer-a",
+        "source_server_identity": "srv-a", "source_route_id": "route-a", "source_route_revision": "rev-1",
+        "target_peer_id": None, "target_server_identity": "srv-b", "target_route_id": "route-b",
+        "target_route_revision": "rev-2", "action": "request_reply", "kind": "request_reply", "exchange_id": "ex-1",
+        "parent_envelope_id": None, "parent_leg": None, "used_legs": 1, "max_legs": 6,
+        "expires_at": START + 3600, "body": {"message": "please answer é"},
+    }
+    data.update(overrides)
+    return data
+
+
+def prepare(ledger: DeliveryLedger, n: int | str, *, lease: str = "lease-1", chat: str = "chat-1",
+            connection: str = "conn-1", **overrides: Any) -> tuple[dict[str, Any], bool]:
+    data = envelope(0, **overrides) if isinstance(n, str) else envelope(n, **overrides)
+    if isinstance(n, str):
+        data["envelope_id"] = n
+    return ledger.prepare(data, transport_role="host", connection_id=connection, lease_token=lease,
+                          target_chat_id=chat)
+
+
+def snapshot_tables(engine: Engine) -> list[Any]:
+    with engine.connect() as connection:
+        return [sorted(tuple(row) for row in connection.execute(sa.select(table)))
+                for table in (deliveries, outbound_intents)]
+
+
+def ids(rows: list[dict[str, Any]], key: str = "envelope_id") -> list[str]:
+    return [row[key] for row in rows]
+
+
+# --- deliveries -------------------------------------------------------------------------------------------
+
+
+def test_delivery_lifecycle(ledger: DeliveryLedger, clock: FakeClock) -> None:
+    row, created = prepare(ledger, 1)
+    assert created is True and row["state"] == "prepared" and row["body"] == {"message": "please answer é"}
+    assert "body_json" not in row and len(row["claim_digest"]) == 64
+    assert (row["created_at"], row["updated_at"]) == (START, START)  # int(clock()), truncated
+    assert ledger.get("env-1") == row and ledger.get("missing") is None
+
+    clock.advance(5)
+    authorized = ledger.authorize("env-1")
+    assert authorized is not None and authorized["state"] == "authorized" and authorized["updated_at"] == START + 5
+    assert ledger.authorize("env-1") is not None  # idempotent
+    assert ledger.authorize("missing") is None
+
+    queued = ledger.bind_owner("env-1", queued_id="q-1", run_id=None)
+    assert queued is not None and (queued["state"], queued["queued_id"]) == ("queued", "q-1")
+    assert ledger.bind_owner("env-1", queued_id="q-other", run_id=None) is None
+    assert ledger.bind_owner("env-1", queued_id="q-1", run_id=None) == queued
+    running = ledger.bind_owner("env-1", queued_id="q-1", run_id="run-1")
+    assert running is not None and (running["state"], running["run_id"]) == ("running", "run-1")
+    assert ledger.bind_owner("env-1", queued_id="q-1", run_id="run-1") == running
+    assert ledger.bind_owner("env-1", queued_id="q-1", run_id="run-2") is None
+    assert ledger.bind_owner("env-1", queued_id=None, run_id="run-1") is None
+    assert ledger.bind_owner("missing", queued_id="q", run_id=None) is None
+    assert ledger.for_run("run-1") == running and ledger.for_run("nope") is None
+    assert ids(ledger.nonterminal_for_chat("chat-1")) == ["env-1"] and ledger.nonterminal_for_chat("chat-2") == []
+    assert ids(ledger.nonterminal_for_connection("conn-1")) == ["env-1"]
+    assert ids(ledger.recoverable()) == ["env-1"]
+
+    done = ledger.finish("env-1", succeeded=True, result_text="answer")
+    assert done is not None and done["state"] == "completed"
+    assert done["result_hash"] == hashlib.sha256(b"answer").hexdigest()
+    assert ledger.finish("env-1", succeeded=False, error="late") is None  # terminal: the transition lost
+    assert ledger.get("env-1") == done
+    assert ledger.recoverable() == [] and ledger.nonterminal_for_chat("chat-1") == []
+    assert ledger.for_run("run-1") == done
+
+
+def test_authorized_binds_straight_to_a_run_and_prepared_cannot_bind(ledger: DeliveryLedger) -> None:
+    prepare(ledger, 1)
+    assert ledger.bind_owner("env-1", queued_id="q-1", run_id=None) is None  # not yet authorized
+    ledger.authorize("env-1")
+    running = ledger.bind_owner("env-1", queued_id=None, run_id="run-1")
+    assert running is not None and (running["state"], running["queued_id"]) == ("running", None)
+    assert ledger.authorize("env-1") is None  # running cannot go back
+
+
+def test_finish_failure_paths(ledger: DeliveryLedger) -> None:
+    prepare(ledger, 1)
+    assert ledger.finish("env-1", succeeded=True, result_text="x") is None  # prepared cannot complete
+    failed = ledger.finish("env-1", succeeded=False, error="target offline")
+    assert failed is not None and (failed["state"], failed["error"], failed["result_hash"]) == (
+        "failed", "target offline", None)
+    prepare(ledger, 2)
+    ledger.authorize("env-2")
+    finished = ledger.finish("env-2", succeeded=True)
+    assert finished is not None and finished["result_hash"] is None and finished["error"] is None
+
+
+def test_fail_ownerless_authorized(ledger: DeliveryLedger) -> None:
+    prepare(ledger, 1)
+    untouched = ledger.fail_ownerless_authorized("env-1", error="x")
+    assert untouched is not None and untouched["state"] == "prepared"
+    ledger.authorize("env-1")
+    failed = ledger.fail_ownerless_authorized("env-1", error="e" * 500)
+    assert failed is not None and failed["state"] == "failed" and failed["error"] == "e" * 400
+    prepare(ledger, 2)
+    ledger.authorize("env-2")
+    ledger.bind_owner("env-2", queued_id="q-2", run_id=None)
+    owned = ledger.fail_ownerless_authorized("env-2", error="x")
+    assert owned is not None and owned["state"] == "queued"
+    assert ledger.fail_ownerless_authorized("missing", error="x") is None
+
+
+def test_prepare_replay_lease_refresh_and_digest_change(ledger: DeliveryLedger, clock: FakeClock) -> None:
+    first, _ = prepare(ledger, 1)
+    clock.advance(10)
+    again, created = prepare(ledger, 1)
+    assert created is False and again == first  # same lease: nothing changes
+    refreshed, created = prepare(ledger, 1, lease="lease-2")
+    assert created is False and refreshed["lease_token"] == "lease-2" and refreshed["updated_at"] == START + 10
+    assert refreshed["claim_digest"] == first["claim_digest"]
+    ledger.authorize("env-1")
+    kept, created = prepare(ledger, 1, lease="lease-3")
+    assert created is False and kept["lease_token"] == "lease-2"  # only a prepared claim takes a new token
+    before = snapshot_tables(ledger.engine)
+    for changed in ({"body": {"message": "different"}}, {"connection": "conn-2"}, {"chat": "chat-2"}):
+        with pytest.raises(RuntimeError, match="^secure peer envelope identity changed$"):
+            prepare(ledger, 1, **changed)
+    assert snapshot_tables(ledger.engine) == before
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"transport_role": "peer"}, "secure peer delivery role is invalid"),
+        ({"envelope": {"body": {"message": " "}}}, "secure peer delivery body is invalid"),
+        ({"envelope": {"action": "other"}}, "secure peer delivery action is invalid"),
+        ({"envelope": {"kind": "other"}}, "secure peer delivery kind is invalid"),
+        ({"envelope": {"team_id": ""}}, "secure peer delivery identity is incomplete"),
+        ({"lease_token": ""}, "secure peer delivery identity is incomplete"),
+        ({"envelope": {"used_legs": 7}}, "secure peer delivery leg budget is invalid"),
+    ],
+)
+def test_prepare_refusals_leave_the_store_unchanged(
+    ledger: DeliveryLedger, arguments: dict[str, Any], message: str
+) -> None:
+    prepare(ledger, 1)
+    before = snapshot_tables(ledger.engine)
+    call: dict[str, Any] = {"transport_role": "host", "connection_id": "c", "lease_token": "l",
+                            "target_chat_id": "chat"}
+    call.update({key: value for key, value in arguments.items() if key != "envelope"})
+    overrides = arguments.get("envelope", {})
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        ledger.prepare(envelope(9, **overrides), **call)
+    assert snapshot_tables(ledger.engine) == before
+
+
+def test_expired_prepared_rows_fail_when_a_new_envelope_arrives(ledger: DeliveryLedger, clock: FakeClock) -> None:
+    stale, _ = prepare(ledger, 1, expires_at=START - 5)  # accepted, like the reference
+    assert stale["state"] == "prepared"
+    prepare(ledger, 2, expires_at=START + 5)
+    prepare(ledger, 3)
+    ledger.authorize("env-3")
+    expired = ledger.get("env-1")
+    assert expired is not None and (expired["state"], expired["error"]) == ("failed", "secure peer exchange expired")
+    clock.advance(5)  # env-2 expires now (expires_at <= now); an authorized env-3 never expires here
+    prepare(ledger, 1, expires_at=START - 5)  # a replay of a known envelope does not sweep
+    assert ledger.get("env-2")["state"] == "prepared"  # type: ignore[index]
+    prepare(ledger, 4)
+    assert [row["state"] for row in map(ledger.get, ("env-2", "env-3"))] == ["failed", "authorized"]  # type: ignore[index]
+
+
+def test_capacity_counts_nonterminal_deliveries(
+    ledger: DeliveryLedger, monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    monkeypatch.setattr(limits, "MAX_NONTERMINAL_DELIVERIES", 2)  # read at call time
+    prepare(ledger, 1, expires_at=START + 10)
+    prepare(ledger, 2)
+    before = snapshot_tables(ledger.engine)
+    with pytest.raises(RuntimeError, match="^secure peer delivery capacity is full$"):
+        prepare(ledger, 3)
+    assert snapshot_tables(ledger.engine) == before
+    assert prepare(ledger, 2, lease="lease-2")[1] is False  # known envelopes are not capacity-checked
+    ledger.finish("env-2", succeeded=False)
+    assert prepare(ledger, 3)[1] is True
+    clock.advance(10)  # env-1 expires: the sweep runs before the count, freeing its slot
+    assert prepare(ledger, 4)[1] is True
+    assert ledger.get("env-1")["state"] == "failed"  # type: ignore[index]
+
+
+def test_facade_capacity_is_read_from_the_facade_module(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(facade, "MAX_NONTERMINAL_DELIVERIES", 1)
+    compat = facade.SecurePeerDeliveryLedger(target)
+    try:
+        prepare(compat, 1, expires_at=2**40)
+        with pytest.raises(RuntimeError, match="capacity is full"):
+            prepare(compat, 2, expires_at=2**40)
+        compat.authorize("env-1")
+        compat.prepare_response("env-1", request_id="r", body="b", request_response=False)
+        assert len(compat.pending_responses(limit=1, now=2**40)) == 1
+        with pytest.raises(ValueError, match="^secure peer response retry limit is invalid$"):
+            compat.pending_responses(limit=2)  # the limit cap is the capacity, read at call time too
+    finally:
+        compat.close()
+
+
+def test_admission_retries_back_off_and_come_due_in_order(ledger: DeliveryLedger, clock: FakeClock) -> None:
+    for name in ("env-b", "env-a", "env-C"):
+        prepare(ledger, name)
+        ledger.authorize(name)
+    # same created_at: ties break on the envelope id in code-point order ("C" < "a" < "b")
+    assert ids(ledger.pending_admissions(now=START)) == ["env-C", "env-a", "env-b"]
+    assert ids(ledger.pending_admissions(limit=1, now=START)) == ["env-C"]
+    rows = [ledger.defer_admission("env-a", error="queue full") or {} for _ in range(9)]
+    assert [row["admission_retry_at"] - START for row in rows] == [2, 4, 8, 16, 32, 64, 128, 256, 256]
+    assert rows[-1]["admission_attempts"] == 9 and rows[-1]["admission_last_error"] == "queue full"
+    ledger.defer_admission("env-b", error="x" * 1000)
+    assert ids(ledger.pending_admissions(now=START)) == ["env-C"]
+    assert ids(ledger.pending_admissions(now=START + 2)) == ["env-C", "env-b"]
+    assert ids(ledger.pending_admissions(now=START + 256)) == ["env-C", "env-b", "env-a"]
+    assert ledger.get("env-b")["admission_last_error"] == "x" * 400  # type: ignore[index]
+    bound = ledger.bind_owner("env-a", queued_id="q", run_id=None)
+    assert bound is not None and bound["admission_retry_at"] is None and bound["admission_last_error"] is None
+    assert ledger.defer_admission("env-a", error="late") == bound  # owned: unchanged, returned
+    assert ledger.defer_admission("missing", error="x") is None
+    for limit in (0, 51, True, "5"):
+        with pytest.raises(ValueError, match="^secure peer admission retry limit is invalid$"):
+            ledger.pending_admissions(limit=limit)  # type: ignore[arg-type]
+
+
+def test_bind_owner_refusals(ledger: DeliveryLedger) -> None:
+    with pytest.raises(ValueError, match="^secure peer delivery owner is empty$"):
+        ledger.bind_owner("env-1", queued_id=None, run_id=None)
+    with pytest.raises(ValueError, match="must be a string"):
+        ledger.bind_owner("env-1", queued_id=5, run_id=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="must be a string"):
+        ledger.get(5)  # type: ignore[arg-type]
+
+
+# --- response intents -------------------------------------------------------------------------------------
+
+
+def test_response_intents(ledger: DeliveryLedger, clock: FakeClock) -> None:
+    prepare(ledger, 1)
+    assert ledger.prepare_response("env-1", request_id="resp-1", body="answer", request_response=False) is None
+    ledger.authorize("env-1")
+    for bad in ({"body": " "}, {"request_response": 1}, {"request_id": ""}, {"body": "x" * 100_001}):
+        arguments: dict[str, Any] = {"request_id": "resp-1", "body": "x", "request_response": False, **bad}
+        with pytest.raises(ValueError, match="^secure peer response intent is invalid$"):
+            ledger.prepare_response("env-1", **arguments)
+    intent = ledger.prepare_response("env-1", request_id="resp-1", body="answer", request_response=True)
+    assert intent is not None and intent["response_request_response"] == 1 and intent["response_retry_at"] == START
+    assert ledger.prepare_response("env-1", request_id="resp-1", body="answer", request_response=True) == intent
+    with pytest.raises(RuntimeError, match="^secure peer response intent changed$"):
+        ledger.prepare_response("env-1", request_id="resp-1", body="other", request_response=True)
+    assert ids(ledger.pending_responses(now=START)) == ["env-1"]
+    for limit in (0, 2049):
+        with pytest.raises(ValueError, match="^secure peer response retry limit is invalid$"):
+            ledger.pending_responses(limit=limit)
+    deferred = ledger.defer_response("env-1", request_id="resp-1", error="hub busy")
+    assert deferred is not None and (deferred["response_attempts"], deferred["response_retry_at"]) == (1, START + 2)
+    assert ledger.pending_responses(now=START + 1) == []
+    assert ids(ledger.pending_responses(now=START + 2)) == ["env-1"]
+    assert ledger.defer_response("env-1", request_id="other", error="x") == deferred
+    cleared = ledger.clear_response_intent("env-1", request_id="resp-1")
+    assert cleared is not None and cleared["response_request_id"] is None and cleared["response_attempts"] == 0
+    assert ledger.pending_responses(now=START + 1000) == []
+    ledger.prepare_response("env-1", request_id="resp-2", body="answer 2", request_response=False)
+    assert ledger.mark_response_committed("env-1", request_id="wrong")["response_committed"] == 0  # type: ignore[index]
+    committed = ledger.mark_response_committed("env-1", request_id="resp-2")
+    assert committed is not None and committed["response_committed"] == 1 and committed["response_retry_at"] is None
+    assert ledger.clear_response_intent("env-1", request_id="resp-2") == committed  # committed: kept
+    assert ledger.defer_response("env-1", request_id="resp-2", error="x") == committed
+    assert ledger.pending_responses(now=START + 1000) == []
+    assert ledger.mark_response_committed("missing") is None
+
+
+def test_responses_only_for_admitted_request_deliveries(ledger: DeliveryLedger) -> None:
+    prepare(ledger, 2, action="instruction", kind="instruction")
+    ledger.authorize("env-2")
+    assert ledger.prepare_response("env-2", request_id="r", body="x", request_response=False) is None
+    prepare(ledger, 3)
+    ledger.authorize("env-3")
+    committed = ledger.mark_response_committed("env-3")  # no intent needed when request_id is None
+    assert committed is not None and committed["response_committed"] == 1
+    unchanged = ledger.prepare_response("env-3", request_id="r", body="x", request_response=False)
+    assert unchanged is not None and unchanged["response_request_id"] is None
+    ledger.finish("env-3", succeeded=True)
+    assert ledger.prepare_response("env-3", request_id="r", body="x", request_response=False) is None
+
+
+# --- outbound intents -------------------------------------------------------------------------------------
+
+SNAPSHOT = {"connection_id": "c1", "source_route_id": "sr1", "source_route_revision": "v1",
+            "source_chat_id": "chat-1", "action": "request_reply", "note": "é"}
+
+
+def outbound_args(**overrides: Any) -> dict[str, Any]:
+    return {"request_id": "out-1", "source_session_id": "chat-1", "source_run_id": "run-x", "snapshot": SNAPSHOT,
+            "body": "hello", "action": "request_reply", "expires_at": START + 600, **overrides}
+
+
+def test_outbound_lifecycle(ledger: DeliveryLedger, clock: FakeClock) -> None:
+    row, created = ledger.prepare_outbound(**outbound_args())
+    assert created is True and row["state"] == "pending" and row["snapshot"] == SNAPSHOT and row["response"] is None
+    assert (row["connection_id"], row["source_route_id"], row["source_route_revision"]) == ("c1", "sr1", "v1")
+    assert row["retry_at"] == START and "snapshot_json" not in row and "response_json" not in row
+    assert ledger.prepare_outbound(**outbound_args()) == (row, False)
+    before = snapshot_tables(ledger.engine)
+    with pytest.raises(RuntimeError, match="^secure peer outbound intent changed$"):
+        ledger.prepare_outbound(**outbound_args(body="changed"))
+    for bad in ({"action": "instruction"}, {"snapshot": {**SNAPSHOT, "connection_id": ""}},
+                {"snapshot": ("not", "a", "mapping")}, {"body": ""}, {"source_run_id": ""}):
+        with pytest.raises(ValueError, match="^secure peer outbound intent is invalid$"):
+            ledger.prepare_outbound(**outbound_args(request_id="out-9", **bad))
+    assert snapshot_tables(ledger.engine) == before
+    assert ledger.outbound("out-1") == row and ledger.outbound("missing") is None
+    assert ids(ledger.pending_outbound_for_chat("chat-1", now=START), "request_id") == ["out-1"]
+    assert ids(ledger.pending_outbound_for_route("c1", "sr1", "v1", now=START), "request_id") == ["out-1"]
+    assert ledger.pending_outbound_for_route("c1", "sr1", "v2", now=START) == []
+    assert ids(ledger.pending_outbound_for_connection("c1", now=START), "request_id") == ["out-1"]
+    assert ids(ledger.pending_outbound(now=START), "request_id") == ["out-1"]
+    for limit in (0, 51):
+        with pytest.raises(ValueError, match="^secure peer outbound retry limit is invalid$"):
+            ledger.pending_outbound(limit=limit)
+        with pytest.raises(ValueError, match="^secure peer outbound recovery limit is invalid$"):
+            ledger.recoverable_outbound(limit=limit)
+
+    deferred = ledger.defer_outbound("out-1", "hub unreachable")
+    assert deferred is not None and (deferred["attempts"], deferred["retry_at"]) == (1, START + 2)
+    assert ledger.pending_outbound(now=START + 1) == []
+    assert ids(ledger.recoverable_outbound(), "request_id") == ["out-1"]  # future retries included
+    committed = ledger.commit_outbound("out-1", {"ok": True, "text": "é"})
+    assert committed is not None and committed["state"] == "committed"
+    assert committed["response"] == {"ok": True, "text": "é"} and committed["retry_at"] is None
+    assert ledger.commit_outbound("out-1", {"text": "é", "ok": True}) == committed
+    with pytest.raises(RuntimeError, match="^secure peer outbound result changed$"):
+        ledger.commit_outbound("out-1", {"ok": False})
+    with pytest.raises(ValueError, match="^secure peer outbound result is invalid$"):
+        ledger.commit_outbound("out-1", {"bad": object()})
+    assert ledger.commit_outbound("missing", {}) is None
+    assert ledger.defer_outbound("out-1", "late") == committed
+    ledger.prepare_outbound(**outbound_args(request_id="out-2"))
+    failed = ledger.fail_outbound("out-2", "cancelled by user")
+    assert failed is not None and (failed["state"], failed["last_error"]) == ("failed", "cancelled by user")
+    assert ledger.commit_outbound("out-2", {"ok": True}) == failed
+    assert ledger.fail_outbound("missing", "x") is None and ledger.defer_outbound("missing", "x") is None
+    assert ledger.recoverable_outbound() == []
+
+
+def test_outbound_due_order_and_expiry_sweeps(ledger: DeliveryLedger, clock: FakeClock) -> None:
+    ledger.prepare_outbound(**outbound_args(request_id="out-b"))
+    ledger.prepare_outbound(**outbound_args(request_id="out-A", expires_at=START + 5))
+    clock.advance(1)
+    ledger.prepare_outbound(**outbound_args(request_id="out-c"))
+    assert ids(ledger.pending_outbound(now=START + 1), "request_id") == ["out-A", "out-b", "out-c"]
+    ledger.defer_outbound("out-A", "x")  # due at START + 1 + 2
+    assert ids(ledger.pending_outbound(now=START + 2), "request_id") == ["out-b", "out-c"]
+    assert ids(ledger.pending_outbound(limit=1, now=START + 3), "request_id") == ["out-b"]
+    assert ids(ledger.pending_outbound_for_connection("c1", now=START + 5), "request_id") == ["out-b", "out-c"]
+    expired = ledger.outbound("out-A")
+    assert expired is not None and (expired["state"], expired["retry_at"], expired["last_error"]) == (
+        "failed", None, "secure peer exchange expired")
+    assert expired["updated_at"] == START + 5
+    # each pending_outbound_for_* call fails intents expiring by its `now` first (expires_at <= now)
+    sweeps: list[Callable[[int], list[dict[str, Any]]]] = [
+        lambda now: ledger.pending_outbound_for_connection("c1", now=now),
+        lambda now: ledger.pending_outbound_for_route("c1", "sr1", "v1", now=now),
+        lambda now: ledger.pending_outbound_for_chat("chat-1", now=now),
+    ]
+    for offset, sweep in enumerate(sweeps):
+        name, deadline = f"exp-{offset}", START + 10 + offset
+        ledger.prepare_outbound(**outbound_args(request_id=name, expires_at=deadline))
+        assert name in ids(sweep(deadline - 1), "request_id")
+        assert name not in ids(sweep(deadline), "request_id")
+        assert (ledger.outbound(name) or {}).get("state") == "failed"
+
+
+# --- prune ------------------------------------------------------------------------------------------------
+
+
+def test_prune_counts_terminal_rows_past_retention(ledger: DeliveryLedger, clock: FakeClock) -> None:
+    prepare(ledger, 1)
+    ledger.finish("env-1", succeeded=False, error="x")
+    prepare(ledger, 2)  # still in flight: never pruned
+    ledger.prepare_outbound(**outbound_args())
+    ledger.commit_outbound("out-1", {"ok": True})
+    ledger.prepare_outbound(**outbound_args(request_id="out-2"))
+    ledger.fail_outbound("out-2", "x")
+    ledger.prepare_outbound(**outbound_args(request_id="out-3"))
+    assert ledger.prune() == 0
+    clock.advance(100)
+    assert ledger.prune(retain_seconds=100) == 0  # updated_at must be strictly older than the cutoff
+    clock.advance(1)
+    before = snapshot_tables(ledger.engine)
+    for bad in (-1, 1.5, True, "10"):
+        with pytest.raises(ValueError, match="^secure peer ledger retention is invalid$"):
+            ledger.prune(retain_seconds=bad)  # type: ignore[arg-type]
+    assert snapshot_tables(ledger.engine) == before
+    assert ledger.prune(retain_seconds=100) == 3
+    assert ledger.get("env-1") is None and ledger.outbound("out-1") is None and ledger.outbound("out-2") is None
+    assert ids(ledger.recoverable()) == ["env-2"] and ids(ledger.recoverable_outbound(), "request_id") == ["out-3"]
+
+
+def test_default_clock_is_time_time_read_at_call_time(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = DeliveryLedger(engine)
+    monkeypatch.setattr("time.time", lambda: 4242.99)
+    row, _ = prepare(ledger, 1)
+    assert row["created_at"] == 4242
