@@ -1,0 +1,510 @@
+"""hostedrooms benchmarks: each workload in a fresh process, with a raw-driver baseline in the same run.
+
+    python bench/run.py                       # SQLite file in a temp folder, synchronous=FULL
+    python bench/run.py --synchronous NORMAL  # the documented opt-in (reported as such)
+    python bench/run.py --url postgresql://user:pw@127.0.0.1/postgres   # an admin URL: databases are created
+    python bench/run.py --postgres            # start a throwaway PostgreSQL cluster for the run
+    python bench/run.py --quick               # smaller counts (a smoke run)
+
+Prints a table: workload, dialect, synchronous mode, batch size, operations, rate, p50/p99 latency, peak
+memory (the worker process's max RSS), and the ratio to the raw-driver baseline where it applies. Absolute
+figures on shared machines are noisy: quote the ratios, measured in one run, with the conditions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import resource
+import sys
+import tempfile
+import time
+import tracemalloc
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+GATEWAY = "install:bench"
+ACTOR = {"kind": "user", "id": "u1"}
+PAYLOAD = {"text": "hello from the benchmark " + "x" * 64}
+
+
+@dataclass
+class Result:
+    workload: str
+    batch: int
+    operations: int
+    seconds: float
+    latencies: list[float] = field(default_factory=list)
+    events: int = 0
+    peak_rss_kb: int = 0
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return (self.events or self.operations) / self.seconds if self.seconds else 0.0
+
+    def percentile(self, fraction: float) -> float:
+        if not self.latencies:
+            return 0.0
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+# --- databases ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Setup:
+    url: str | None  # admin URL for PostgreSQL, None for SQLite
+    folder: str
+    synchronous: str
+    quick: bool
+
+    def fresh(self, name: str) -> str:
+        """A new, migrated database for one workload; returns its target string."""
+        from hostedrooms import migrate
+
+        if self.url is None:
+            target = os.path.join(self.folder, f"{name}-{uuid.uuid4().hex[:6]}.db")
+        else:
+            from hostedrooms.testing import create_database
+
+            target = create_database(self.url, f"bench_{name}_{uuid.uuid4().hex[:6]}")
+        migrate.upgrade(target)
+        return target
+
+    def engine(self, target: str) -> Any:
+        from hostedrooms import create_engine
+
+        return create_engine(target, synchronous=self.synchronous)
+
+    def count(self, full: int, quick: int) -> int:
+        return quick if self.quick else full
+
+
+def _timed(operation: Callable[[], Any], latencies: list[float]) -> None:
+    started = time.perf_counter()
+    operation()
+    latencies.append(time.perf_counter() - started)
+
+
+def _raise_limits() -> None:
+    """Benchmarks fill rooms past the default per-room history limit on purpose."""
+    from hostedrooms import limits
+
+    limits.MAX_EVENTS_PER_ROOM = 1_000_000
+    limits.MAX_GATEWAY_EVENT_BYTES = 1 << 40
+    limits.MAX_ROOM_EVENT_BYTES = 1 << 40
+
+
+def _room(engine: Any, room_id: str) -> None:
+    from hostedrooms import rooms
+
+    rooms.create_room(engine, room_id=room_id, name=room_id, members=[], authority_gateway_id=GATEWAY)
+
+
+def _fill(engine: Any, room_id: str, count: int, prefix: str = "fill") -> None:
+    from hostedrooms import rooms
+
+    for start in range(0, count, 500):
+        batch = [{"event_id": f"{prefix}-{seq}", "kind": "message.user", "actor": ACTOR, "payload": PAYLOAD}
+                 for seq in range(start, min(count, start + 500))]
+        rooms.append_events(engine, room_id, batch, GATEWAY, 1)
+
+
+# --- workloads (each runs in its own process) -----------------------------------------------------------------
+
+
+def raw_baseline(setup: Setup) -> Result:
+    """The statements one append needs, through the raw DBAPI driver, one transaction per event."""
+    target = setup.fresh("raw")
+    engine = setup.engine(target)
+    _room(engine, "r")
+    engine.dispose()
+    n = setup.count(2000, 200)
+    latencies: list[float] = []
+    if setup.url is None:
+        import sqlite3
+
+        connection = sqlite3.connect(target, isolation_level=None)
+        connection.execute(f"PRAGMA synchronous={setup.synchronous}")
+        placeholder = "?"
+    else:
+        import psycopg
+
+        from hostedrooms.db import resolve_url
+
+        url = resolve_url(target)
+        connection = psycopg.connect(host=url.host, port=url.port, user=url.username, password=url.password,
+                                     dbname=url.database, autocommit=True)
+        placeholder = "%s"
+    begin = "BEGIN IMMEDIATE" if setup.url is None else "BEGIN"
+    # The same statements an append runs; PostgreSQL locks the room row (SQLite's BEGIN IMMEDIATE already does).
+    select_room = ("SELECT next_seq, event_bytes, authority_gateway_id, authority_epoch, disbanded_at "
+                   "FROM hosted_rooms WHERE room_id=?" + ("" if setup.url is None else " FOR UPDATE"))
+    select_event = "SELECT kind FROM hosted_room_events WHERE room_id=? AND event_id=?"
+    gateway_bytes = "SELECT COALESCE(SUM(event_bytes), 0) FROM hosted_rooms"
+    insert = ("INSERT INTO hosted_room_events (room_id, seq, event_id, kind, actor_json, authority_epoch, "
+              "payload_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+    advance = ("UPDATE hosted_rooms SET next_seq=?, event_bytes=event_bytes+?, updated_at=? "
+               "WHERE room_id=? AND next_seq=?")
+    if placeholder != "?":
+        select_room, select_event, insert, advance = (
+            statement.replace("?", placeholder) for statement in (select_room, select_event, insert, advance))
+    actor_json = json.dumps(ACTOR, sort_keys=True, separators=(",", ":"))
+    payload_json = json.dumps(PAYLOAD, sort_keys=True, separators=(",", ":"))
+
+    def append(index: int) -> None:
+        cursor = connection.cursor()
+        cursor.execute(begin)
+        event_id = f"raw-{index}"
+        cursor.execute(select_event, ("r", event_id))
+        cursor.fetchone()
+        cursor.execute(select_room, ("r",))
+        seq = int(cursor.fetchone()[0])
+        cursor.execute(gateway_bytes)
+        cursor.fetchone()
+        size = len((event_id + "message.user" + actor_json + payload_json).encode())
+        now = time.time()
+        cursor.execute(insert, ("r", seq, event_id, "message.user", actor_json, 1, payload_json, now))
+        cursor.execute(advance, (seq + 1, size, now, "r", seq))
+        cursor.execute("COMMIT")
+
+    started = time.perf_counter()
+    for index in range(n):
+        _timed(lambda index=index: append(index), latencies)  # type: ignore[misc]
+    seconds = time.perf_counter() - started
+    connection.close()
+    return Result("raw-driver append (baseline)", 1, n, seconds, latencies)
+
+
+def _appends(setup: Setup, name: str, prepare: Callable[[Any], None], n: int, label: str) -> Result:
+    from hostedrooms import rooms
+
+    _raise_limits()
+    engine = setup.engine(setup.fresh(name))
+    _room(engine, "r")
+    prepare(engine)
+    latencies: list[float] = []
+    rooms.append_event(engine, room_id="r", event_id="warm", kind="message.user", actor=ACTOR, payload=PAYLOAD,
+                       authority_gateway_id=GATEWAY, authority_epoch=1)
+    started = time.perf_counter()
+    for index in range(n):
+        _timed(lambda index=index: rooms.append_event(  # type: ignore[misc]
+            engine, room_id="r", event_id=f"e-{index}", kind="message.user", actor=ACTOR, payload=PAYLOAD,
+            authority_gateway_id=GATEWAY, authority_epoch=1), latencies)
+    seconds = time.perf_counter() - started
+    engine.dispose()
+    return Result(label, 1, n, seconds, latencies)
+
+
+def append_single(setup: Setup) -> Result:
+    return _appends(setup, "single", lambda engine: None, setup.count(2000, 200), "append_event, empty database")
+
+
+def append_into_full_room(setup: Setup) -> Result:
+    size = setup.count(50_000, 5_000)
+    return _appends(setup, "big", lambda engine: _fill(engine, "r", size), setup.count(2000, 200),
+                    f"append_event, room holds {size} events")
+
+
+def append_with_many_rooms(setup: Setup) -> Result:
+    def prepare(engine: Any) -> None:
+        for index in range(255):
+            _room(engine, f"other-{index}")
+            _fill(engine, f"other-{index}", 20, prefix=f"o{index}")
+
+    return _appends(setup, "many", prepare, setup.count(2000, 200), "append_event, 256 rooms live")
+
+
+def _batches(setup: Setup, size: int) -> Result:
+    from hostedrooms import rooms
+
+    _raise_limits()
+    engine = setup.engine(setup.fresh(f"batch{size}"))
+    _room(engine, "r")
+    batches = setup.count(max(20, 20_000 // size), max(5, 2000 // size))
+    latencies: list[float] = []
+    started = time.perf_counter()
+    for index in range(batches):
+        batch = [{"event_id": f"b{index}-{item}", "kind": "message.user", "actor": ACTOR, "payload": PAYLOAD}
+                 for item in range(size)]
+        _timed(lambda batch=batch: rooms.append_events(engine, "r", batch, GATEWAY, 1), latencies)  # type: ignore[misc]
+    seconds = time.perf_counter() - started
+    engine.dispose()
+    return Result(f"append_events, {size} per batch", size, batches, seconds, latencies, events=batches * size)
+
+
+def append_batch_10(setup: Setup) -> Result:
+    return _batches(setup, 10)
+
+
+def append_batch_100(setup: Setup) -> Result:
+    return _batches(setup, 100)
+
+
+def _reads(setup: Setup, middle: bool) -> Result:
+    from hostedrooms import rooms
+
+    _raise_limits()
+    size = setup.count(50_000, 5_000)
+    target = os.path.join(setup.folder, f"reads-{size}.db") if setup.url is None else None
+    if target is None or not os.path.exists(target):
+        fresh = setup.fresh("reads")
+        engine = setup.engine(fresh)
+        _room(engine, "r")
+        _fill(engine, "r", size)
+        engine.dispose()
+        if target is not None:
+            os.replace(fresh, target)
+        else:
+            target = fresh
+    engine = setup.engine(target)
+    since = size // 2 if middle else 0
+    n = setup.count(300, 50)
+    latencies: list[float] = []
+    started = time.perf_counter()
+    for _ in range(n):
+        _timed(lambda: rooms.read_events(engine, room_id="r", since_seq=since, limit=500), latencies)
+    seconds = time.perf_counter() - started
+    engine.dispose()
+    where = f"middle (since {since})" if middle else "start"
+    return Result(f"read_events 500/page, {size}-event room, {where}", 500, n, seconds, latencies,
+                  events=500 * n)
+
+
+def read_middle(setup: Setup) -> Result:
+    return _reads(setup, middle=True)
+
+
+def read_start(setup: Setup) -> Result:
+    return _reads(setup, middle=False)
+
+
+def read_whole_log_memory(setup: Setup) -> Result:
+    """Read a whole log page by page; report traced peak memory against one page's size."""
+    from hostedrooms import rooms
+
+    _raise_limits()
+    size = setup.count(50_000, 5_000)
+    fresh = setup.fresh("memory")
+    engine = setup.engine(fresh)
+    _room(engine, "r")
+    _fill(engine, "r", size)
+    engine.dispose()
+    engine = setup.engine(fresh)
+    page_sizes: list[int] = []
+    tracemalloc.start()
+    started = time.perf_counter()
+    since, pages = 0, 0
+    while True:
+        page = rooms.read_events(engine, room_id="r", since_seq=since, limit=500)
+        page_sizes.append(len(json.dumps(page)))
+        since, pages = page["cursor"], pages + 1
+        del page
+        if since >= size:
+            break
+    seconds = time.perf_counter() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    engine.dispose()
+    note = f"traced peak {peak / 1e6:.1f} MB; one page is {max(page_sizes) / 1e6:.2f} MB of JSON"
+    return Result(f"read whole {size}-event log page by page", 500, pages, seconds, events=size, note=note)
+
+
+def ledger_cycle(setup: Setup) -> Result:
+    from hostedrooms.ledger import DeliveryLedger
+
+    engine = setup.engine(setup.fresh("ledger"))
+    ledger = DeliveryLedger(engine)
+    n = setup.count(500, 50)
+    latencies: list[float] = []
+
+    def cycle(index: int) -> None:
+        envelope = {
+            "envelope_id": f"env-{index}", "request_id": f"req-{index}", "team_id": "team",
+            "source_server_identity": "src", "source_route_id": "route", "source_route_revision": "1",
+            "target_server_identity": "dst", "target_route_id": "troute", "target_route_revision": "1",
+            "action": "instruction", "kind": "instruction", "exchange_id": f"x-{index}", "used_legs": 1,
+            "max_legs": 6, "expires_at": int(time.time()) + 3600, "body": {"message": "do the thing"}}
+        ledger.prepare(envelope, transport_role="host", connection_id="conn", lease_token="lease",
+                       target_chat_id="chat")
+        ledger.authorize(f"env-{index}")
+        ledger.bind_owner(f"env-{index}", queued_id=f"q-{index}", run_id=None)
+        ledger.finish(f"env-{index}", succeeded=True, result_text="done")
+
+    started = time.perf_counter()
+    for index in range(n):
+        _timed(lambda index=index: cycle(index), latencies)  # type: ignore[misc]
+    seconds = time.perf_counter() - started
+    engine.dispose()
+    return Result("ledger prepare>authorize>bind_owner>finish", 4, n, seconds, latencies,
+                  note="4 transactions per cycle")
+
+
+def _writer(target: str, synchronous: str, room_id: str, prefix: str, n: int, queue: Any) -> None:
+    sys.path.insert(0, str(ROOT))
+    from hostedrooms import create_engine, rooms
+
+    engine = create_engine(target, synchronous=synchronous)
+    latencies: list[float] = []
+    for index in range(n):
+        started = time.perf_counter()
+        rooms.append_event(engine, room_id=room_id, event_id=f"{prefix}-{index}", kind="message.user", actor=ACTOR,
+                           payload=PAYLOAD, authority_gateway_id=GATEWAY, authority_epoch=1)
+        latencies.append(time.perf_counter() - started)
+    engine.dispose()
+    queue.put(latencies)
+
+
+def _concurrent(setup: Setup, writers: int, same_room: bool) -> Result:
+    target = setup.fresh(f"w{writers}{'same' if same_room else ''}")
+    engine = setup.engine(target)
+    for index in range(writers):
+        _room(engine, f"room-{index}")
+    engine.dispose()
+    n = setup.count(400, 60)
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    processes = [context.Process(target=_writer, args=(
+        target, setup.synchronous, "room-0" if same_room else f"room-{index}", f"w{index}", n, queue))
+        for index in range(writers)]
+    started = time.perf_counter()
+    for process in processes:
+        process.start()
+    latencies: list[float] = []
+    for _ in processes:
+        latencies.extend(queue.get())
+    for process in processes:
+        process.join()
+    seconds = time.perf_counter() - started
+    where = "one room" if same_room else "distinct rooms"
+    return Result(f"{writers} writer processes, {where}", 1, writers * n, seconds, latencies,
+                  note="includes process start-up")
+
+
+def writers_1(setup: Setup) -> Result:
+    return _concurrent(setup, 1, same_room=False)
+
+
+def writers_4(setup: Setup) -> Result:
+    return _concurrent(setup, 4, same_room=False)
+
+
+def writers_8(setup: Setup) -> Result:
+    return _concurrent(setup, 8, same_room=False)
+
+
+def writers_4_one_room(setup: Setup) -> Result:
+    return _concurrent(setup, 4, same_room=True)
+
+
+WORKLOADS: dict[str, Callable[[Setup], Result]] = {
+    "raw": raw_baseline,
+    "single": append_single,
+    "batch10": append_batch_10,
+    "batch100": append_batch_100,
+    "read-middle": read_middle,
+    "read-start": read_start,
+    "read-memory": read_whole_log_memory,
+    "ledger": ledger_cycle,
+    "full-room": append_into_full_room,
+    "many-rooms": append_with_many_rooms,
+}
+POSTGRES_WORKLOADS: dict[str, Callable[[Setup], Result]] = {
+    "writers-1": writers_1,
+    "writers-4": writers_4,
+    "writers-8": writers_8,
+    "writers-4-one-room": writers_4_one_room,
+}
+
+
+def _child(name: str, setup: Setup, queue: Any) -> None:
+    sys.path.insert(0, str(ROOT))
+    workloads = {**WORKLOADS, **POSTGRES_WORKLOADS}
+    result = workloads[name](setup)
+    result.peak_rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    queue.put(result)
+
+
+def run(name: str, setup: Setup) -> Result:
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_child, args=(name, setup, queue))
+    process.start()
+    result: Result = queue.get()
+    process.join()
+    return result
+
+
+def _print(results: list[Result], dialect: str, synchronous: str, out: Any = sys.stdout) -> None:
+    baseline = next((result.rate for result in results if result.workload.startswith("raw-driver")), None)
+    single = next((result.rate for result in results if result.workload == "append_event, empty database"), None)
+    one_writer = next((result.rate for result in results if result.workload.startswith("1 writer")), None)
+    header = ("workload", "dialect", "sync", "batch", "ops", "events/s", "p50 ms", "p99 ms", "peak MB",
+              "vs raw", "vs single", "note")
+    rows = []
+    for result in results:
+        vs_raw = f"{result.rate / baseline:.2f}x" if baseline and result.batch == 1 and "writer" not in \
+            result.workload and "ledger" not in result.workload else ""
+        vs_single = ""
+        if single and result.workload.startswith("append") and result.workload != "append_event, empty database":
+            vs_single = f"{result.rate / single:.2f}x"
+        if one_writer and "writer" in result.workload:
+            vs_single = f"{result.rate / one_writer:.2f}x (vs 1 writer)"
+        rows.append((result.workload, dialect, synchronous if dialect == "sqlite" else "fsync=on",
+                     str(result.batch), str(result.operations), f"{result.rate:,.0f}",
+                     f"{result.percentile(0.5) * 1000:.2f}", f"{result.percentile(0.99) * 1000:.2f}",
+                     f"{result.peak_rss_kb / 1024:.0f}", vs_raw, vs_single, result.note))
+    widths = [max(len(row[index]) for row in [header, *rows]) for index in range(len(header))]
+    out.write("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |\n")
+    out.write("|" + "|".join("-" * (w + 2) for w in widths) + "|\n")
+    for row in rows:
+        out.write("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="PostgreSQL admin URL (a role that may CREATE DATABASE)")
+    parser.add_argument("--postgres", action="store_true", help="start a throwaway PostgreSQL cluster")
+    parser.add_argument("--synchronous", default="FULL", choices=("FULL", "NORMAL"), help="SQLite only")
+    parser.add_argument("--quick", action="store_true", help="small counts")
+    parser.add_argument("--workloads", help="comma-separated subset: " + ", ".join(
+        [*WORKLOADS, *POSTGRES_WORKLOADS]))
+    args = parser.parse_args(argv)
+    cluster = None
+    url = args.url
+    if args.postgres:
+        from hostedrooms import pgcluster
+
+        cluster = pgcluster.start()
+        url = cluster.url
+    names = list(WORKLOADS) + (list(POSTGRES_WORKLOADS) if url else [])
+    if args.workloads:
+        names = [name for name in args.workloads.split(",") if name]
+    dialect = "postgresql" if url else "sqlite"
+    results: list[Result] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="hostedrooms-bench-") as folder:
+            setup = Setup(url=url, folder=folder, synchronous=args.synchronous, quick=args.quick)
+            for name in names:
+                print(f"running {name} ...", file=sys.stderr, flush=True)
+                results.append(run(name, setup))
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    print(f"# hostedrooms benchmark, {time.strftime('%Y-%m-%d')}, {dialect}, {os.cpu_count()} cores")
+    _print(results, dialect, args.synchronous)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
