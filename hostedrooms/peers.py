@@ -11,11 +11,11 @@ file is made owner-only (``0600``) before a link write commits.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
+import logging
 import math
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import URL, ColumnElement, Engine, Select, delete, exists, func, inspect, select, update
@@ -199,19 +199,32 @@ def _reservation_claims(claims: Any, source: object | None) -> dict[str, Any]:
 # --- secrets -----------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _grant_safe(grant: str) -> Iterator[None]:
-    """Re-raise a failed link write without its driver chain, whose bound parameters hold ``grant``."""
-    failure: HostedRoomError | None = None
-    try:
-        yield
-    except HostedRoomError as exc:
-        if exc.__cause__ is None and exc.__context__ is None and (not grant or grant not in str(exc)):
-            raise
-        message = str(exc).replace(grant, "***") if grant else str(exc)
-        failure = type(exc)(message)
-    if failure is not None:
-        raise failure  # outside the except block: no __context__ either
+def _without_grant(exc: HostedRoomError, grant: str) -> HostedRoomError:
+    """``exc`` itself when it cannot hold ``grant``; else a copy with the grant masked and no driver chain
+    (the chained SQLAlchemy error keeps the statement's bound parameters, the grant among them)."""
+    if exc.__cause__ is None and exc.__context__ is None and grant not in str(exc):
+        return exc
+    return type(exc)(str(exc).replace(grant, "***") if grant else str(exc))
+
+
+class _MutedLogger(logging.Logger):
+    """A logger that is never enabled, whatever the logging configuration says."""
+
+    def isEnabledFor(self, level: int) -> bool:
+        return False
+
+
+_MUTED = _MutedLogger("hostedrooms.peers.grants")
+
+
+def _secret_engine(engine: Engine) -> Engine:
+    """``engine`` for statements that bind or return grants: bound parameters are hidden from error
+    messages, and SQLAlchemy's statement/row logging is off (it would print grants at INFO/DEBUG).
+    The copy shares the engine's pool, dialect and event hooks."""
+    secret = engine.execution_options()
+    secret.hide_parameters = True
+    secret.logger = _MUTED
+    return secret
 
 
 def _restrict_to_owner(uow: UnitOfWork) -> None:
@@ -228,7 +241,7 @@ def _restrict_to_owner(uow: UnitOfWork) -> None:
 def list_room_link_records(engine: Engine) -> list[dict[str, Any]]:
     """Every private room link record (grant included) ordered by room and member; never logged."""
     table = models.links
-    with UnitOfWork(engine, write=False) as uow:
+    with UnitOfWork(_secret_engine(engine), write=False) as uow:
         bytewise = uow.dialect.bytewise
         stmt = select(*(table.c[column] for column in LINK_COLUMNS)).order_by(
             bytewise(table.c.room_id), bytewise(table.c.member_id))
@@ -244,8 +257,18 @@ def upsert_room_link_record(engine: Engine, *, record: Mapping[str, Any], max_li
     """
     values = _link_values(record)
     cap = _max_links(max_links)
+    failure: HostedRoomError | None = None
+    try:
+        _write_link(engine, values, cap)
+    except HostedRoomError as exc:
+        failure = _without_grant(exc, values["grant"])
+    if failure is not None:
+        raise failure  # outside the except block, so the original does not ride along as __context__
+
+
+def _write_link(engine: Engine, values: dict[str, Any], cap: float) -> None:
     table = models.links
-    with _grant_safe(values["grant"]), UnitOfWork(engine) as uow:
+    with UnitOfWork(_secret_engine(engine)) as uow:
         uow.dialect.serialize(uow.connection, _LINKS_LOCK)
         key = [table.c[column] == values[column] for column in _LINK_KEY]
         known = uow.connection.execute(select(exists().where(*key))).scalar_one()
