@@ -12,6 +12,7 @@ from sqlalchemy import Engine
 
 from hostedrooms import limits
 from hostedrooms.compat import secure_peer_delivery as facade
+from hostedrooms.errors import StoreIntegrityError
 from hostedrooms.ledger import DeliveryLedger
 from hostedrooms.models import deliveries, outbound_intents
 
@@ -445,3 +446,20 @@ def test_default_clock_is_time_time_read_at_call_time(engine: Engine, monkeypatc
     monkeypatch.setattr("time.time", lambda: 4242.99)
     row, _ = prepare(ledger, 1)
     assert row["created_at"] == 4242
+
+
+def test_an_owner_bound_twice_is_a_translated_integrity_error(ledger: DeliveryLedger) -> None:
+    for n in (1, 2):
+        prepare(ledger, n)
+        ledger.authorize(f"env-{n}")
+    ledger.bind_owner("env-1", queued_id="q-1", run_id=None)
+    before = snapshot_tables(ledger.engine)
+    with pytest.raises(StoreIntegrityError):  # a ValueError; the driver error is its __cause__
+        ledger.bind_owner("env-2", queued_id="q-1", run_id=None)
+    assert snapshot_tables(ledger.engine) == before
+
+
+def test_timestamps_out_of_range_are_refused_before_the_database(ledger: DeliveryLedger) -> None:
+    for bad in (2**63, "soon", [1]):
+        with pytest.raises(ValueError, match="^secure peer ledger timestamp is invalid$"):
+            ledger.pending_outbound(now=bad)  # type: ignore[arg-type]
