@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Engine, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, Engine, Select, bindparam, delete, func, insert, select, update
 
 from . import limits as default_limits
 from . import models
@@ -123,6 +123,15 @@ _retired = models.retired_ids
 _DEPENDENT_TABLES = (models.remote_runs, models.links, models.peer_reservations, models.events)
 
 _T = TypeVar("_T")
+
+# Hot-path statements, built once (construction and cache-key generation are a large share of an append).
+_SELECT_ROOM = select(*_rooms.c).where(_rooms.c.room_id == bindparam("room_id"))
+_SELECT_EVENT = select(*_events.c).where(
+    _events.c.room_id == bindparam("room_id"), _events.c.event_id == bindparam("event_id"))
+_SELECT_RETIRED = select(_retired.c.room_id).where(_retired.c.room_id == bindparam("room_id"))
+_SUM_EVENT_BYTES = select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))
+_INSERT_EVENT = insert(_events)
+_LOCK_ROOM: dict[str, Select[Any]] = {}
 
 
 # --- validation (pure; limits read at call time) -------------------------------------------------------------
@@ -361,13 +370,15 @@ class RoomTransaction:
 
     def lock_room(self, room_id: str) -> RowLike | None:
         """Every column of a room (live or disbanded), row-locked until the transaction ends; None if absent."""
-        stmt = self.uow.dialect.for_update(select(*_rooms.c).where(_rooms.c.room_id == room_id))
-        return self.uow.connection.execute(stmt).mappings().first()
+        dialect = self.uow.dialect
+        stmt = _LOCK_ROOM.get(dialect.name)
+        if stmt is None:
+            stmt = _LOCK_ROOM[dialect.name] = dialect.for_update(_SELECT_ROOM)
+        return self.uow.connection.execute(stmt, {"room_id": room_id}).mappings().first()
 
     def is_retired(self, room_id: str) -> bool:
         """Whether ``room_id`` is permanently retired."""
-        stmt = select(_retired.c.room_id).where(_retired.c.room_id == room_id)
-        return self.uow.connection.execute(stmt).first() is not None
+        return self.uow.connection.execute(_SELECT_RETIRED, {"room_id": room_id}).first() is not None
 
     def require_room(
         self, row: RowLike | None, room_id: str, *, include_disbanded: bool = False
@@ -377,8 +388,8 @@ class RoomTransaction:
 
     def load_event(self, room_id: str, event_id: str) -> RowLike | None:
         """One event row by id, or None."""
-        stmt = select(*_events.c).where(_events.c.room_id == room_id, _events.c.event_id == event_id)
-        return self.uow.connection.execute(stmt).mappings().first()
+        params = {"room_id": room_id, "event_id": event_id}
+        return self.uow.connection.execute(_SELECT_EVENT, params).mappings().first()
 
     def load_events(self, room_id: str, event_ids: Sequence[str]) -> dict[str, RowLike]:
         """Event rows by id (only those that exist)."""
@@ -387,8 +398,7 @@ class RoomTransaction:
 
     def gateway_event_bytes(self) -> int:
         """Accounted event bytes of every room on this gateway (live and disbanded)."""
-        stmt = select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))
-        return int(self.uow.connection.execute(stmt).scalar_one())
+        return int(self.uow.connection.execute(_SUM_EVENT_BYTES).scalar_one())
 
     # -- capacity --
 
@@ -465,7 +475,7 @@ class RoomTransaction:
              "actor_json": event.actor_json, "authority_epoch": event.authority_epoch,
              "payload_json": event.payload_json, "created_at": now}
             for index, event in enumerate(events)]
-        self.uow.connection.execute(insert(_events), rows[0] if len(rows) == 1 else rows)
+        self.uow.connection.execute(_INSERT_EVENT, rows[0] if len(rows) == 1 else rows)
         return rows
 
     def retire(self, room_ids: Sequence[str]) -> None:
@@ -527,7 +537,7 @@ def _require_room(
         return row
     # A retained disband tombstone still has replayable history; only a purged, retired id has expired.
     if row is None:
-        retired = uow.connection.execute(select(_retired.c.room_id).where(_retired.c.room_id == room_id)).first()
+        retired = uow.connection.execute(_SELECT_RETIRED, {"room_id": room_id}).first()
         if retired is not None:
             raise RoomHistoryExpiredError("Group Chat history expired; room_id remains permanently retired")
     raise RoomNotFoundError("hosted room not found")
@@ -658,7 +668,7 @@ def room_state(
     """Durable replay and authority state for one room, with the claim event of its current epoch if any."""
     room_id = _room_id(room_id, _lim(limits))
     with UnitOfWork(_resolve(engine), write=False) as uow:
-        found = uow.connection.execute(select(*_rooms.c).where(_rooms.c.room_id == room_id)).mappings().first()
+        found = uow.connection.execute(_SELECT_ROOM, {"room_id": room_id}).mappings().first()
         row = _require_room(uow, found, room_id, include_disbanded=include_disbanded)
         claim = uow.connection.execute(
             select(*_events.c).where(
