@@ -419,3 +419,42 @@ def test_downgrade_to_baseline_keeps_adopted_rows(tmp_path: Path, caplog: pytest
     finally:
         engine.dispose()
 
+
+
+# --- through the public API --------------------------------------------------------------------------------------
+
+
+def test_adopted_legacy_room_is_claimed_by_create_room_as_the_reference_does(tmp_path: Path) -> None:
+    from hostedrooms import rooms as room_api
+
+    path = tmp_path / "state.db"
+    _draft_rooms(path)
+    engine = _upgrade(path)
+    try:
+        page = room_api.read_events(engine, room_id="r1", since_seq=0, limit=10)
+        assert [(e["seq"], e["actor"], e["authority_epoch"]) for e in page["events"]] == [
+            (seq, {"kind": "system", "id": "legacy"}, None) for seq in (1, 2, 3)]
+        before = {row["room_id"]: row for row in _select(engine, models.rooms)}["r1"]
+        # The draft room stored members without routing targets; adoption may add them.
+        members = [{"id": "m1", "label": "Zoë", "target": {"url": "https://peer"}}]
+        adopted = room_api.create_room(engine, room_id="r1", name="Rööm r1 ☃", members=members,
+                                       authority_gateway_id="install:real", now=50.0)
+        assert (adopted["adopted"], adopted["idempotent"]) == (True, True)
+        assert (adopted["authority_gateway_id"], adopted["authority_epoch"], adopted["revision"]) == (
+            "install:real", 2, before["revision"] + 1)
+        claim = adopted["claim_event"]
+        assert (claim["seq"], claim["event_id"], claim["kind"], claim["authority_epoch"]) == (
+            4, "system:authority-adopted", "authority.claimed", 2)
+        assert claim["actor"] == {"kind": "system", "id": "authority-control"}
+        assert claim["payload"] == {"previous_gateway_id": "legacy", "authority_gateway_id": "install:real",
+                                    "authority_epoch": 2}
+        after = {row["room_id"]: row for row in _select(engine, models.rooms)}["r1"]
+        claim_row = next(e for e in _select(engine, models.events) if e["event_id"] == "system:authority-adopted")
+        assert after["next_seq"] == 5 and after["updated_at"] == 50.0
+        assert after["event_bytes"] == before["event_bytes"] + _utf8(
+            claim_row["event_id"], claim_row["kind"], claim_row["actor_json"], claim_row["payload_json"])
+        with pytest.raises(HostedRoomError, match="disbanded room"):  # the retired id stays reserved
+            room_api.create_room(engine, room_id="r2", name="Rööm r2 ☃", members=[{"id": "m1", "label": "Zoë"}],
+                                 authority_gateway_id="install:real", now=51.0)
+    finally:
+        engine.dispose()
