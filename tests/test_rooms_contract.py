@@ -382,7 +382,8 @@ def test_prune_deletes_dependents_keeps_replicas_and_retired_ids(engine: Engine)
     for table in (models.links, models.remote_runs, models.peer_reservations):
         assert count(engine, table) == 1
     with engine.connect() as connection:
-        retired = {row[0]: row[1] for row in connection.execute(sa.select(models.retired_ids.c.room_id, models.retired_ids.c.retired_at))}
+        query = sa.select(models.retired_ids.c.room_id, models.retired_ids.c.retired_at)
+        retired = {row[0]: row[1] for row in connection.execute(query)}
     assert retired == {"old": 100.0, "mid": 101.0, "new": 102.0}
     assert rooms.prune_disbanded_rooms(engine, now=10**10) == 0 and count(engine, models.retired_ids) == 3
     assert [room["room_id"] for room in rooms.list_rooms(engine, include_disbanded=True)] == ["live"]
@@ -463,7 +464,8 @@ def test_gateway_byte_limit_prunes_disbanded_rooms_oldest_first_then_refuses(eng
             rooms.disband_room(engine, room_id=room_id, expected_gateway_id=LOCAL, expected_epoch=1,
                                now=100.0 + index)
     with engine.connect() as connection:
-        per_room = {row[0]: row[1] for row in connection.execute(sa.select(models.rooms.c.room_id, models.rooms.c.event_bytes))}
+        query = sa.select(models.rooms.c.room_id, models.rooms.c.event_bytes)
+        per_room = {row[0]: row[1] for row in connection.execute(query)}
     total = sum(per_room.values())
     message_bytes = room_row(engine, "live")["event_bytes"]  # type: ignore[index]
     # Room for one more message only once gone-1 (the oldest disbanded room) is purged.
