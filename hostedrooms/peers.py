@@ -15,7 +15,7 @@ import hashlib
 import logging
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import URL, ColumnElement, Engine, Select, delete, exists, func, inspect, select, update
@@ -34,6 +34,7 @@ __all__ = [
     "LINK_COLUMNS",
     "PROBE_TIMEOUT_SECONDS",
     "REMOTE_RUN_COLUMNS",
+    "EngineSource",
     "delete_room_link_records",
     "forget_probe_engines",
     "list_remote_run_receipts",
@@ -51,6 +52,10 @@ __all__ = [
     "upsert_remote_run_receipt",
     "upsert_room_link_record",
 ]
+
+#: An Engine, or a zero-argument factory called only after the arguments validated (so a facade's bad input
+#: never creates or migrates a database).
+EngineSource = Engine | Callable[[], Engine]
 
 #: The columns of a room link record, in the reference's order.
 LINK_COLUMNS = (
@@ -75,6 +80,10 @@ PROBE_TIMEOUT_SECONDS = 0.2
 _LINKS_LOCK = int.from_bytes(hashlib.sha256(b"hostedrooms:hosted_room_links").digest()[:8], "big", signed=True)
 _RESERVATIONS_LOCK = int.from_bytes(
     hashlib.sha256(b"hostedrooms:hosted_room_peer_reservations").digest()[:8], "big", signed=True)
+
+
+def _resolve(engine: EngineSource) -> Engine:
+    return engine if isinstance(engine, Engine) else engine()
 
 
 # --- argument validation (pure) ----------------------------------------------------------------------
@@ -238,10 +247,10 @@ def _restrict_to_owner(uow: UnitOfWork) -> None:
 # --- room links --------------------------------------------------------------------------------------
 
 
-def list_room_link_records(engine: Engine) -> list[dict[str, Any]]:
+def list_room_link_records(engine: EngineSource) -> list[dict[str, Any]]:
     """Every private room link record (grant included) ordered by room and member; never logged."""
     table = models.links
-    with UnitOfWork(_secret_engine(engine), write=False) as uow:
+    with UnitOfWork(_secret_engine(_resolve(engine)), write=False) as uow:
         bytewise = uow.dialect.bytewise
         stmt = select(*(table.c[column] for column in LINK_COLUMNS)).order_by(
             bytewise(table.c.room_id), bytewise(table.c.member_id))
@@ -249,7 +258,7 @@ def list_room_link_records(engine: Engine) -> list[dict[str, Any]]:
     return [dict(row) for row in rows]
 
 
-def upsert_room_link_record(engine: Engine, *, record: Mapping[str, Any], max_links: int) -> None:
+def upsert_room_link_record(engine: EngineSource, *, record: Mapping[str, Any], max_links: int) -> None:
     """Atomically insert or replace every field of one private room link record.
 
     ``max_links`` caps the number of stored links; it counts only a new (room_id, member_id), so replacing
@@ -266,9 +275,9 @@ def upsert_room_link_record(engine: Engine, *, record: Mapping[str, Any], max_li
         raise failure  # outside the except block, so the original does not ride along as __context__
 
 
-def _write_link(engine: Engine, values: dict[str, Any], cap: float) -> None:
+def _write_link(engine: EngineSource, values: dict[str, Any], cap: float) -> None:
     table = models.links
-    with UnitOfWork(_secret_engine(engine)) as uow:
+    with UnitOfWork(_secret_engine(_resolve(engine))) as uow:
         uow.dialect.serialize(uow.connection, _LINKS_LOCK)
         key = [table.c[column] == values[column] for column in _LINK_KEY]
         known = uow.connection.execute(select(exists().where(*key))).scalar_one()
@@ -282,7 +291,7 @@ def _write_link(engine: Engine, values: dict[str, Any], cap: float) -> None:
 
 
 def update_room_link_status(
-    engine: Engine, *, room_id: str, member_id: str, status: str, now: float | None = None
+    engine: EngineSource, *, room_id: str, member_id: str, status: str, now: float | None = None
 ) -> bool:
     """Persist a non-secret route health classification; False when no such link exists."""
     room_id = _text(room_id, "room_id")
@@ -292,17 +301,17 @@ def update_room_link_status(
     table = models.links
     stmt = (update(table).where(table.c.room_id == room_id, table.c.member_id == member_id)
             .values(status=status, updated_at=timestamp))
-    with UnitOfWork(engine) as uow:
+    with UnitOfWork(_resolve(engine)) as uow:
         changed = uow.connection.execute(stmt).rowcount == 1
         _restrict_to_owner(uow)
         uow.commit()
     return changed
 
 
-def delete_room_link_records(engine: Engine, *, room_id: str) -> int:
+def delete_room_link_records(engine: EngineSource, *, room_id: str) -> int:
     """Delete a room's persisted peer routes (after their target grants are revoked); return how many."""
     room_id = _text(room_id, "room_id")
-    with UnitOfWork(engine) as uow:
+    with UnitOfWork(_resolve(engine)) as uow:
         deleted = int(uow.connection.execute(delete(models.links).where(models.links.c.room_id == room_id)).rowcount)
         uow.commit()
     return deleted
@@ -312,7 +321,7 @@ def delete_room_link_records(engine: Engine, *, room_id: str) -> int:
 
 
 def revoke_room_grant_scope(
-    engine: Engine, *, claims: Mapping[str, Any], expires_at: float, now: float | None = None
+    engine: EngineSource, *, claims: Mapping[str, Any], expires_at: float, now: float | None = None
 ) -> None:
     """Revoke every grant of one exact scope issued at or before ``now``, until ``expires_at``.
 
@@ -328,7 +337,7 @@ def revoke_room_grant_scope(
     scope = _claim_values(claims, ("room_id", "member_id", "target_profile", "authority_gateway_id"))
     epoch = _lenient_epoch(claims)
     grants, reservations = models.revoked_grants, models.peer_reservations
-    with UnitOfWork(engine) as uow:
+    with UnitOfWork(_resolve(engine)) as uow:
         uow.dialect.serialize(uow.connection, _RESERVATIONS_LOCK)
         uow.connection.execute(delete(grants).where(grants.c.expires_at <= timestamp))
         stmt = uow.dialect.insert(grants).values(scope_key=scope_key, expires_at=expiry, revoked_before=timestamp)
@@ -342,14 +351,14 @@ def revoke_room_grant_scope(
         uow.commit()
 
 
-def room_grant_is_revoked(engine: Engine, *, claims: Mapping[str, Any], now: float | None = None) -> bool:
+def room_grant_is_revoked(engine: EngineSource, *, claims: Mapping[str, Any], now: float | None = None) -> bool:
     """Whether a grant (``claims["issued_at"]``, default 0) was issued at or before its scope's live fence."""
     timestamp = clock(now)
     scope_key = room_grant_scope_key(claims)
     issued_at = _seconds(claims.get("issued_at") or 0, "issued_at")
     grants = models.revoked_grants
     stmt = select(grants.c.revoked_before).where(grants.c.scope_key == scope_key, grants.c.expires_at > timestamp)
-    with UnitOfWork(engine, write=False) as uow:
+    with UnitOfWork(_resolve(engine), write=False) as uow:
         revoked_before = uow.connection.execute(stmt).scalar_one_or_none()
     return revoked_before is not None and issued_at <= float(revoked_before)
 
@@ -369,7 +378,7 @@ def _outranks(row_gateway: str, row_epoch: int, gateway_id: str, epoch: int) -> 
 
 
 def reserve_peer_room(
-    engine: Engine, *, claims: Mapping[str, Any], expires_at: float, now: float | None = None,
+    engine: EngineSource, *, claims: Mapping[str, Any], expires_at: float, now: float | None = None,
     limits: object | None = None,
 ) -> None:
     """Fence direct Desktop prompts for a room/profile before the first peer run is admitted.
@@ -388,7 +397,7 @@ def reserve_peer_room(
     gateway_id, epoch = values["authority_gateway_id"], values["authority_epoch"]
     table = models.peer_reservations
     conflict = AuthorityConflictError("peer room reservation authority changed")
-    with UnitOfWork(engine) as uow:
+    with UnitOfWork(_resolve(engine)) as uow:
         uow.dialect.serialize(uow.connection, _RESERVATIONS_LOCK)
         uow.connection.execute(delete(table).where(table.c.expires_at <= timestamp))
         live = uow.connection.execute(select(table.c.authority_gateway_id, table.c.authority_epoch).where(
@@ -416,13 +425,13 @@ def reserve_peer_room(
         uow.commit()
 
 
-def _exists(engine: Engine, stmt: Select[Any]) -> bool:
-    with UnitOfWork(engine, write=False) as uow:
+def _exists(engine: EngineSource, stmt: Select[Any]) -> bool:
+    with UnitOfWork(_resolve(engine), write=False) as uow:
         return uow.connection.execute(stmt.limit(1)).first() is not None
 
 
 def peer_room_is_reserved(
-    engine: Engine, *, room_id: str, target_profile: str, now: float | None = None, limits: object | None = None
+    engine: EngineSource, *, room_id: str, target_profile: str, now: float | None = None, limits: object | None = None
 ) -> bool:
     """Whether a live (unexpired, unrevoked) reservation of the room/profile fences Desktop prompts."""
     room_id = _room_id(room_id, limits)
@@ -432,7 +441,7 @@ def peer_room_is_reserved(
 
 
 def peer_room_grant_is_current(
-    engine: Engine, *, claims: Mapping[str, Any], now: float | None = None, limits: object | None = None
+    engine: EngineSource, *, claims: Mapping[str, Any], now: float | None = None, limits: object | None = None
 ) -> bool:
     """Whether a grant's claims match the target's current live reservation exactly."""
     timestamp = clock(now)
@@ -450,7 +459,7 @@ def _identity_filter(identity: Mapping[str, Any]) -> list[ColumnElement[bool]]:
     return [models.remote_runs.c[column] == value for column, value in identity.items()]
 
 
-def upsert_remote_run_receipt(engine: Engine, *, record: Mapping[str, Any], now: float | None = None) -> None:
+def upsert_remote_run_receipt(engine: EngineSource, *, record: Mapping[str, Any], now: float | None = None) -> None:
     """Durably bind one logical peer task attempt (the 9-column identity) to its run and session.
 
     The same record again only moves ``updated_at``; a different run or session for the same identity
@@ -460,7 +469,7 @@ def upsert_remote_run_receipt(engine: Engine, *, record: Mapping[str, Any], now:
     values = _receipt_values(record, REMOTE_RUN_COLUMNS)
     identity = {column: values[column] for column in models.REMOTE_RUN_IDENTITY_COLUMNS}
     table = models.remote_runs
-    with UnitOfWork(engine) as uow:
+    with UnitOfWork(_resolve(engine)) as uow:
         inserted = uow.connection.execute(uow.dialect.insert(table).values(
             **values, created_at=timestamp, updated_at=timestamp).on_conflict_do_nothing()).rowcount
         if inserted != 1:
@@ -474,24 +483,25 @@ def upsert_remote_run_receipt(engine: Engine, *, record: Mapping[str, Any], now:
 
 
 def list_remote_run_receipts(
-    engine: Engine, *, room_id: str | None = None, target_profile: str | None = None, session_id: str | None = None
+    engine: EngineSource, *, room_id: str | None = None, target_profile: str | None = None,
+    session_id: str | None = None,
 ) -> list[dict[str, Any]]:
     """Remote-run receipts matching every given filter, in durable task order
     (``created_at``, ``task_id``, ``execution_generation``)."""
     candidates = (("room_id", room_id), ("target_profile", target_profile), ("session_id", session_id))
     filters = {column: _text(value, column) for column, value in candidates if value is not None}
     table = models.remote_runs
-    with UnitOfWork(engine, write=False) as uow:
+    with UnitOfWork(_resolve(engine), write=False) as uow:
         stmt = select(table).where(*(table.c[column] == value for column, value in filters.items())).order_by(
             table.c.created_at, uow.dialect.bytewise(table.c.task_id), table.c.execution_generation)
         rows = uow.connection.execute(stmt).mappings().all()
     return [dict(row) for row in rows]
 
 
-def remote_run_receipt(engine: Engine, *, record: Mapping[str, Any]) -> dict[str, Any] | None:
+def remote_run_receipt(engine: EngineSource, *, record: Mapping[str, Any]) -> dict[str, Any] | None:
     """The durable receipt of one exact task attempt (its 9-column identity), or None."""
     identity = _receipt_identity(record)
-    with UnitOfWork(engine, write=False) as uow:
+    with UnitOfWork(_resolve(engine), write=False) as uow:
         row = uow.connection.execute(select(models.remote_runs).where(*_identity_filter(identity))).mappings().first()
     return dict(row) if row is not None else None
 

@@ -180,7 +180,10 @@ def test_gateways_racing_at_the_same_epoch_one_wins(engine: Engine) -> None:
         # Even rounds race for the same member row; odd rounds for two members of the same room/profile.
         members = ("m1", "m1") if round_index % 2 == 0 else ("m1", "m2")
 
-        def reserve(side: int, room_id: str = room_id, members: tuple[str, str] = members) -> str:
+        def reserve(
+            side: int, room_id: str = room_id, members: tuple[str, str] = members,
+            barrier: threading.Barrier = barrier,
+        ) -> str:
             barrier.wait()
             try:
                 peers.reserve_peer_room(

@@ -2,7 +2,8 @@
 
 Same names, keyword arguments, return shapes, error classes and messages as the reference
 ``gateway.hosted_rooms``; ``db_path`` may be a SQLite path, a URL or an Engine. All but the probes use the
-facade's cached, migrated engine. The probes never do: they must not create or migrate a store.
+facade's cached, migrated engine, resolved only after the arguments validated (bad input never creates
+or migrates a database). The probes never use it: they must not create or migrate a store.
 
 Identifier limits are read at call time from ``hostedrooms.compat.hosted_rooms`` (falling back to
 :mod:`hostedrooms.limits`), so lowering ``MAX_ROOM_ID_CHARS`` / ``MAX_ACTOR_ID_CHARS`` there takes effect.
@@ -10,9 +11,12 @@ Identifier limits are read at call time from ``hostedrooms.compat.hosted_rooms``
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Mapping
 from typing import Any
+
+from sqlalchemy import Engine
 
 from .. import peers
 from ..db import Target
@@ -38,6 +42,11 @@ __all__ = [
 _FACADE = "hostedrooms.compat.hosted_rooms"
 
 
+def _engine(db_path: Target) -> functools.partial[Engine]:
+    # Resolved by the service after validation, so bad input never creates or migrates a database.
+    return functools.partial(engine_for, db_path)
+
+
 def _limits() -> object | None:
     """The facade module whose MAX_* attributes callers may lower (None before it is imported)."""
     return sys.modules.get(_FACADE)
@@ -45,12 +54,12 @@ def _limits() -> object | None:
 
 def list_room_link_records(db_path: Target) -> list[dict[str, Any]]:
     """Return private RoomLink records without logging or formatting grants."""
-    return peers.list_room_link_records(engine_for(db_path))
+    return peers.list_room_link_records(_engine(db_path))
 
 
 def upsert_room_link_record(db_path: Target, *, record: Mapping[str, Any], max_links: int) -> None:
     """Atomically insert or replace one private RoomLink record."""
-    peers.upsert_room_link_record(engine_for(db_path), record=record, max_links=max_links)
+    peers.upsert_room_link_record(_engine(db_path), record=record, max_links=max_links)
 
 
 def update_room_link_status(
@@ -58,47 +67,47 @@ def update_room_link_status(
 ) -> bool:
     """Persist a non-secret route health classification."""
     return peers.update_room_link_status(
-        engine_for(db_path), room_id=room_id, member_id=member_id, status=status, now=now)
+        _engine(db_path), room_id=room_id, member_id=member_id, status=status, now=now)
 
 
 def delete_room_link_records(db_path: Target, *, room_id: str) -> int:
     """Delete persisted peer routes after their target grants are revoked."""
-    return peers.delete_room_link_records(engine_for(db_path), room_id=room_id)
+    return peers.delete_room_link_records(_engine(db_path), room_id=room_id)
 
 
 def revoke_room_grant_scope(
     db_path: Target, *, claims: Mapping[str, Any], expires_at: float, now: float | None = None
 ) -> None:
     """Revoke every grant issued at or before now for one exact room scope."""
-    peers.revoke_room_grant_scope(engine_for(db_path), claims=claims, expires_at=expires_at, now=now)
+    peers.revoke_room_grant_scope(_engine(db_path), claims=claims, expires_at=expires_at, now=now)
 
 
 def reserve_peer_room(
     db_path: Target, *, claims: Mapping[str, Any], expires_at: float, now: float | None = None
 ) -> None:
     """Fence direct Desktop prompts before the first peer run is admitted."""
-    peers.reserve_peer_room(engine_for(db_path), claims=claims, expires_at=expires_at, now=now, limits=_limits())
+    peers.reserve_peer_room(_engine(db_path), claims=claims, expires_at=expires_at, now=now, limits=_limits())
 
 
 def peer_room_is_reserved(db_path: Target, *, room_id: str, target_profile: str, now: float | None = None) -> bool:
     """Return whether a live target-side RoomLink reservation fences Desktop."""
     return peers.peer_room_is_reserved(
-        engine_for(db_path), room_id=room_id, target_profile=target_profile, now=now, limits=_limits())
+        _engine(db_path), room_id=room_id, target_profile=target_profile, now=now, limits=_limits())
 
 
 def peer_room_grant_is_current(db_path: Target, *, claims: Mapping[str, Any], now: float | None = None) -> bool:
     """Require a grant to match the target's current live reservation."""
-    return peers.peer_room_grant_is_current(engine_for(db_path), claims=claims, now=now, limits=_limits())
+    return peers.peer_room_grant_is_current(_engine(db_path), claims=claims, now=now, limits=_limits())
 
 
 def room_grant_is_revoked(db_path: Target, *, claims: Mapping[str, Any], now: float | None = None) -> bool:
     """Return whether a grant predates its exact scope's revocation fence."""
-    return peers.room_grant_is_revoked(engine_for(db_path), claims=claims, now=now)
+    return peers.room_grant_is_revoked(_engine(db_path), claims=claims, now=now)
 
 
 def upsert_remote_run_receipt(db_path: Target, *, record: Mapping[str, Any], now: float | None = None) -> None:
     """Durably bind one logical peer task attempt to its remote run handle."""
-    peers.upsert_remote_run_receipt(engine_for(db_path), record=record, now=now)
+    peers.upsert_remote_run_receipt(_engine(db_path), record=record, now=now)
 
 
 def list_remote_run_receipts(
@@ -106,12 +115,12 @@ def list_remote_run_receipts(
 ) -> list[dict[str, Any]]:
     """Return remote run handles in durable task order."""
     return peers.list_remote_run_receipts(
-        engine_for(db_path), room_id=room_id, target_profile=target_profile, session_id=session_id)
+        _engine(db_path), room_id=room_id, target_profile=target_profile, session_id=session_id)
 
 
 def remote_run_receipt(db_path: Target, *, record: Mapping[str, Any]) -> dict[str, Any] | None:
     """Return the exact durable remote run handle for one task attempt."""
-    return peers.remote_run_receipt(engine_for(db_path), record=record)
+    return peers.remote_run_receipt(_engine(db_path), record=record)
 
 
 def probe_hosted_room(db_path: Target, *, room_id: Any) -> bool:
