@@ -19,10 +19,11 @@ from alembic.migration import MigrationContext
 from alembic.runtime.environment import EnvironmentContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine
+from sqlalchemy import exc as sa_exc
 
 from .db import DATABASE_URL_ENV, Target, create_engine
 from .dialect import dialect_for
-from .errors import HostedRoomError
+from .errors import HostedRoomError, translate
 from .models import metadata
 
 #: hostedrooms' own Alembic version table (a host application keeps ``alembic_version``).
@@ -51,17 +52,22 @@ def alembic_config(connectable: Engine | Connection | None = None) -> Config:
     return config
 
 
+#: How long an upgrader waits for another process's upgrade (SQLite busy timeout on engines built here).
+MIGRATION_BUSY_TIMEOUT = 600.0
+
+
 @contextmanager
 def _bound(target: Target | Connection) -> Iterator[Engine | Connection]:
-    if isinstance(target, Connection):
-        yield target
-        return
-    engine = create_engine(target)
+    """An engine (or the given connection) for one migration call; driver errors leave as HostedRoomErrors."""
+    # A given Engine keeps its own settings; one built here waits long for a concurrent upgrader.
+    engine = target if isinstance(target, Connection) else create_engine(target, busy_timeout=MIGRATION_BUSY_TIMEOUT)
     try:
         yield engine
+    except sa_exc.SQLAlchemyError as exc:
+        raise translate(exc, engine.engine.url) from exc
     finally:
-        if not isinstance(target, Engine):
-            engine.dispose()
+        if not isinstance(target, (Engine, Connection)):
+            engine.engine.dispose()
 
 
 def upgrade(target: Target | Connection, revision: str = "head") -> None:
