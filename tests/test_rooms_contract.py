@@ -352,7 +352,8 @@ def _insert_dependents(engine: Engine, room_id: str) -> None:
     with engine.begin() as connection:
         connection.execute(sa.insert(models.links).values(
             room_id=room_id, member_id="m1", target_url="u", target_profile="p", grant="g", catalog_json="{}",
-            cancellation_scope_id="s", trace_id="t", transport_security="tls", status="ready", updated_at=1.0))
+            cancellation_scope_id=f"s-{room_id}", trace_id=f"t-{room_id}", transport_security="tls",
+            status="ready", updated_at=1.0))
         connection.execute(sa.insert(models.remote_runs).values(
             room_id=room_id, home_install_id="h", authority_gateway_id=LOCAL, authority_epoch=1, member_id="m1",
             task_id="t", execution_generation=1, target_install_id="ti", target_profile="p", run_id="r",
