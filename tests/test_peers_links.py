@@ -180,8 +180,19 @@ def test_store_error_during_a_link_write_never_contains_the_grant(
     engine: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A unique index on trace_id makes the second insert fail inside the database, grant bound as a parameter.
+    # Built on a detached Table: an Index on models.links would join the shared metadata for good.
+    detached = sa.Table(models.links.name, sa.MetaData(), sa.Column("trace_id", sa.Text))
+    index = sa.Index("test_links_unique_trace", detached.c.trace_id, unique=True)
     with engine.begin() as connection:
-        sa.Index("test_links_unique_trace", models.links.c.trace_id, unique=True).create(connection)
+        index.create(connection)
+    try:
+        _check_store_error_hides_grant(engine, caplog)
+    finally:  # the PostgreSQL test database is shared by later tests
+        with engine.begin() as connection:
+            index.drop(connection)
+
+
+def _check_store_error_hides_grant(engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
     peers.upsert_room_link_record(engine, record=link("m1", trace_id="same"), max_links=5)
     caplog.set_level(logging.DEBUG)
     caplog.set_level(logging.DEBUG, logger="sqlalchemy.engine")  # statement and row logging on
