@@ -11,9 +11,9 @@ from alembic.migration import MigrationContext
 from alembic.operations import Operations
 
 from hostedrooms import UnitOfWork
+from hostedrooms.integrity import verify
 from hostedrooms.models import deliveries, events, replica_events, replicas, retired_ids, rooms
 from hostedrooms.validation import utf8_len
-from hostedrooms.integrity import verify
 
 
 def _event(room_id: str, seq: int, epoch: int = 1, text: str = "hello") -> dict[str, object]:
