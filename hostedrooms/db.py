@@ -80,6 +80,8 @@ def create_engine(
     if isinstance(target, Engine):
         return _adopt_engine(target, synchronous=synchronous, busy_timeout=busy_timeout)
     url = resolve_url(target)
+    # Statement parameters carry user messages and private grants: keep them out of errors and logs.
+    engine_kwargs.setdefault("hide_parameters", True)
     if url.get_backend_name() == "sqlite":
         _prepare_sqlite_file(url)
         if url.database in (None, "", ":memory:"):

@@ -90,3 +90,21 @@ def test_unreachable_database_names_the_target_and_masks_the_password() -> None:
     assert "127.0.0.1:1/rooms" in message and "***" in message
     assert "s3cret-pw" not in message
     assert isinstance(caught.value.__cause__, sa.exc.OperationalError)
+
+
+def test_statement_parameters_stay_out_of_errors(tmp_path: Path) -> None:
+    from hostedrooms import StoreIntegrityError, migrate
+    from hostedrooms.models import retired_ids
+
+    migrate.upgrade(tmp_path / "p.db")
+    engine = create_engine(tmp_path / "p.db")
+    try:
+        with UnitOfWork(engine) as uow:
+            uow.execute(sa.insert(retired_ids).values(room_id="private-value-123", retired_at=1.0))
+            uow.commit()
+        with pytest.raises(StoreIntegrityError) as caught, UnitOfWork(engine) as uow:
+            uow.execute(sa.insert(retired_ids).values(room_id="private-value-123", retired_at=2.0))
+    finally:
+        engine.dispose()
+    assert "private-value-123" not in str(caught.value)
+    assert "private-value-123" not in str(caught.value.__cause__)
