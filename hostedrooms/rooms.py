@@ -70,6 +70,7 @@ __all__ = [
     "event_to_dict",
     "list_rooms",
     "max_event_bytes",
+    "payload_json",
     "prune_disbanded_rooms",
     "read_events",
     "rename_room",
@@ -77,7 +78,12 @@ __all__ = [
     "room_state",
     "room_to_dict",
     "run_room_write",
+    "system_actor_json",
     "user_event_id",
+    "validate_actor_id",
+    "validate_members",
+    "validate_room_id",
+    "validate_room_name",
 ]
 
 #: A namespace of ``MAX_*`` / ``CONTROL_*`` constants (a module or SimpleNamespace), read at call time.
@@ -261,6 +267,15 @@ def _legacy_members_match(existing_json: str, proposed: list[dict[str, Any]]) ->
     return True
 
 
+# Validation shared with the replica service (the same rules and messages as the reference's rooms).
+validate_room_id = _room_id
+validate_room_name = _room_name
+validate_members = _members
+validate_actor_id = _actor_id
+system_actor_json = _system_actor_json
+payload_json = _payload_json
+
+
 def user_event_id(client_event_id: Any, *, limits: Limits | None = None) -> str:
     """Map a client retry key into the server-owned user-event namespace."""
     client = _event_id(client_event_id, _lim(limits))
@@ -402,11 +417,15 @@ class RoomTransaction:
 
     # -- capacity --
 
-    def check_capacity(self, room: RowLike, events: Sequence[PreparedEvent]) -> None:
+    def check_capacity(
+        self, room: RowLike, events: Sequence[PreparedEvent], *, uncounted_room_bytes: int = 0
+    ) -> None:
         """Refuse ``events`` (appended in order) beyond the room's count/byte limits or the gateway's bytes.
 
         Control kinds may use the control reserves. When the gateway total would overflow, disbanded rooms are
         pruned first (exclusive mode only; in shared mode :class:`NeedExclusiveGatewayLock` is raised instead).
+        ``uncounted_room_bytes``: bytes ``room`` already holds that the gateway total does not count yet (a room
+        about to be inserted with a copied log); they must fit the gateway without the control reserve.
         """
         lim = self.limits
         count, room_bytes = int(room["next_seq"]) - 1, int(room["event_bytes"])
@@ -419,19 +438,21 @@ class RoomTransaction:
             if room_bytes + size > lim.MAX_ROOM_EVENT_BYTES + byte_reserve:
                 raise HostedRoomError(_ROOM_FULL)
             count, room_bytes = count + 1, room_bytes + size
-        self._check_gateway(events)
+        steps = [(event.size, event.control) for event in events]
+        self._check_gateway([(uncounted_room_bytes, False), *steps] if uncounted_room_bytes else steps)
 
-    def _check_gateway(self, events: Sequence[PreparedEvent]) -> None:
+    def _check_gateway(self, steps: Sequence[tuple[int, bool]]) -> None:
+        """``steps``: the (bytes, control) additions in order."""
         lim = self.limits
         per_writer = max_event_bytes(lim)
-        if not self.exclusive and sum(event.size for event in events) > per_writer:
+        if not self.exclusive and sum(size for size, _ in steps) > per_writer:
             raise NeedExclusiveGatewayLock  # sharers may only add what the others' slack assumed
         slack = (self._lock_gateway() - 1) * per_writer
         current = self.gateway_event_bytes()
         added = 0
-        for event in events:
-            added += event.size
-            limit = lim.MAX_GATEWAY_EVENT_BYTES + (lim.CONTROL_EVENT_BYTE_RESERVE if event.control else 0)
+        for size, control in steps:
+            added += size
+            limit = lim.MAX_GATEWAY_EVENT_BYTES + (lim.CONTROL_EVENT_BYTE_RESERVE if control else 0)
             if current + added + slack <= limit:
                 continue
             if not self.exclusive:

@@ -1,0 +1,96 @@
+"""Drop-in replacement for the reference ``gateway.hosted_room_replicas`` module.
+
+Switch with one import change (``from hostedrooms.compat import hosted_room_replicas``); ``db_path`` may be a
+SQLite file path, a SQLAlchemy URL string, or an Engine, and names the same database as the room facade. The
+local gateway is ``install:$HOSTEDROOMS_INSTALL_ID`` (like the reference's install identity), resolved after the
+arguments validated.
+
+Limits are read at call time: a ``MAX_*`` constant set on THIS module wins (the reference binds
+``MAX_REPLICA_*``, ``MAX_ACTOR_ID_CHARS``, ``MAX_EVENT_JSON_BYTES`` and ``MAX_ROOM_ID_CHARS`` here), every
+other limit comes from :mod:`hostedrooms.compat.hosted_rooms`, so lowering a limit on either module takes effect.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+from .. import replicas as _replicas
+from ..errors import HostedRoomError, ReplicaEpochRegressionError, ReplicaError, ReplicaGapError, RoomConflictError
+from ..limits import (
+    MAX_ACTOR_ID_CHARS,
+    MAX_EVENT_JSON_BYTES,
+    MAX_REPLICA_EVENT_BYTES,
+    MAX_REPLICA_ROOMS,
+    MAX_ROOM_ID_CHARS,
+)
+from . import _rooms_api
+from ._engine import engine_for
+from ._rooms_api import DbPath
+
+__all__ = [
+    "MAX_ACTOR_ID_CHARS",
+    "MAX_EVENT_JSON_BYTES",
+    "MAX_REPLICA_EVENT_BYTES",
+    "MAX_REPLICA_ROOMS",
+    "MAX_ROOM_ID_CHARS",
+    "HostedRoomError",
+    "ReplicaEpochRegressionError",
+    "ReplicaError",
+    "ReplicaGapError",
+    "RoomConflictError",
+    "demote_room",
+    "ingest_page",
+    "promote_replica",
+    "replica_state",
+]
+
+
+class _FacadeLimits:
+    """Limits looked up at access time: this module's own constants first, then the room facade's."""
+
+    def __getattr__(self, name: str) -> Any:
+        here = sys.modules[__name__]
+        if name.isupper() and hasattr(here, name):
+            return getattr(here, name)
+        return getattr(_rooms_api._limits(), name)
+
+
+_LIMITS = _FacadeLimits()
+
+
+def _engine(db_path: DbPath) -> functools.partial[Any]:
+    # Resolved by the service after validation, so bad input never creates or migrates a database.
+    return functools.partial(engine_for, db_path)
+
+
+def ingest_page(
+    db_path: DbPath, *, room_id: Any, room_name: Any, members: Any, page: Any, now: float | None = None
+) -> dict[str, Any]:
+    """Persist one replay page for ``room_id``; idempotent, gap- and epoch-regression-safe."""
+    return _replicas.ingest_page(
+        _engine(db_path), room_id=room_id, room_name=room_name, members=members, page=page, now=now,
+        limits=_LIMITS)
+
+
+def replica_state(db_path: DbPath, *, room_id: Any) -> dict[str, Any]:
+    """Return the stored replica's coverage and authority lineage."""
+    return _replicas.replica_state(_engine(db_path), room_id=room_id, limits=_LIMITS)
+
+
+def promote_replica(
+    db_path: DbPath, *, room_id: Any, reason: Any = "authority-unreachable", now: float | None = None
+) -> dict[str, Any]:
+    """Continue a replicated room on THIS gateway at ``epoch + 1``."""
+    return _replicas.promote_replica(
+        _engine(db_path), room_id=room_id, reason=reason, now=now, limits=_LIMITS)
+
+
+def demote_room(
+    db_path: DbPath, *, room_id: Any, observed_gateway_id: Any, observed_epoch: Any, now: float | None = None
+) -> dict[str, Any]:
+    """Fence THIS gateway's stale room authority against a proven newer epoch."""
+    return _replicas.demote_room(
+        _engine(db_path), room_id=room_id, observed_gateway_id=observed_gateway_id, observed_epoch=observed_epoch,
+        now=now, limits=_LIMITS)

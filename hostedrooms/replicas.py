@@ -1,0 +1,472 @@
+"""Replicas of other gateways' rooms, and the takeover primitives (the native service).
+
+A follower gateway keeps a durable copy of a room it does not own, fed by the authority's ``read_events``
+pages (whose ``authority`` stamp proves lineage); when the authority dies, :func:`promote_replica` continues
+the room here at ``epoch + 1``, and a returning stale authority fences itself with :func:`demote_room`.
+
+These are storage primitives only: the caller decides *when* a takeover is safe (the previous owner can no
+longer commit). What the store guarantees is that history is neither lost nor forked by the primitives:
+
+* :func:`ingest_page` is idempotent (events at or below ``last_seq`` are compared, not rewritten), refuses
+  gaps, older epochs, a different owner at the same epoch, overlapping events with different content, and
+  anything it could not later copy into the authoritative log; it never lowers the stored ``latest_seq``;
+* :func:`promote_replica` refuses a replica that is not caught up or whose room was disbanded, and goes
+  through the same capacity gates as an append (see :class:`hostedrooms.rooms.RoomTransaction`);
+* :func:`demote_room` appends ``authority.lost`` through the same fenced append path as every room write.
+
+Concurrency: ingest serialises on the replica row (``FOR UPDATE``; replica creation on an advisory lock, so
+MAX_REPLICA_ROOMS is exact). Promotion takes the room-creation lock, then the (absent) room row, then the
+replica row, then the gateway budget lock -- the rooms service's lock order with the replica row slotted in
+after the room row; ingest never takes a room lock, so no cycle can form.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, delete, exists, func, insert, literal, select, update
+
+from . import limits as default_limits
+from . import models
+from .compat._engine import local_gateway_id as resolve_local_gateway_id
+from .errors import (
+    AuthorityConflictError,
+    HostedRoomError,
+    ReplicaEpochRegressionError,
+    ReplicaError,
+    ReplicaGapError,
+    RoomConflictError,
+)
+from .rooms import (
+    CONTROL_EVENT_KINDS,
+    EngineSource,
+    Limits,
+    PreparedEvent,
+    RoomTransaction,
+    payload_json,
+    run_room_write,
+    system_actor_json,
+    validate_actor_id,
+    validate_members,
+    validate_room_id,
+    validate_room_name,
+)
+from .uow import UnitOfWork
+from .validation import bounded_int, canonical_json, clock, identifier
+
+__all__ = [
+    "REPLICA_CREATION_LOCK_KEY",
+    "demote_room",
+    "ingest_page",
+    "promote_replica",
+    "replica_state",
+]
+
+#: Advisory lock key ("hosted" + 4) serialising replica creation (exact MAX_REPLICA_ROOMS).
+REPLICA_CREATION_LOCK_KEY = 0x686F737465640004
+#: The largest value a BIGINT column holds (seqs, epochs).
+_MAX_INT64 = 2**63 - 1
+
+_replicas = models.replicas
+_replica_events = models.replica_events
+_rooms = models.rooms
+_events = models.events
+
+_TOO_MANY_ROOMS = "This host has too many active Group Chats. Delete one and try again."
+
+
+def _lim(limits: Limits | None) -> Limits:
+    return default_limits if limits is None else limits
+
+
+def _resolve(engine: EngineSource) -> Engine:
+    return engine if isinstance(engine, Engine) else engine()
+
+
+def _positive_int64(value: Any, message: str) -> int:
+    return bounded_int(value, error=ReplicaError, message=message, low=1, high=_MAX_INT64)
+
+
+# --- page validation (pure) ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _PageEvent:
+    """One validated page event: its seq, canonical content and timestamp (None: stamped at ingest)."""
+
+    seq: int
+    event: PreparedEvent
+    created_at: float | None
+
+    def same_content(self, row: Mapping[Any, Any]) -> bool:
+        return row["event_id"] == self.event.event_id and self.event.same_content(row)
+
+
+@dataclass(frozen=True, slots=True)
+class _Page:
+    gateway_id: str
+    epoch: int
+    events: list[_PageEvent]
+    latest_seq: int | None
+
+    @property
+    def authority(self) -> dict[str, Any]:
+        return {"gateway_id": self.gateway_id, "epoch": self.epoch}
+
+
+def _validate_page(page: Any, room_id: str, lim: Limits) -> _Page:
+    """The reference's page checks, then everything the store relies on (hole 5): events of this room only,
+    epochs within 1..the page's epoch, JSON-serialisable bounded actor and payload, unique event ids."""
+    if not isinstance(page, dict):
+        raise ReplicaError("page must be an object")
+    raw_events = page.get("events")
+    authority = page.get("authority")
+    if not isinstance(raw_events, list):
+        raise ReplicaError("page.events must be a list")
+    if not isinstance(authority, dict):
+        raise ReplicaError("page.authority is required for replication")
+    gateway_id = identifier(authority.get("gateway_id"), error=HostedRoomError, label="page.authority.gateway_id",
+                            max_chars=lim.MAX_ACTOR_ID_CHARS)
+    epoch = _positive_int64(authority.get("epoch"), "page.authority.epoch must be a positive integer")
+    events: list[_PageEvent] = []
+    seen_ids: set[str] = set()
+    for raw in raw_events:
+        event = _validate_event(raw, room_id, epoch, lim)
+        if events and event.seq != events[-1].seq + 1:
+            raise ReplicaGapError("page events must be contiguous")
+        if event.event.event_id in seen_ids:
+            raise ReplicaError("page events repeat an event_id")
+        seen_ids.add(event.event.event_id)
+        events.append(event)
+    latest = page.get("latest_seq")
+    latest_seq = None if isinstance(latest, bool) or not isinstance(latest, int) else latest
+    if latest_seq is not None and latest_seq > _MAX_INT64:
+        raise ReplicaError("page.latest_seq is out of range")
+    return _Page(gateway_id, epoch, events, latest_seq)
+
+
+def _validate_event(raw: Any, room_id: str, page_epoch: int, lim: Limits) -> _PageEvent:
+    if not isinstance(raw, dict):
+        raise ReplicaError("page events must be objects")
+    seq = _positive_int64(raw.get("seq"), "event.seq must be a positive integer")
+    for field in ("event_id", "kind"):
+        if not isinstance(raw.get(field), str) or not raw[field]:
+            raise ReplicaError(f"event.{field} must be a non-empty string")
+    if not isinstance(raw.get("actor"), dict):
+        raise ReplicaError("event.actor must be an object")
+    if "payload" not in raw:
+        raise ReplicaError("event.payload is required")
+    if raw.get("room_id", room_id) != room_id:
+        raise ReplicaError("event.room_id does not match the replicated room")
+    event_epoch = raw.get("authority_epoch")
+    if event_epoch is not None:
+        event_epoch = _positive_int64(event_epoch, "event.authority_epoch must be a positive integer")
+        if event_epoch > page_epoch:
+            raise ReplicaError("event.authority_epoch is newer than the page authority")
+    created = raw.get("created_at")
+    if created is not None and (isinstance(created, bool) or not isinstance(created, (int, float))
+                                or not math.isfinite(created)):
+        raise ReplicaError("event.created_at must be a finite number")
+    actor_bytes = int(getattr(lim, "MAX_ACTOR_JSON_BYTES", default_limits.MAX_ACTOR_JSON_BYTES))
+    kind = raw["kind"]
+    event = PreparedEvent(
+        raw["event_id"], kind,
+        canonical_json(raw["actor"], error=ReplicaError, label="actor", max_bytes=actor_bytes),
+        canonical_json(raw["payload"], error=ReplicaError, label="payload", max_bytes=lim.MAX_EVENT_JSON_BYTES),
+        event_epoch, control=kind in CONTROL_EVENT_KINDS)
+    # The reference stamps a missing (or zero) created_at with the ingest time.
+    return _PageEvent(seq, event, float(created) if created else None)
+
+
+# --- ingest ------------------------------------------------------------------------------------------------------
+
+
+def ingest_page(
+    engine: EngineSource, *, room_id: Any, room_name: Any, members: Any, page: Any, now: float | None = None,
+    limits: Limits | None = None,
+) -> dict[str, Any]:
+    """Persist one replay page of ``room_id`` (the verbatim result of the authority's ``read_events``).
+
+    Idempotent: events at or below the stored ``last_seq`` are skipped (after checking they are the same
+    events). Refuses a page that skips sequences (ReplicaGapError), an older authority epoch
+    (ReplicaEpochRegressionError), a different owner at the stored epoch, or conflicting overlapping events
+    (ReplicaError); nothing is written then. The stored ``latest_seq`` never decreases.
+    """
+    lim = _lim(limits)
+    room_id = validate_room_id(room_id, lim)
+    room_name = validate_room_name(room_name, lim)
+    _, members_json = validate_members(members, lim)
+    checked = _validate_page(page, room_id, lim)
+    timestamp = clock(now)
+    with UnitOfWork(_resolve(engine)) as uow:
+        result = _ingest(uow, lim, room_id, room_name, members_json, checked, timestamp)
+        uow.commit()
+    return result
+
+
+def _lock_replica(uow: UnitOfWork, room_id: str) -> Mapping[Any, Any] | None:
+    stmt = uow.dialect.for_update(select(*_replicas.c).where(_replicas.c.room_id == room_id))
+    return uow.connection.execute(stmt).mappings().first()
+
+
+def _ingest(
+    uow: UnitOfWork, lim: Limits, room_id: str, room_name: str, members_json: str, page: _Page, now: float
+) -> dict[str, Any]:
+    connection = uow.connection
+    row = _lock_replica(uow, room_id)
+    if row is None:
+        # Creating a replica: serialise creators so the cap is exact and a concurrent first page waits.
+        uow.dialect.serialize(connection, REPLICA_CREATION_LOCK_KEY)
+        row = _lock_replica(uow, room_id)
+    if row is None:
+        count = connection.execute(select(func.count()).select_from(_replicas)).scalar_one()
+        if int(count) >= lim.MAX_REPLICA_ROOMS:
+            raise ReplicaError("replica room capacity exhausted")
+        stored_epoch = last_seq = stored_latest = stored_bytes = 0
+    else:
+        stored_epoch, last_seq = int(row["authority_epoch"]), int(row["last_seq"])
+        stored_latest, stored_bytes = int(row["latest_seq"]), int(row["event_bytes"])
+    if page.epoch < stored_epoch:
+        raise ReplicaEpochRegressionError("page authority epoch is older than the stored replica epoch")
+    if row is not None and page.epoch == stored_epoch and page.gateway_id != row["authority_gateway_id"]:
+        # Two owners at one epoch is a fork; adopting either would hide it (hole 3).
+        raise ReplicaError("page authority owner conflicts with the stored replica at the same epoch")
+    _check_overlap(uow, room_id, [event for event in page.events if event.seq <= last_seq])
+    new_events = [event for event in page.events if event.seq > last_seq]
+    if new_events and new_events[0].seq != last_seq + 1:
+        raise ReplicaGapError("page skips sequences the replica has not stored")
+    _check_new_event_ids(uow, room_id, new_events)
+    added = 0
+    for event in new_events:
+        added += event.event.size
+        if stored_bytes + added > lim.MAX_REPLICA_EVENT_BYTES:
+            raise ReplicaError("replica event storage exhausted")
+    if new_events:
+        connection.execute(insert(_replica_events), [
+            {"room_id": room_id, "seq": event.seq, "event_id": event.event.event_id, "kind": event.event.kind,
+             "actor_json": event.event.actor_json, "authority_epoch": event.event.authority_epoch,
+             "payload_json": event.event.payload_json,
+             "created_at": now if event.created_at is None else event.created_at}
+            for event in new_events])
+    new_last = new_events[-1].seq if new_events else last_seq
+    # Never lower latest_seq: a delayed page must not make a partial replica look caught up (hole 1).
+    latest_seq = max(stored_latest, new_last, page.latest_seq if page.latest_seq is not None else new_last)
+    values = {"name": room_name, "members_json": members_json, "authority_gateway_id": page.gateway_id,
+              "authority_epoch": page.epoch, "last_seq": new_last, "latest_seq": latest_seq, "updated_at": now}
+    if row is None:
+        connection.execute(insert(_replicas).values(
+            room_id=room_id, event_bytes=added, created_at=now, **values))
+    else:
+        uow.fenced(
+            update(_replicas).where(_replicas.c.room_id == room_id, _replicas.c.last_seq == last_seq)
+            .values(event_bytes=_replicas.c.event_bytes + added, **values),
+            ReplicaError("replica ingest lost its write fence"))
+    return {"room_id": room_id, "stored_seq": new_last, "ingested": len(new_events), "authority": page.authority,
+            "caught_up": new_last >= latest_seq}
+
+
+def _check_overlap(uow: UnitOfWork, room_id: str, overlapping: Sequence[_PageEvent]) -> None:
+    """Already-stored seqs must hold exactly the page's events (a retry); anything else is a fork (hole 3)."""
+    if not overlapping:
+        return
+    stored = {
+        int(row["seq"]): row for row in uow.connection.execute(
+            select(*_replica_events.c).where(
+                _replica_events.c.room_id == room_id, _replica_events.c.seq >= overlapping[0].seq,
+                _replica_events.c.seq <= overlapping[-1].seq)).mappings()}
+    for event in overlapping:
+        row = stored.get(event.seq)
+        if row is None or not event.same_content(row):
+            raise ReplicaError("page events conflict with the stored replica")
+
+
+def _check_new_event_ids(uow: UnitOfWork, room_id: str, new_events: Sequence[_PageEvent]) -> None:
+    """A new event may not reuse a stored event id: promotion could not copy the log (ids are unique)."""
+    if not new_events:
+        return
+    clash = uow.connection.execute(
+        select(_replica_events.c.seq).where(
+            _replica_events.c.room_id == room_id,
+            _replica_events.c.event_id.in_([event.event.event_id for event in new_events])).limit(1)).first()
+    if clash is not None:
+        raise ReplicaError("page events conflict with the stored replica")
+
+
+# --- state ---------------------------------------------------------------------------------------------------------
+
+
+def replica_state(engine: EngineSource, *, room_id: Any, limits: Limits | None = None) -> dict[str, Any]:
+    """The stored replica's coverage (``last_seq``/``latest_seq``) and authority lineage (a pure read)."""
+    room_id = validate_room_id(room_id, _lim(limits))
+    with UnitOfWork(_resolve(engine), write=False) as uow:
+        row = uow.connection.execute(select(*_replicas.c).where(_replicas.c.room_id == room_id)).mappings().first()
+    if row is None:
+        raise ReplicaError("replica not found")
+    return _replica_to_dict(row)
+
+
+def _replica_to_dict(row: Mapping[Any, Any]) -> dict[str, Any]:
+    return {
+        "room_id": row["room_id"], "name": row["name"], "members": json.loads(row["members_json"]),
+        "authority": {"gateway_id": row["authority_gateway_id"], "epoch": int(row["authority_epoch"])},
+        "last_seq": int(row["last_seq"]), "latest_seq": int(row["latest_seq"]),
+        "event_bytes": int(row["event_bytes"]), "created_at": float(row["created_at"]),
+        "updated_at": float(row["updated_at"])}
+
+
+# --- promotion -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _LogStats:
+    count: int
+    size: int
+    first: int | None
+    last: int | None
+    disbanded: bool
+
+
+def _replica_log(uow: UnitOfWork, room_id: str) -> _LogStats:
+    """Count, accounted bytes, seq range and whether a ``room.disbanded`` event is present, in one query."""
+    size = sum((uow.dialect.byte_length(column) for column in (
+        _replica_events.c.event_id, _replica_events.c.kind, _replica_events.c.actor_json,
+        _replica_events.c.payload_json)), start=literal(0))
+    disbanded = exists().where(_replica_events.c.room_id == room_id, _replica_events.c.kind == "room.disbanded")
+    row = uow.connection.execute(
+        select(func.count(), func.coalesce(func.sum(size), 0), func.min(_replica_events.c.seq),
+               func.max(_replica_events.c.seq), disbanded.label("disbanded"))
+        .where(_replica_events.c.room_id == room_id)).one()
+    return _LogStats(int(row[0]), int(row[1]), row[2], row[3], bool(row[4]))
+
+
+def promote_replica(
+    engine: EngineSource, *, room_id: Any, reason: Any = "authority-unreachable", now: float | None = None,
+    local_gateway_id: Any = None, limits: Limits | None = None,
+) -> dict[str, Any]:
+    """Continue a replicated room on THIS gateway at ``epoch + 1``, in one transaction.
+
+    Copies the replica's log into the authoritative tables, appends ``authority.claimed``
+    (``system:authority-claimed:<epoch>``, with ``promoted_from_replica`` and ``reason``) and consumes the
+    replica. Refuses a replica that is not caught up or whose room was disbanded (ReplicaError), and a room
+    that does not fit the capacity limits an append would meet; a refused promotion leaves the replica intact.
+    The local gateway is ``local_gateway_id``, else ``install:$HOSTEDROOMS_INSTALL_ID``. The caller decides
+    that takeover is safe; this primitive only makes it atomic and provable.
+    """
+    lim = _lim(limits)
+    room_id = validate_room_id(room_id, lim)
+    if not isinstance(reason, str) or not reason or len(reason) > 200:
+        raise ReplicaError("reason must be a non-empty string of at most 200 chars")
+    timestamp = clock(now)
+    local = resolve_local_gateway_id(local_gateway_id)
+    actor_json = system_actor_json("authority-control", lim)
+
+    def body(tx: RoomTransaction) -> dict[str, Any]:
+        # Lock order: room creation, room row, replica row, gateway budget (inside check_capacity).
+        tx.lock_room_creation()
+        existing_room = tx.lock_room(room_id)
+        replica = _lock_replica(tx.uow, room_id)
+        if replica is None:
+            raise ReplicaError("replica not found")
+        if replica["authority_gateway_id"] == local:
+            raise ReplicaError("this gateway already holds the room authority")
+        if existing_room is not None:
+            raise RoomConflictError("room_id already exists in the local authoritative store")
+        if tx.is_retired(room_id):
+            raise RoomConflictError("room_id belongs to a disbanded room")
+        previous_gateway, previous_epoch = str(replica["authority_gateway_id"]), int(replica["authority_epoch"])
+        last_seq = int(replica["last_seq"])
+        if last_seq < int(replica["latest_seq"]):
+            raise ReplicaError("replica is not caught up with the authority log; ingest the remaining pages first")
+        log = _replica_log(tx.uow, room_id)
+        if log.disbanded:
+            raise ReplicaError("replica log ends in room.disbanded; a disbanded room cannot be promoted")
+        if log.count != last_seq or (log.count and (log.first != 1 or log.last != last_seq)):
+            raise ReplicaError("replica log is not contiguous")
+        active = tx.uow.connection.execute(
+            select(func.count()).select_from(_rooms).where(_rooms.c.disbanded_at.is_(None))).scalar_one()
+        if int(active) >= tx.limits.MAX_ACTIVE_ROOMS:
+            raise HostedRoomError(_TOO_MANY_ROOMS)
+        target_epoch = previous_epoch + 1
+        claim = PreparedEvent(
+            f"system:authority-claimed:{target_epoch}", "authority.claimed", actor_json,
+            payload_json({"previous_gateway_id": previous_gateway, "authority_gateway_id": local,
+                          "authority_epoch": target_epoch, "promoted_from_replica": True, "reason": reason},
+                         tx.limits),
+            target_epoch, control=True)
+        # The room as it will stand once the log is copied: the claim is checked like an append to it, and
+        # the copied bytes must fit the gateway (after pruning disbanded rooms) like any other write.
+        room = {"room_id": room_id, "next_seq": last_seq + 1, "event_bytes": log.size}
+        tx.check_capacity(room, [claim], uncounted_room_bytes=log.size)
+        tx.uow.connection.execute(insert(_rooms).values(
+            room_id=room_id, name=replica["name"], members_json=replica["members_json"],
+            authority_gateway_id=local, authority_epoch=target_epoch, next_seq=last_seq + 1,
+            event_bytes=log.size, revision=1, created_at=timestamp, updated_at=timestamp, disbanded_at=None))
+        columns = [column.name for column in _events.c]
+        tx.uow.connection.execute(insert(_events).from_select(
+            columns, select(*(_replica_events.c[name] for name in columns))
+            .where(_replica_events.c.room_id == room_id)))
+        [row] = tx.append_locked(room, [claim], now=timestamp, check=False)
+        tx.uow.connection.execute(delete(_replica_events).where(_replica_events.c.room_id == room_id))
+        tx.uow.connection.execute(delete(_replicas).where(_replicas.c.room_id == room_id))
+        return {"room_id": room_id, "authority_gateway_id": local, "authority_epoch": target_epoch,
+                "previous_gateway_id": previous_gateway, "previous_epoch": previous_epoch,
+                "claim_seq": int(row["seq"]), "latest_seq": int(row["seq"])}
+
+    return run_room_write(engine, lim, body)
+
+
+# --- demotion --------------------------------------------------------------------------------------------------
+
+
+def demote_room(
+    engine: EngineSource, *, room_id: Any, observed_gateway_id: Any, observed_epoch: Any, now: float | None = None,
+    local_gateway_id: Any = None, limits: Limits | None = None,
+) -> dict[str, Any]:
+    """Fence THIS gateway's stale authority over ``room_id`` against a proven newer epoch.
+
+    Appends ``authority.lost`` (``system:authority-lost:<epoch>``) through the fenced append path and adopts
+    the observed lineage, so no further local write can commit at the stale epoch. Idempotent for the same
+    observation; an epoch that does not supersede the stored one raises ReplicaEpochRegressionError. The
+    local gateway is ``local_gateway_id``, else ``install:$HOSTEDROOMS_INSTALL_ID``.
+    """
+    lim = _lim(limits)
+    room_id = validate_room_id(room_id, lim)
+    observed_gateway = validate_actor_id(observed_gateway_id, "observed_gateway_id", lim)
+    epoch = _positive_int64(observed_epoch, "observed_epoch must be a positive integer")
+    timestamp = clock(now)
+    local = resolve_local_gateway_id(local_gateway_id)
+    lost = PreparedEvent(
+        f"system:authority-lost:{epoch}", "authority.lost", system_actor_json("authority-control", lim),
+        payload_json({"previous_gateway_id": local, "authority_gateway_id": observed_gateway,
+                      "authority_epoch": epoch}, lim),
+        epoch, control=True)
+
+    def body(tx: RoomTransaction) -> dict[str, Any]:
+        room = tx.lock_room(room_id)
+        if room is None or room["disbanded_at"] is not None:
+            raise ReplicaError("room not found in the local authoritative store")
+        current_gateway, current_epoch = str(room["authority_gateway_id"]), int(room["authority_epoch"])
+        if current_gateway == observed_gateway and current_epoch == epoch:
+            return {"room_id": room_id, "authority_gateway_id": current_gateway, "authority_epoch": current_epoch,
+                    "idempotent": True}
+        if epoch <= current_epoch:
+            raise ReplicaEpochRegressionError("observed epoch does not supersede the stored authority")
+        if current_gateway != local:
+            raise ReplicaError("room is not locally authoritative; nothing to demote")
+        if tx.load_event(room_id, lost.event_id) is not None:
+            raise ReplicaError("the authority.lost event id is already taken in this room")
+        tx.append_locked(
+            room, [lost], now=timestamp,
+            values={"authority_gateway_id": observed_gateway, "authority_epoch": epoch,
+                    "revision": _rooms.c.revision + 1},
+            where=[_rooms.c.disbanded_at.is_(None), _rooms.c.authority_gateway_id == current_gateway,
+                   _rooms.c.authority_epoch == current_epoch],
+            error=AuthorityConflictError("hosted room authority changed"))
+        return {"room_id": room_id, "authority_gateway_id": observed_gateway, "authority_epoch": epoch,
+                "idempotent": False}
+
+    return run_room_write(engine, lim, body)
