@@ -264,3 +264,30 @@ def test_facade_and_native_share_one_store(gateways: Callable[..., Gateway]) -> 
     assert replicas.replica_state(b.engine, room_id="room")["last_seq"] == 0
     assert b.promote("room")["claim_seq"] == 1
     b.check()
+
+
+def test_concurrent_promotions_of_one_replica(gateways: Callable[..., Gateway]) -> None:
+    """Within one store exactly one promotion wins; the others find the replica consumed (no driver error)."""
+    a, b = gateways("gw-a"), gateways("gw-b")
+    a.host("room")
+    a.say("room", "one", epoch=1)
+    replicate(a, b, "room")
+    outcomes: list[object] = []
+    barrier = threading.Barrier(4)
+
+    def promote() -> None:
+        barrier.wait(timeout=30)
+        try:
+            outcomes.append(b.promote("room")["authority_epoch"])
+        except ReplicaError as exc:
+            outcomes.append(str(exc))
+
+    threads = [threading.Thread(target=promote) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert sorted(map(str, outcomes)) == ["2", "replica not found", "replica not found", "replica not found"]
+    assert [event["seq"] for event in b.log("room")["events"]] == [1, 2]
+    b.check()
