@@ -160,7 +160,7 @@ def delivery_claim(
     The digest covers everything but ``lease_token``: the token belongs to one delivery *attempt*, and a
     crash past the lease deadline legitimately redelivers the same envelope with a new token.
     """
-    if transport_role not in ROLES:
+    if not isinstance(transport_role, str) or transport_role not in ROLES:  # unhashable junk: ValueError too
         raise ValueError("secure peer delivery role is invalid")
     if not isinstance(envelope, Mapping):
         raise ValueError("secure peer delivery envelope is invalid")
