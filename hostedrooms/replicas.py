@@ -76,7 +76,6 @@ _replica_events = models.replica_events
 _rooms = models.rooms
 _events = models.events
 
-_TOO_MANY_ROOMS = "This host has too many active Group Chats. Delete one and try again."
 
 
 def _lim(limits: Limits | None) -> Limits:
@@ -386,10 +385,7 @@ def promote_replica(
             raise ReplicaError("replica log ends in room.disbanded; a disbanded room cannot be promoted")
         if log.count != last_seq or (log.count and (log.first != 1 or log.last != last_seq)):
             raise ReplicaError("replica log is not contiguous")
-        active = tx.uow.connection.execute(
-            select(func.count()).select_from(_rooms).where(_rooms.c.disbanded_at.is_(None))).scalar_one()
-        if int(active) >= tx.limits.MAX_ACTIVE_ROOMS:
-            raise HostedRoomError(_TOO_MANY_ROOMS)
+        tx.check_room_slot()
         target_epoch = previous_epoch + 1
         claim = PreparedEvent(
             f"system:authority-claimed:{target_epoch}", "authority.claimed", actor_json,

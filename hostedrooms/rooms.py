@@ -354,8 +354,8 @@ class RoomTransaction:
 
     Reusable in-transaction helpers for other services (replicas): :meth:`lock_room`, :meth:`require_room`,
     :meth:`load_events`, :meth:`check_capacity`, :meth:`append_locked`, :meth:`prune_disbanded`,
-    :meth:`gateway_event_bytes`, :meth:`lock_room_creation`. Use :func:`run_room_write` to run a body with the
-    retry into exclusive mode, or pass ``exclusive=True`` to skip the shared fast path.
+    :meth:`gateway_event_bytes`, :meth:`lock_room_creation`, :meth:`check_room_slot`. Use :func:`run_room_write` to
+    run a body with the retry into exclusive mode, or pass ``exclusive=True`` to skip the shared fast path.
     """
 
     def __init__(self, uow: UnitOfWork, limits: Limits | None = None, *, exclusive: bool = False) -> None:
@@ -416,6 +416,13 @@ class RoomTransaction:
         return int(self.uow.connection.execute(_SUM_EVENT_BYTES).scalar_one())
 
     # -- capacity --
+
+    def check_room_slot(self) -> None:
+        """Refuse one more active room beyond MAX_ACTIVE_ROOMS (exact under :meth:`lock_room_creation`)."""
+        active = self.uow.connection.execute(
+            select(func.count()).select_from(_rooms).where(_rooms.c.disbanded_at.is_(None))).scalar_one()
+        if int(active) >= self.limits.MAX_ACTIVE_ROOMS:
+            raise HostedRoomError(_TOO_MANY_ROOMS)
 
     def check_capacity(
         self, room: RowLike, events: Sequence[PreparedEvent], *, uncounted_room_bytes: int = 0
@@ -608,10 +615,7 @@ def create_room(
         existing = tx.lock_room(room_id)
         if existing is not None:
             return _existing_room(tx, existing, name, normalized_members, members_json, gateway_id, timestamp)
-        active = tx.uow.connection.execute(
-            select(func.count()).select_from(_rooms).where(_rooms.c.disbanded_at.is_(None))).scalar_one()
-        if int(active) >= tx.limits.MAX_ACTIVE_ROOMS:
-            raise HostedRoomError(_TOO_MANY_ROOMS)
+        tx.check_room_slot()
         tx.uow.connection.execute(insert(_rooms).values(
             room_id=room_id, name=name, members_json=members_json, authority_gateway_id=gateway_id,
             authority_epoch=1, next_seq=1, event_bytes=0, revision=1, created_at=timestamp, updated_at=timestamp,
