@@ -38,9 +38,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, Engine, Select, bindparam, delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from . import limits as default_limits
 from . import models
+from .dialect import dialect_for
 from .errors import (
     AuthorityConflictError,
     AuthoritySupersededError,
@@ -138,6 +140,25 @@ _SELECT_RETIRED = select(_retired.c.room_id).where(_retired.c.room_id == bindpar
 _SUM_EVENT_BYTES = select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))
 _INSERT_EVENT = insert(_events)
 _LOCK_ROOM: dict[str, Select[Any]] = {}
+_all_rooms = _rooms.alias("all_rooms")
+# The whole of an uncontended single append where writers are serialised (SQLite): one guarded UPDATE checks the
+# authority fence, the room is live, the count and byte limits (the reserves already in the bound limits) and the
+# gateway total, and allocates the seq. No row means "not this easy": the transaction is rolled back and the
+# full path runs, so its errors and their precedence are the reference's.
+_FAST_ADVANCE = (
+    update(_rooms)
+    .where(
+        _rooms.c.room_id == bindparam("fast_room_id"),
+        _rooms.c.authority_gateway_id == bindparam("fast_gateway_id"),
+        _rooms.c.authority_epoch == bindparam("fast_epoch"),
+        _rooms.c.disbanded_at.is_(None),
+        _rooms.c.next_seq <= bindparam("fast_max_events"),
+        _rooms.c.event_bytes + bindparam("fast_size") <= bindparam("fast_max_room_bytes"),
+        select(func.coalesce(func.sum(_all_rooms.c.event_bytes), 0)).scalar_subquery() + bindparam("fast_size")
+        <= bindparam("fast_max_gateway_bytes"))
+    .values(next_seq=_rooms.c.next_seq + 1, event_bytes=_rooms.c.event_bytes + bindparam("fast_size"),
+            updated_at=bindparam("fast_now"))
+    .returning(_rooms.c.next_seq))
 
 
 # --- validation (pure; limits read at call time) -------------------------------------------------------------
@@ -776,6 +797,13 @@ def append_event(
     event, normalized_actor, gateway_id, epoch = _validated_event(
         event_id, kind, actor, payload, authority_gateway_id, authority_epoch, lim)
     timestamp = clock(now)
+    bound = _resolve(engine)
+    if not dialect_for(bound).concurrent_writers:
+        try:
+            row = run_room_write(bound, lim, lambda tx: _fast_append(tx, room_id, event, gateway_id, timestamp))
+            return {**event_to_dict(row), "actor": normalized_actor}
+        except _TakeFullPath:
+            pass  # a replay, a conflict, a stale authority or a limit: the full path decides which
 
     def body(tx: RoomTransaction) -> dict[str, Any]:
         # Lock the room first: a concurrent append of the same event_id then waits and replays it.
@@ -790,7 +818,40 @@ def append_event(
         [row] = tx.append_locked(room, [event], now=timestamp)
         return {**event_to_dict(row), "actor": normalized_actor}
 
-    return run_room_write(engine, lim, body)
+    return run_room_write(bound, lim, body)
+
+
+class _TakeFullPath(Exception):
+    """Internal signal: the fast append did not apply; roll back and take the full path."""
+
+
+def _fast_append(
+    tx: RoomTransaction, room_id: str, event: PreparedEvent, gateway_id: str, now: float
+) -> dict[str, Any]:
+    """Append ``event`` with one guarded UPDATE ... RETURNING and one INSERT, or raise :class:`_TakeFullPath`.
+
+    Only where write transactions never overlap (the gateway total it reads is exact); the duplicate-event_id
+    case surfaces as the unique constraint, and the full path then replays or reports the conflict.
+    """
+    lim = tx.limits
+    count_reserve, byte_reserve = (
+        (lim.CONTROL_EVENT_COUNT_RESERVE, lim.CONTROL_EVENT_BYTE_RESERVE) if event.control else (0, 0))
+    connection = tx.uow.connection
+    next_seq = connection.execute(_FAST_ADVANCE, {
+        "fast_room_id": room_id, "fast_gateway_id": gateway_id, "fast_epoch": event.authority_epoch,
+        "fast_max_events": lim.MAX_EVENTS_PER_ROOM + count_reserve, "fast_size": event.size,
+        "fast_max_room_bytes": lim.MAX_ROOM_EVENT_BYTES + byte_reserve,
+        "fast_max_gateway_bytes": lim.MAX_GATEWAY_EVENT_BYTES + byte_reserve, "fast_now": now}).scalar()
+    if next_seq is None:
+        raise _TakeFullPath
+    row = {"room_id": room_id, "seq": int(next_seq) - 1, "event_id": event.event_id, "kind": event.kind,
+           "actor_json": event.actor_json, "authority_epoch": event.authority_epoch,
+           "payload_json": event.payload_json, "created_at": now}
+    try:
+        connection.execute(_INSERT_EVENT, row)
+    except IntegrityError as exc:  # the event_id exists: a replay or a conflict
+        raise _TakeFullPath from exc
+    return row
 
 
 def append_events(
