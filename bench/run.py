@@ -183,7 +183,91 @@ def raw_baseline(setup: Setup) -> Result:
         _timed(lambda index=index: append(index), latencies)  # type: ignore[misc]
     seconds = time.perf_counter() - started
     connection.close()
-    return Result("raw-driver append (baseline)", 1, n, seconds, latencies)
+    return Result("raw-driver append (baseline)", 1, n, seconds, latencies,
+                  note="the reference's 7 statements")
+
+
+_FAST_UPDATE = ("UPDATE hosted_rooms SET next_seq=next_seq+1, event_bytes=event_bytes+?, updated_at=? "
+                "WHERE room_id=? AND authority_gateway_id=? AND authority_epoch=? AND disbanded_at IS NULL "
+                "AND next_seq<=? AND event_bytes+?<=? "
+                "AND (SELECT COALESCE(SUM(event_bytes), 0) FROM hosted_rooms)+?<=? RETURNING next_seq")
+_FAST_INSERT = ("INSERT INTO hosted_room_events (room_id, seq, event_id, kind, actor_json, authority_epoch, "
+                "payload_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+
+
+def raw_fast_baseline(setup: Setup) -> Result:
+    """hostedrooms' own SQLite append statements (BEGIN IMMEDIATE, guarded UPDATE ... RETURNING, INSERT,
+    COMMIT) through the raw sqlite3 driver: the floor of this implementation's statement set."""
+    import sqlite3
+
+    if setup.url is not None:
+        raise SystemExit("raw-fast is a SQLite workload")
+    target = setup.fresh("rawfast")
+    engine = setup.engine(target)
+    _room(engine, "r")
+    engine.dispose()
+    connection = sqlite3.connect(target, isolation_level=None)
+    connection.execute(f"PRAGMA synchronous={setup.synchronous}")
+    actor_json = json.dumps(ACTOR, sort_keys=True, separators=(",", ":"))
+    payload_json = json.dumps(PAYLOAD, sort_keys=True, separators=(",", ":"))
+    n = setup.count(2000, 200)
+    latencies: list[float] = []
+
+    def append(index: int) -> None:
+        event_id = f"raw-{index}"
+        size = len((event_id + "message.user" + actor_json + payload_json).encode())
+        now = time.time()
+        cursor = connection.cursor()
+        cursor.execute("BEGIN IMMEDIATE")
+        seq = cursor.execute(_FAST_UPDATE, (size, now, "r", GATEWAY, 1, 50_000, size, 1 << 30, size, 1 << 30)
+                             ).fetchone()[0] - 1
+        cursor.execute(_FAST_INSERT, ("r", seq, event_id, "message.user", actor_json, 1, payload_json, now))
+        cursor.execute("COMMIT")
+
+    started = time.perf_counter()
+    for index in range(n):
+        _timed(lambda index=index: append(index), latencies)  # type: ignore[misc]
+    seconds = time.perf_counter() - started
+    connection.close()
+    return Result("raw-driver append, hostedrooms' 4 statements", 1, n, seconds, latencies,
+                  note="floor of this implementation's statements")
+
+
+def core_floor(setup: Setup) -> Result:
+    """The same 4 statements through SQLAlchemy Core (an engine from hostedrooms.create_engine), no library
+    code: what SQLAlchemy itself costs per append."""
+    import sqlalchemy as sa
+
+    if setup.url is not None:
+        raise SystemExit("core-floor is a SQLite workload")
+    engine = setup.engine(setup.fresh("core"))
+    _room(engine, "r")
+    update = sa.text(_FAST_UPDATE.replace("?", ":p").replace(":p", ":p{}").format(*range(10)))
+    insert = sa.text(_FAST_INSERT.replace("?", ":q").replace(":q", ":q{}").format(*range(8)))
+    actor_json = json.dumps(ACTOR, sort_keys=True, separators=(",", ":"))
+    payload_json = json.dumps(PAYLOAD, sort_keys=True, separators=(",", ":"))
+    n = setup.count(2000, 200)
+    latencies: list[float] = []
+
+    def append(index: int) -> None:
+        event_id = f"core-{index}"
+        size = len((event_id + "message.user" + actor_json + payload_json).encode())
+        now = time.time()
+        with engine.connect() as connection:
+            connection.begin()
+            values = (size, now, "r", GATEWAY, 1, 50_000, size, 1 << 30, size, 1 << 30)
+            seq = connection.execute(update, {f"p{i}": v for i, v in enumerate(values)}).scalar_one() - 1
+            row = ("r", seq, event_id, "message.user", actor_json, 1, payload_json, now)
+            connection.execute(insert, {f"q{i}": v for i, v in enumerate(row)})
+            connection.commit()
+
+    started = time.perf_counter()
+    for index in range(n):
+        _timed(lambda index=index: append(index), latencies)  # type: ignore[misc]
+    seconds = time.perf_counter() - started
+    engine.dispose()
+    return Result("SQLAlchemy Core, hostedrooms' 4 statements", 1, n, seconds, latencies,
+                  note="no library code")
 
 
 def _appends(setup: Setup, name: str, prepare: Callable[[Any], None], n: int, label: str) -> Result:
@@ -409,6 +493,8 @@ def writers_4_one_room(setup: Setup) -> Result:
 
 WORKLOADS: dict[str, Callable[[Setup], Result]] = {
     "raw": raw_baseline,
+    "raw-fast": raw_fast_baseline,
+    "core-floor": core_floor,
     "single": append_single,
     "batch10": append_batch_10,
     "batch100": append_batch_100,
@@ -419,6 +505,7 @@ WORKLOADS: dict[str, Callable[[Setup], Result]] = {
     "full-room": append_into_full_room,
     "many-rooms": append_with_many_rooms,
 }
+SQLITE_ONLY = frozenset({"raw-fast", "core-floor"})
 POSTGRES_WORKLOADS: dict[str, Callable[[Setup], Result]] = {
     "writers-1": writers_1,
     "writers-4": writers_4,
@@ -455,6 +542,9 @@ def _print(results: list[Result], dialect: str, synchronous: str, out: Any = sys
     for result in results:
         vs_raw = f"{result.rate / baseline:.2f}x" if baseline and result.batch == 1 and "writer" not in \
             result.workload and "ledger" not in result.workload else ""
+        floor = next((r.rate for r in results if r.workload.startswith("raw-driver append, hostedrooms")), None)
+        if floor and result.workload.startswith("append_event"):
+            vs_raw += f" ({result.rate / floor:.2f}x own)"
         vs_single = ""
         if single and result.workload.startswith("append") and result.workload != "append_event, empty database":
             vs_single = f"{result.rate / single:.2f}x"
@@ -487,7 +577,8 @@ def main(argv: list[str] | None = None) -> int:
 
         cluster = pgcluster.start()
         url = cluster.url
-    names = list(WORKLOADS) + (list(POSTGRES_WORKLOADS) if url else [])
+    names = [name for name in WORKLOADS if not url or name not in SQLITE_ONLY]
+    names += list(POSTGRES_WORKLOADS) if url else []
     if args.workloads:
         names = [name for name in args.workloads.split(",") if name]
     dialect = "postgresql" if url else "sqlite"
