@@ -94,6 +94,9 @@ class UnitOfWork:
                 self._session.flush()
             self.connection.commit()
         except sa_exc.SQLAlchemyError as exc:
+            # After a failed COMMIT the driver may still hold the transaction open while SQLAlchemy considers it
+            # over; discard the connection (closing it rolls back) rather than return it to the pool.
+            self.connection.invalidate()
             raise translate(exc, self.engine.url) from exc
         self._committed = True
 

@@ -266,12 +266,9 @@ def test_each_failed_statement_leaves_the_store_untouched(engine: Engine, case: 
     assert hostedrooms.verify(engine) == []
 
 
-# BUG (reported): after a failed COMMIT, UnitOfWork.commit does not discard the connection. SQLAlchemy marks its
-# transaction inactive and returns the DBAPI connection to the pool without a rollback, so the driver-level
-# transaction (still open after a failed SQLite COMMIT) leaks into the next unit: on SQLite the next BEGIN
-# IMMEDIATE fails ("cannot start a transaction within a transaction"); here on PostgreSQL the next unit reads (and
-# would commit) the failed unit's writes. Fix: ``self.connection.invalidate()`` in UnitOfWork.commit's except.
-@pytest.mark.xfail(strict=True, reason="UnitOfWork.commit returns a connection with an open transaction to the pool")
+# Regression: after a failed COMMIT the driver may still hold the transaction open while SQLAlchemy considers it
+# over; the unit of work must discard that connection, or the next unit inherits the failed unit's writes (on
+# SQLite its BEGIN IMMEDIATE fails with "cannot start a transaction within a transaction").
 @pytest.mark.parametrize("case", [c for c in CASES if c.name in {"append_events", "claim_authority", "create_room",
                                                                   "ledger.bind_owner"}],
                          ids=lambda case: case.name)
