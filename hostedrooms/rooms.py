@@ -53,7 +53,7 @@ from .errors import (
     RoomNotFoundError,
 )
 from .uow import UnitOfWork
-from .validation import bounded_int, canonical_json, clock, identifier, utf8_len
+from .validation import INT64_MAX, bounded_int, canonical_json, clock, identifier, utf8_len
 
 __all__ = [
     "CONTROL_EVENT_KINDS",
@@ -197,7 +197,8 @@ def _event_kind(value: Any, lim: Limits) -> str:
 
 
 def _positive(value: Any, label: str) -> int:
-    return bounded_int(value, error=HostedRoomError, message=f"{label} must be a positive integer", low=1)
+    return bounded_int(
+        value, error=HostedRoomError, message=f"{label} must be a positive integer", low=1, high=INT64_MAX)
 
 
 def _bounded_limit(value: Any, maximum: int) -> int:
@@ -206,7 +207,7 @@ def _bounded_limit(value: Any, maximum: int) -> int:
 
 
 def _non_negative(value: Any, label: str) -> int:
-    return bounded_int(value, error=HostedRoomError, message=f"{label} must be a non-negative integer")
+    return bounded_int(value, error=HostedRoomError, message=f"{label} must be a non-negative integer", high=INT64_MAX)
 
 
 def _actor_max_bytes(lim: Limits) -> int:

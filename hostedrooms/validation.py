@@ -7,12 +7,18 @@ so bad input never touches the database.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable
 from typing import Any
 
+from .errors import HostedRoomError
+
 ErrorFactory = Callable[[str], Exception]
+
+#: The largest integer both backends store (64-bit signed): counters, epochs and offsets are bounded by it.
+INT64_MAX = 2**63 - 1
 
 #: Identifier shape: an ASCII letter or digit, then letters, digits, ``.``, ``_``, ``:`` or ``-``.
 IDENTIFIER_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
@@ -37,9 +43,18 @@ def identifier(
         raise error(f"{label} must be a string")
     text = value.strip()
     shape = IDENTIFIER_PATTERN if pattern is _DEFAULT_PATTERN else pattern
-    if not text or len(text) > max_chars or (shape is not None and shape.fullmatch(text) is None):
+    if not text or len(text) > max_chars or (shape is not None and shape.fullmatch(text) is None) or not _utf8(text):
         raise error(invalid if invalid is not None else f"invalid {label}")
     return text
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be stored as UTF-8 (a lone surrogate cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def bounded_int(value: Any, *, error: ErrorFactory, message: str, low: int = 0, high: int | None = None) -> int:
@@ -58,9 +73,10 @@ def canonical_json(value: Any, *, error: ErrorFactory, label: str, max_bytes: in
     """The canonical text stored for actors, payloads and members, bounded to ``max_bytes`` UTF-8 bytes."""
     try:
         text = compact_json(value, ensure_ascii=ensure_ascii)
+        size = utf8_len(text)  # a lone surrogate serialises but cannot be encoded (UnicodeEncodeError)
     except (TypeError, ValueError, RecursionError) as exc:
         raise error(f"{label} must be JSON-serializable") from exc
-    if utf8_len(text) > max_bytes:
+    if size > max_bytes:
         raise error(f"{label} is too large")
     return text
 
@@ -76,16 +92,22 @@ def utf8_len(*parts: str) -> int:
 
 
 def clock(now: float | None) -> float:
-    """``time.time()`` read at call time when ``now`` is None, else ``float(now)``."""
-    return time.time() if now is None else float(now)
+    """``time.time()`` read at call time when ``now`` is None, else ``float(now)`` (finite, or HostedRoomError)."""
+    if now is None:
+        return time.time()
+    try:
+        value = float(now)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise _room_error("now must be a number") from exc
+    if not math.isfinite(value):
+        raise _room_error("now must be a finite number")
+    return value
 
 
 # --- room-domain identifiers (shared by rooms, peers and replicas) -------------------------------------------
 
 
 def _room_error(message: str) -> Exception:
-    from .errors import HostedRoomError  # errors imports nothing of ours; kept local to keep this module pure
-
     return HostedRoomError(message)
 
 

@@ -387,7 +387,7 @@ def test_rooms_state_machine_matches_the_model_long(engine: Engine) -> None:
 
 # --- fuzzed arguments ------------------------------------------------------------------------------------------
 
-# Lone surrogates are left out here: they are a known gap covered by its own (xfail) test below.
+# Lone surrogates are left out here: they have their own regression test below.
 fuzz_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
                     st.floats(allow_nan=True, allow_infinity=True), fuzz_text)
@@ -542,18 +542,16 @@ def test_unhashable_transport_role_is_a_value_error(engine: Engine) -> None:
                        target_chat_id="chat")
 
 
-# BUG (reported): list_rooms accepts any non-negative offset; past 2**63 - 1 the driver cannot bind it and SQLite
-# raises a raw OverflowError (PostgreSQL a StorageError from the server) instead of the documented bad-input error.
-@pytest.mark.xfail(strict=True, reason="list_rooms offset beyond 64 bits is not refused as bad input")
+# Regression: an offset past 2**63 - 1 cannot be bound; it is refused as bad input (was a raw OverflowError on
+# SQLite, a StorageError from the server on PostgreSQL).
 @pytest.mark.parametrize("offset", [2**63, 2**70])
 def test_huge_list_offset_is_refused_as_bad_input(engine: Engine, offset: int) -> None:
     with pytest.raises(HostedRoomError, match="^offset must be a non-negative integer$"):
         rooms.list_rooms(engine, offset=offset)
 
 
-# BUG (reported): a lone surrogate passes validation (names, free text, JSON payloads) and then fails to encode,
-# escaping as a raw UnicodeEncodeError instead of HostedRoomError.
-@pytest.mark.xfail(strict=True, reason="lone surrogates escape validation as UnicodeEncodeError")
+# Regression: a lone surrogate cannot be encoded as UTF-8; it is refused by validation (was a raw
+# UnicodeEncodeError from the driver).
 @pytest.mark.parametrize("call", ["name", "members", "payload"])
 def test_lone_surrogates_are_refused_as_bad_input(engine: Engine, call: str) -> None:
     seeded(engine)

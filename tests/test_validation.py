@@ -73,3 +73,18 @@ def test_utf8_len_and_clock() -> None:
     assert utf8_len("a", "ü", "€") == 1 + 2 + 3
     assert clock(5) == 5.0
     assert isinstance(clock(None), float)
+
+
+@pytest.mark.parametrize(("now", "message"), [("abc", "now must be a number"), (object(), "now must be a number"),
+                                              (float("nan"), "now must be a finite number"),
+                                              (float("inf"), "now must be a finite number")])
+def test_clock_refuses_what_is_not_a_finite_number(now: object, message: str) -> None:
+    with pytest.raises(HostedRoomError, match=message):
+        clock(now)  # type: ignore[arg-type]
+
+
+def test_lone_surrogates_are_invalid_identifiers_and_json() -> None:
+    with pytest.raises(HostedRoomError, match="^invalid room name$"):
+        identifier("bad \ud800", error=HostedRoomError, label="name", pattern=None, invalid="invalid room name")
+    with pytest.raises(HostedRoomError, match="^payload must be JSON-serializable$"):
+        canonical_json({"x": "\udfff"}, error=HostedRoomError, label="payload", max_bytes=100)
