@@ -35,6 +35,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, Engine, Select, bindparam, delete, func, insert, select, update
@@ -320,11 +321,11 @@ class PreparedEvent:
     payload_json: str
     authority_epoch: int | None
     control: bool = False
+    #: Accounted bytes: event_id + kind + actor_json + payload_json in UTF-8 (computed once).
+    size: int = dataclass_field(init=False, compare=False)
 
-    @property
-    def size(self) -> int:
-        """Accounted bytes: event_id + kind + actor_json + payload_json in UTF-8."""
-        return utf8_len(self.event_id, self.kind, self.actor_json, self.payload_json)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", utf8_len(self.event_id, self.kind, self.actor_json, self.payload_json))
 
     def same_content(self, row: RowLike) -> bool:
         """Whether a stored event row carries exactly this immutable content."""
