@@ -1,6 +1,7 @@
 """A throwaway PostgreSQL cluster for tests and benchmarks (Debian's ``postgresql`` package).
 
-``python -m hostedrooms.pgcluster start DIR`` prints a URL; ``stop DIR`` stops and removes it. The server
+``python -m hostedrooms.pgcluster start DIR`` prints an admin URL; ``stop DIR`` stops and removes it;
+``createdb ADMIN_URL NAME`` creates a database on it and prints its URL. The server
 refuses to run as root, so as root it runs as the ``postgres`` user. Durability stays on (``fsync=on``,
 ``synchronous_commit=on``): tests and benchmarks see the commit costs users see.
 """
@@ -120,7 +121,8 @@ def _wait_ready(cluster: Cluster, timeout: float = 30.0) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``start [DIR]`` prints the URL; ``stop DIR`` stops it."""
+    """``start [DIR]`` prints the admin URL; ``stop DIR`` stops it; ``createdb ADMIN_URL NAME`` prints the URL of
+    a new (or recreated, if it existed) database NAME on that server."""
     if len(argv) >= 1 and argv[0] == "start":
         cluster = start(Path(argv[1]) if len(argv) > 1 else None)
         (cluster.directory / "url").write_text(cluster.url)
@@ -132,7 +134,12 @@ def main(argv: list[str]) -> int:
         if bin_dir is not None and (directory / "data").exists():
             Cluster(directory, bin_dir, 0).stop()
         return 0
-    print("usage: python -m hostedrooms.pgcluster start [DIR] | stop DIR", file=sys.stderr)
+    if len(argv) == 3 and argv[0] == "createdb":
+        from .testing import create_database
+
+        print(create_database(argv[1], argv[2]))
+        return 0
+    print("usage: python -m hostedrooms.pgcluster start [DIR] | stop DIR | createdb ADMIN_URL NAME", file=sys.stderr)
     return 2
 
 
