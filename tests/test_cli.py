@@ -103,3 +103,30 @@ def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
                             capture_output=True, text=True, check=False)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and "no hostedrooms schema" in result.stderr
+
+
+def test_progress_only_on_a_terminal() -> None:
+    import io
+
+    from hostedrooms.cli import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal, pipe = Terminal(), io.StringIO()
+    for stream in (terminal, pipe):
+        progress = Progress(stream)
+        progress("verifying room_seqs ...")
+        progress.done()
+    assert "verifying room_seqs" in terminal.getvalue()
+    assert pipe.getvalue() == ""
+
+
+def test_long_commands_stay_quiet_when_piped(tmp_path: Path) -> None:
+    target = str(tmp_path / "quiet.db")
+    for command in (["upgrade"], ["verify"]):
+        result = subprocess.run([sys.executable, "-m", "hostedrooms.cli", *command, "--url", target],
+                                capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == ""
