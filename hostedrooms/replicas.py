@@ -32,7 +32,6 @@ from sqlalchemy import Engine, delete, exists, func, insert, literal, select, up
 
 from . import limits as default_limits
 from . import models
-from .compat._engine import local_gateway_id as resolve_local_gateway_id
 from .errors import (
     AuthorityConflictError,
     HostedRoomError,
@@ -41,6 +40,7 @@ from .errors import (
     ReplicaGapError,
     RoomConflictError,
 )
+from .identity import local_gateway_id as resolve_local_gateway_id
 from .rooms import (
     CONTROL_EVENT_KINDS,
     EngineSource,

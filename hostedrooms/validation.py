@@ -98,35 +98,7 @@ def clock(now: float | None) -> float:
     try:
         value = float(now)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise _room_error("now must be a number") from exc
+        raise HostedRoomError("now must be a number") from exc
     if not math.isfinite(value):
-        raise _room_error("now must be a finite number")
+        raise HostedRoomError("now must be a finite number")
     return value
-
-
-# --- room-domain identifiers (shared by rooms, peers and replicas) -------------------------------------------
-
-
-def _room_error(message: str) -> Exception:
-    return HostedRoomError(message)
-
-
-def room_id(value: Any, error: ErrorFactory = _room_error) -> str:
-    """A validated room id (``invalid room_id``)."""
-    from . import limits
-
-    return identifier(value, error=error, label="room_id", max_chars=limits.MAX_ROOM_ID_CHARS)
-
-
-def event_id(value: Any, error: ErrorFactory = _room_error) -> str:
-    """A validated event id (``invalid event_id``)."""
-    from . import limits
-
-    return identifier(value, error=error, label="event_id", max_chars=limits.MAX_EVENT_ID_CHARS)
-
-
-def actor_id(value: Any, label: str, error: ErrorFactory = _room_error) -> str:
-    """A validated actor-like id (gateway ids, member ids, profiles) reported as ``label``."""
-    from . import limits
-
-    return identifier(value, error=error, label=label, max_chars=limits.MAX_ACTOR_ID_CHARS)

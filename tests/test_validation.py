@@ -14,7 +14,6 @@ from hostedrooms.validation import (
     clock,
     compact_json,
     identifier,
-    room_id,
     utf8_len,
 )
 
@@ -39,7 +38,6 @@ def test_identifier_messages() -> None:
     kind = re.compile(r"[a-z][a-z0-9_.-]*")
     with pytest.raises(HostedRoomError, match="^invalid event kind$"):
         identifier("Message", error=HostedRoomError, label="kind", pattern=kind, invalid="invalid event kind")
-    assert room_id(" r ") == "r"
 
 
 @pytest.mark.parametrize("value", [True, False, 1.0, "1", None, -1, 11])

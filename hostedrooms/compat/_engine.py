@@ -7,24 +7,18 @@ are cached per target, so repeated calls neither reconnect nor re-check the sche
 
 from __future__ import annotations
 
-import os
 import threading
-from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Engine
 
 from .. import migrate
 from ..db import Target, create_engine, resolve_url
-from ..errors import HostedRoomError
-from ..validation import identifier
+from ..identity import INSTALL_ID_ENV, local_gateway_id
 
-#: Environment variable holding this install's stable id; the gateway id is ``install:<id>``.
-INSTALL_ID_ENV = "HOSTEDROOMS_INSTALL_ID"
+__all__ = ["INSTALL_ID_ENV", "engine_for", "forget_engines", "local_gateway_id"]
 
 _lock = threading.Lock()
 _engines: dict[str, Engine] = {}
-_migrated: set[int] = set()
 
 
 def _cache_key(target: Target) -> str:
@@ -55,24 +49,3 @@ def forget_engines() -> None:
         for engine in _engines.values():
             engine.dispose()
         _engines.clear()
-
-
-def sqlite_file(db_path: Any) -> Path | None:
-    """The SQLite file a ``db_path`` names without creating anything, or None for non-SQLite targets."""
-    if isinstance(db_path, Engine):
-        database = db_path.url.database if db_path.dialect.name == "sqlite" else None
-        return Path(database) if database and database != ":memory:" else None
-    url = resolve_url(db_path)
-    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
-        return None
-    return Path(str(url.database))
-
-
-def local_gateway_id(explicit: Any = None) -> str:
-    """The local authority gateway id: ``explicit`` if given, else ``install:$HOSTEDROOMS_INSTALL_ID``."""
-    if explicit is not None:
-        return identifier(explicit, error=HostedRoomError, label="authority_gateway_id")
-    install_id = os.environ.get(INSTALL_ID_ENV, "").strip()
-    if not install_id:
-        raise HostedRoomError("stable gateway install identity is unavailable")
-    return identifier(f"install:{install_id}", error=HostedRoomError, label="authority_gateway_id")
