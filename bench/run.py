@@ -96,6 +96,15 @@ def _timed(operation: Callable[[], Any], latencies: list[float]) -> None:
     latencies.append(time.perf_counter() - started)
 
 
+def _measure(n: int, operation: Callable[[int], Any]) -> tuple[float, list[float]]:
+    """Run ``operation(0..n-1)``; return the total seconds and each call's latency."""
+    latencies: list[float] = []
+    started = time.perf_counter()
+    for index in range(n):
+        _timed(lambda index=index: operation(index), latencies)  # type: ignore[misc]
+    return time.perf_counter() - started, latencies
+
+
 def _raise_limits() -> None:
     """Benchmarks fill rooms past the default per-room history limit on purpose."""
     from hostedrooms import limits
@@ -195,6 +204,18 @@ _FAST_INSERT = ("INSERT INTO hosted_room_events (room_id, seq, event_id, kind, a
                 "payload_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 
 
+_ACTOR_JSON = json.dumps(ACTOR, sort_keys=True, separators=(",", ":"))
+_PAYLOAD_JSON = json.dumps(PAYLOAD, sort_keys=True, separators=(",", ":"))
+
+
+def _own_parameters(event_id: str) -> tuple[tuple[Any, ...], Callable[[int], tuple[Any, ...]]]:
+    """The guarded UPDATE's parameters and, given the allocated seq, the INSERT's (limits far away)."""
+    size = len((event_id + "message.user" + _ACTOR_JSON + _PAYLOAD_JSON).encode())
+    now = time.time()
+    update = (size, now, "r", GATEWAY, 1, 50_000, size, 1 << 30, size, 1 << 30)
+    return update, lambda seq: ("r", seq, event_id, "message.user", _ACTOR_JSON, 1, _PAYLOAD_JSON, now)
+
+
 def raw_fast_baseline(setup: Setup) -> Result:
     """hostedrooms' own SQLite append statements (BEGIN IMMEDIATE, guarded UPDATE ... RETURNING, INSERT,
     COMMIT) through the raw sqlite3 driver: the floor of this implementation's statement set."""
@@ -208,27 +229,18 @@ def raw_fast_baseline(setup: Setup) -> Result:
     engine.dispose()
     connection = sqlite3.connect(target, isolation_level=None)
     connection.execute(f"PRAGMA synchronous={setup.synchronous}")
-    actor_json = json.dumps(ACTOR, sort_keys=True, separators=(",", ":"))
-    payload_json = json.dumps(PAYLOAD, sort_keys=True, separators=(",", ":"))
-    n = setup.count(2000, 200)
-    latencies: list[float] = []
 
     def append(index: int) -> None:
-        event_id = f"raw-{index}"
-        size = len((event_id + "message.user" + actor_json + payload_json).encode())
-        now = time.time()
+        update, insert = _own_parameters(f"raw-{index}")
         cursor = connection.cursor()
         cursor.execute("BEGIN IMMEDIATE")
-        seq = cursor.execute(_FAST_UPDATE, (size, now, "r", GATEWAY, 1, 50_000, size, 1 << 30, size, 1 << 30)
-                             ).fetchone()[0] - 1
-        cursor.execute(_FAST_INSERT, ("r", seq, event_id, "message.user", actor_json, 1, payload_json, now))
+        seq = cursor.execute(_FAST_UPDATE, update).fetchone()[0] - 1
+        cursor.execute(_FAST_INSERT, insert(seq))
         cursor.execute("COMMIT")
 
-    started = time.perf_counter()
-    for index in range(n):
-        _timed(lambda index=index: append(index), latencies)  # type: ignore[misc]
-    seconds = time.perf_counter() - started
+    seconds, latencies = _measure(setup.count(2000, 200), append)
     connection.close()
+    n = len(latencies)
     return Result("raw-driver append, hostedrooms' 4 statements", 1, n, seconds, latencies,
                   note="floor of this implementation's statements")
 
@@ -242,30 +254,20 @@ def core_floor(setup: Setup) -> Result:
         raise SystemExit("core-floor is a SQLite workload")
     engine = setup.engine(setup.fresh("core"))
     _room(engine, "r")
-    update = sa.text(_FAST_UPDATE.replace("?", ":p").replace(":p", ":p{}").format(*range(10)))
-    insert = sa.text(_FAST_INSERT.replace("?", ":q").replace(":q", ":q{}").format(*range(8)))
-    actor_json = json.dumps(ACTOR, sort_keys=True, separators=(",", ":"))
-    payload_json = json.dumps(PAYLOAD, sort_keys=True, separators=(",", ":"))
-    n = setup.count(2000, 200)
-    latencies: list[float] = []
+    update_sql = sa.text(_FAST_UPDATE.replace("?", ":p").replace(":p", ":p{}").format(*range(10)))
+    insert_sql = sa.text(_FAST_INSERT.replace("?", ":q").replace(":q", ":q{}").format(*range(8)))
 
     def append(index: int) -> None:
-        event_id = f"core-{index}"
-        size = len((event_id + "message.user" + actor_json + payload_json).encode())
-        now = time.time()
+        update, insert = _own_parameters(f"core-{index}")
         with engine.connect() as connection:
             connection.begin()
-            values = (size, now, "r", GATEWAY, 1, 50_000, size, 1 << 30, size, 1 << 30)
-            seq = connection.execute(update, {f"p{i}": v for i, v in enumerate(values)}).scalar_one() - 1
-            row = ("r", seq, event_id, "message.user", actor_json, 1, payload_json, now)
-            connection.execute(insert, {f"q{i}": v for i, v in enumerate(row)})
+            seq = connection.execute(update_sql, {f"p{i}": v for i, v in enumerate(update)}).scalar_one() - 1
+            connection.execute(insert_sql, {f"q{i}": v for i, v in enumerate(insert(seq))})
             connection.commit()
 
-    started = time.perf_counter()
-    for index in range(n):
-        _timed(lambda index=index: append(index), latencies)  # type: ignore[misc]
-    seconds = time.perf_counter() - started
+    seconds, latencies = _measure(setup.count(2000, 200), append)
     engine.dispose()
+    n = len(latencies)
     return Result("SQLAlchemy Core, hostedrooms' 4 statements", 1, n, seconds, latencies,
                   note="no library code")
 
