@@ -43,9 +43,12 @@ from test_legacy_schemas import (
     rows,
 )
 
-from hostedrooms import legacy, migrate, models
+import hostedrooms
+from hostedrooms import legacy, migrate, models, peers
+from hostedrooms import rooms as public_rooms
 from hostedrooms.db import create_engine
 from hostedrooms.errors import HostedRoomError
+from hostedrooms.ledger import DeliveryLedger
 
 HEAD = migrate.head_revision()
 
@@ -226,6 +229,7 @@ def test_current_reference_database_keeps_every_row(tmp_path: Path) -> None:
             assert sorted(after[table], key=repr) == sorted(before[table], key=repr), table
         assert _host_state(path) == host
         assert _drift(engine) == []
+        assert hostedrooms.verify(engine) == []
     finally:
         engine.dispose()
 
@@ -257,6 +261,21 @@ def test_draft_room_layout_gets_the_reference_legacy_semantics(tmp_path: Path) -
             ("legacy", "legacy", 1, "run-ü")]
         assert _host_state(path) == host
         assert _drift(engine) == []
+        # Through the public API, with the reference's legacy semantics.
+        state = public_rooms.room_state(engine, room_id="r1")
+        assert (state["authority_gateway_id"], state["authority_epoch"], state["latest_seq"]) == ("legacy", 1, 3)
+        page = public_rooms.read_events(engine, room_id="r1", since_seq=0, limit=500)
+        assert [event["seq"] for event in page["events"]] == [1, 2, 3]
+        assert all(event["actor"] == {"kind": "system", "id": "legacy"} and event["authority_epoch"] is None
+                   for event in page["events"])
+        assert page["authority"] == {"gateway_id": "legacy", "epoch": 1}
+        with pytest.raises(HostedRoomError):  # the disbanded room is not live, but its history is kept
+            public_rooms.read_events(engine, room_id="r2")
+        assert public_rooms.read_events(engine, room_id="r2", include_disbanded=True)["latest_seq"] >= 0
+        receipts = peers.list_remote_run_receipts(engine)
+        assert [(r["home_install_id"], r["authority_gateway_id"], r["authority_epoch"], r["run_id"])
+                for r in receipts] == [("legacy", "legacy", 1, "run-ü")]
+        assert hostedrooms.verify(engine) == []
     finally:
         engine.dispose()
 
@@ -306,6 +325,18 @@ def test_legacy_ledger_is_backfilled_and_fails_closed(tmp_path: Path, intents: t
             indexes = {ix["name"] for ix in sa.inspect(connection).get_indexes("secure_peer_outbound_intents")}
         assert {"secure_peer_outbound_source", "secure_peer_outbound_connection"} <= indexes
         assert _drift(engine) == []
+        # Through the public API: every delivery reads back, and the backfilled routes find their intents
+        # (the reference's repair never committed, so its own route queries never saw them).
+        ledger = DeliveryLedger(engine)
+        for envelope_id, row in deliveries.items():
+            public = ledger.get(envelope_id)
+            assert public is not None and public["state"] == row["state"]
+            assert public["body"] == json.loads(row["body_json"])
+        for request_id, _, route in LEGACY_INTENTS:
+            if route is not None:
+                pending = ledger.pending_outbound_for_route(*route, now=1_700_000_200)
+                assert [item["request_id"] for item in pending] == [request_id]
+        assert hostedrooms.verify(engine) == []
     finally:
         engine.dispose()
 
@@ -329,6 +360,7 @@ def test_mixed_generations_with_host_application(tmp_path: Path) -> None:
         assert _select(engine, models.replicas) == []  # created, empty
         command.check(migrate.alembic_config(engine))
         assert _generation(path).kind == legacy.MANAGED
+        assert hostedrooms.verify(engine) == []
     finally:
         engine.dispose()
 
