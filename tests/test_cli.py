@@ -130,3 +130,30 @@ def test_long_commands_stay_quiet_when_piped(tmp_path: Path) -> None:
                                 capture_output=True, text=True, check=False)
         assert result.returncode == 0, result.stderr
         assert result.stderr == ""
+
+
+def test_log_follow_prints_new_events_as_they_arrive(tmp_path: Path) -> None:
+    import time
+
+    from hostedrooms import rooms
+
+    target = str(tmp_path / "follow.db")
+    migrate.upgrade(target)
+    engine = create_engine(target)
+    rooms.create_room(engine, room_id="r1", name="R", members=[], authority_gateway_id="install:a")
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "hostedrooms.cli", "log", "r1", "--follow", "--json", "--interval", "0.1",
+         "--url", target], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)  # the follower is polling an empty log
+        for index in (1, 2):
+            rooms.append_event(engine, room_id="r1", event_id=f"e{index}", kind="message.user",
+                               actor={"kind": "user", "id": "u"}, payload={"n": index},
+                               authority_gateway_id="install:a", authority_epoch=1)
+        assert follower.stdout is not None
+        lines = [follower.stdout.readline(), follower.stdout.readline()]
+    finally:
+        follower.kill()
+        follower.wait(timeout=10)
+        engine.dispose()
+    assert ['"seq": 1' in lines[0], '"seq": 2' in lines[1]] == [True, True], lines
