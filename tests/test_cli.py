@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -132,6 +133,14 @@ def test_long_commands_stay_quiet_when_piped(tmp_path: Path) -> None:
         assert result.stderr == ""
 
 
+def _read_line(stream: Any, *, timeout: float) -> str:
+    """One line from a child's pipe, or "" if none arrives in time (a broken --follow must not hang the run)."""
+    import select
+
+    ready, _, _ = select.select([stream], [], [], timeout)
+    return str(stream.readline()) if ready else ""
+
+
 def test_log_follow_prints_new_events_as_they_arrive(tmp_path: Path) -> None:
     import time
 
@@ -151,7 +160,7 @@ def test_log_follow_prints_new_events_as_they_arrive(tmp_path: Path) -> None:
                                actor={"kind": "user", "id": "u"}, payload={"n": index},
                                authority_gateway_id="install:a", authority_epoch=1)
         assert follower.stdout is not None
-        lines = [follower.stdout.readline(), follower.stdout.readline()]
+        lines = [_read_line(follower.stdout, timeout=30), _read_line(follower.stdout, timeout=30)]
     finally:
         follower.kill()
         follower.wait(timeout=10)
