@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -133,12 +132,21 @@ def test_long_commands_stay_quiet_when_piped(tmp_path: Path) -> None:
         assert result.stderr == ""
 
 
-def _read_line(stream: Any, *, timeout: float) -> str:
-    """One line from a child's pipe, or "" if none arrives in time (a broken --follow must not hang the run)."""
+def _read_lines(fd: int, count: int, *, timeout: float) -> list[str]:
+    """``count`` lines from a child's pipe, or fewer if they do not arrive in time (never hangs the run)."""
+    import os
     import select
+    import time
 
-    ready, _, _ = select.select([stream], [], [], timeout)
-    return str(stream.readline()) if ready else ""
+    data, deadline = b"", time.monotonic() + timeout
+    while data.count(b"\n") < count and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+    return data.decode().splitlines()[:count]
 
 
 def test_log_follow_prints_new_events_as_they_arrive(tmp_path: Path) -> None:
@@ -160,9 +168,9 @@ def test_log_follow_prints_new_events_as_they_arrive(tmp_path: Path) -> None:
                                actor={"kind": "user", "id": "u"}, payload={"n": index},
                                authority_gateway_id="install:a", authority_epoch=1)
         assert follower.stdout is not None
-        lines = [_read_line(follower.stdout, timeout=30), _read_line(follower.stdout, timeout=30)]
+        lines = _read_lines(follower.stdout.fileno(), 2, timeout=30)
     finally:
         follower.kill()
         follower.wait(timeout=10)
         engine.dispose()
-    assert ['"seq": 1' in lines[0], '"seq": 2' in lines[1]] == [True, True], lines
+    assert len(lines) == 2 and '"seq": 1' in lines[0] and '"seq": 2' in lines[1], lines
