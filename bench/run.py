@@ -139,7 +139,6 @@ def raw_baseline(setup: Setup) -> Result:
     _room(engine, "r")
     engine.dispose()
     n = setup.count(2000, 200)
-    latencies: list[float] = []
     if setup.url is None:
         import sqlite3
 
@@ -187,10 +186,7 @@ def raw_baseline(setup: Setup) -> Result:
         cursor.execute(advance, (seq + 1, size, now, "r", seq))
         cursor.execute("COMMIT")
 
-    started = time.perf_counter()
-    for index in range(n):
-        _timed(lambda index=index: append(index), latencies)  # type: ignore[misc]
-    seconds = time.perf_counter() - started
+    seconds, latencies = _measure(n, append)
     connection.close()
     return Result("raw-driver append (baseline)", 1, n, seconds, latencies,
                   note="the reference's 7 statements")
@@ -279,15 +275,11 @@ def _appends(setup: Setup, name: str, prepare: Callable[[Any], None], n: int, la
     engine = setup.engine(setup.fresh(name))
     _room(engine, "r")
     prepare(engine)
-    latencies: list[float] = []
     rooms.append_event(engine, room_id="r", event_id="warm", kind="message.user", actor=ACTOR, payload=PAYLOAD,
                        authority_gateway_id=GATEWAY, authority_epoch=1)
-    started = time.perf_counter()
-    for index in range(n):
-        _timed(lambda index=index: rooms.append_event(  # type: ignore[misc]
-            engine, room_id="r", event_id=f"e-{index}", kind="message.user", actor=ACTOR, payload=PAYLOAD,
-            authority_gateway_id=GATEWAY, authority_epoch=1), latencies)
-    seconds = time.perf_counter() - started
+    seconds, latencies = _measure(n, lambda index: rooms.append_event(
+        engine, room_id="r", event_id=f"e-{index}", kind="message.user", actor=ACTOR, payload=PAYLOAD,
+        authority_gateway_id=GATEWAY, authority_epoch=1))
     engine.dispose()
     return Result(label, 1, n, seconds, latencies)
 
@@ -318,13 +310,9 @@ def _batches(setup: Setup, size: int) -> Result:
     engine = setup.engine(setup.fresh(f"batch{size}"))
     _room(engine, "r")
     batches = setup.count(max(20, 20_000 // size), max(5, 2000 // size))
-    latencies: list[float] = []
-    started = time.perf_counter()
-    for index in range(batches):
-        batch = [{"event_id": f"b{index}-{item}", "kind": "message.user", "actor": ACTOR, "payload": PAYLOAD}
-                 for item in range(size)]
-        _timed(lambda batch=batch: rooms.append_events(engine, "r", batch, GATEWAY, 1), latencies)  # type: ignore[misc]
-    seconds = time.perf_counter() - started
+    work = [[{"event_id": f"b{index}-{item}", "kind": "message.user", "actor": ACTOR, "payload": PAYLOAD}
+             for item in range(size)] for index in range(batches)]
+    seconds, latencies = _measure(batches, lambda index: rooms.append_events(engine, "r", work[index], GATEWAY, 1))
     engine.dispose()
     return Result(f"append_events, {size} per batch", size, batches, seconds, latencies, events=batches * size)
 
@@ -356,11 +344,7 @@ def _reads(setup: Setup, middle: bool) -> Result:
     engine = setup.engine(target)
     since = size // 2 if middle else 0
     n = setup.count(300, 50)
-    latencies: list[float] = []
-    started = time.perf_counter()
-    for _ in range(n):
-        _timed(lambda: rooms.read_events(engine, room_id="r", since_seq=since, limit=500), latencies)
-    seconds = time.perf_counter() - started
+    seconds, latencies = _measure(n, lambda _: rooms.read_events(engine, room_id="r", since_seq=since, limit=500))
     engine.dispose()
     where = f"middle (since {since})" if middle else "start"
     return Result(f"read_events 500/page, {size}-event room, {where}", 500, n, seconds, latencies,
@@ -412,7 +396,6 @@ def ledger_cycle(setup: Setup) -> Result:
     engine = setup.engine(setup.fresh("ledger"))
     ledger = DeliveryLedger(engine)
     n = setup.count(500, 50)
-    latencies: list[float] = []
 
     def cycle(index: int) -> None:
         envelope = {
@@ -427,10 +410,7 @@ def ledger_cycle(setup: Setup) -> Result:
         ledger.bind_owner(f"env-{index}", queued_id=f"q-{index}", run_id=None)
         ledger.finish(f"env-{index}", succeeded=True, result_text="done")
 
-    started = time.perf_counter()
-    for index in range(n):
-        _timed(lambda index=index: cycle(index), latencies)  # type: ignore[misc]
-    seconds = time.perf_counter() - started
+    seconds, latencies = _measure(n, cycle)
     engine.dispose()
     return Result("ledger prepare>authorize>bind_owner>finish", 4, n, seconds, latencies,
                   note="4 transactions per cycle")
