@@ -53,6 +53,7 @@ from .errors import (
     RoomHistoryExpiredError,
     RoomNotFoundError,
 )
+from .statements import HotStatement
 from .uow import UnitOfWork
 from .validation import INT64_MAX, bounded_int, canonical_json, clock, identifier, utf8_len
 
@@ -140,13 +141,14 @@ _SELECT_EVENT = select(*_events.c).where(
 _SELECT_RETIRED = select(_retired.c.room_id).where(_retired.c.room_id == bindparam("room_id"))
 _SUM_EVENT_BYTES = select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))
 _INSERT_EVENT = insert(_events)
+_HOT_INSERT_EVENT = HotStatement(_INSERT_EVENT, column_keys=[column.name for column in _events.c])
 _LOCK_ROOM: dict[str, Select[Any]] = {}
 _all_rooms = _rooms.alias("all_rooms")
 # The whole of an uncontended single append where writers are serialised (SQLite): one guarded UPDATE checks the
 # authority fence, the room is live, the count and byte limits (the reserves already in the bound limits) and the
 # gateway total, and allocates the seq. No row means "not this easy": the transaction is rolled back and the
 # full path runs, so its errors and their precedence are the reference's.
-_FAST_ADVANCE = (
+_FAST_ADVANCE = HotStatement(
     update(_rooms)
     .where(
         _rooms.c.room_id == bindparam("fast_room_id"),
@@ -358,6 +360,14 @@ def event_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
         "actor": json.loads(row["actor_json"]), "authority_epoch": int(epoch) if epoch is not None else None,
         "payload": json.loads(row["payload_json"]), "created_at": float(row["created_at"]),
         "idempotent": idempotent}
+
+
+def _appended(row: RowLike, actor: dict[str, str]) -> dict[str, Any]:
+    """The event dict of a row this call just wrote: its normalised actor as given (never re-parsed)."""
+    return {
+        "room_id": row["room_id"], "seq": row["seq"], "event_id": row["event_id"], "kind": row["kind"],
+        "actor": actor, "authority_epoch": row["authority_epoch"], "payload": json.loads(row["payload_json"]),
+        "created_at": row["created_at"], "idempotent": False}
 
 
 def _require_authority(room: RowLike, gateway_id: str, epoch: int, message: str) -> None:
@@ -803,7 +813,7 @@ def append_event(
     if not dialect_for(bound).concurrent_writers:
         try:
             row = run_room_write(bound, lim, lambda tx: _fast_append(tx, room_id, event, gateway_id, timestamp))
-            return {**event_to_dict(row), "actor": normalized_actor}
+            return _appended(row, normalized_actor)
         except _TakeFullPath:
             pass  # a replay, a conflict, a stale authority or a limit: the full path decides which
 
@@ -818,7 +828,7 @@ def append_event(
         room = tx.require_room(locked, room_id)
         _require_authority(room, gateway_id, epoch, "stale hosted room authority")
         [row] = tx.append_locked(room, [event], now=timestamp)
-        return {**event_to_dict(row), "actor": normalized_actor}
+        return _appended(row, normalized_actor)
 
     return run_room_write(bound, lim, body)
 
@@ -839,18 +849,18 @@ def _fast_append(
     count_reserve, byte_reserve = (
         (lim.CONTROL_EVENT_COUNT_RESERVE, lim.CONTROL_EVENT_BYTE_RESERVE) if event.control else (0, 0))
     connection = tx.uow.connection
-    next_seq = connection.execute(_FAST_ADVANCE, {
+    advanced = _FAST_ADVANCE.first(connection, {
         "fast_room_id": room_id, "fast_gateway_id": gateway_id, "fast_epoch": event.authority_epoch,
         "fast_max_events": lim.MAX_EVENTS_PER_ROOM + count_reserve, "fast_size": event.size,
         "fast_max_room_bytes": lim.MAX_ROOM_EVENT_BYTES + byte_reserve,
-        "fast_max_gateway_bytes": lim.MAX_GATEWAY_EVENT_BYTES + byte_reserve, "fast_now": now}).scalar()
-    if next_seq is None:
+        "fast_max_gateway_bytes": lim.MAX_GATEWAY_EVENT_BYTES + byte_reserve, "fast_now": now})
+    if advanced is None:
         raise _TakeFullPath
-    row = {"room_id": room_id, "seq": int(next_seq) - 1, "event_id": event.event_id, "kind": event.kind,
+    row = {"room_id": room_id, "seq": int(advanced[0]) - 1, "event_id": event.event_id, "kind": event.kind,
            "actor_json": event.actor_json, "authority_epoch": event.authority_epoch,
            "payload_json": event.payload_json, "created_at": now}
     try:
-        connection.execute(_INSERT_EVENT, row)
+        _HOT_INSERT_EVENT.rowcount(connection, row)
     except IntegrityError as exc:  # the event_id exists: a replay or a conflict
         raise _TakeFullPath from exc
     return row
@@ -907,7 +917,7 @@ def append_events(
         returned: set[str] = set()
         for event, actor in prepared:
             if event.event_id in written and event.event_id not in returned:
-                results.append({**event_to_dict(written[event.event_id]), "actor": actor})
+                results.append(_appended(written[event.event_id], actor))
             else:
                 results.append(event_to_dict(stored.get(event.event_id) or written[event.event_id], idempotent=True))
             returned.add(event.event_id)

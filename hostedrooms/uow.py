@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Engine, Executable, Result
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
-from .dialect import READ_ONLY_OPTION, StoreDialect, dialect_for
+from .dialect import StoreDialect, dialect_for
 from .errors import translate
 
 
@@ -38,10 +38,9 @@ class UnitOfWork:
 
     def __enter__(self) -> Self:
         try:
-            connection = self.engine.connect()
+            connection = self._connection = self.engine.connect()
             if not self.write:
-                connection = connection.execution_options(**{READ_ONLY_OPTION: True})
-            self._connection = connection
+                self.dialect.defer_begin(connection)
             connection.begin()
         except sa_exc.SQLAlchemyError as exc:
             self._close()

@@ -43,7 +43,8 @@ def identifier(
         raise error(f"{label} must be a string")
     text = value.strip()
     shape = IDENTIFIER_PATTERN if pattern is _DEFAULT_PATTERN else pattern
-    if not text or len(text) > max_chars or (shape is not None and shape.fullmatch(text) is None) or not _utf8(text):
+    if (not text or len(text) > max_chars or (shape is not None and shape.fullmatch(text) is None)
+            or not (text.isascii() or _utf8(text))):
         raise error(invalid if invalid is not None else f"invalid {label}")
     return text
 
@@ -64,9 +65,16 @@ def bounded_int(value: Any, *, error: ErrorFactory, message: str, low: int = 0, 
     return value
 
 
+# Built once: json.dumps() with options builds a new encoder per call, a measurable share of validating an event.
+_COMPACT = {
+    ascii_only: json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=ascii_only)
+    for ascii_only in (True, False)}
+_DIGEST = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def compact_json(value: Any, *, ensure_ascii: bool = True) -> str:
     """Sorted keys and ``,``/``:`` separators; the json module's own errors propagate."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=ensure_ascii)
+    return _COMPACT[ensure_ascii].encode(value)
 
 
 def canonical_json(value: Any, *, error: ErrorFactory, label: str, max_bytes: int, ensure_ascii: bool = False) -> str:
@@ -83,12 +91,15 @@ def canonical_json(value: Any, *, error: ErrorFactory, label: str, max_bytes: in
 
 def canonical_json_bytes(value: Any) -> bytes:
     """UTF-8 canonical JSON for digests: sorted keys, compact, non-ASCII kept, NaN/Infinity refused."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return _DIGEST.encode(value).encode("utf-8")
 
 
 def utf8_len(*parts: str) -> int:
     """Total UTF-8 byte length: the event byte accounting is event_id + kind + actor_json + payload_json."""
-    return sum(len(part.encode("utf-8")) for part in parts)
+    total = 0
+    for part in parts:
+        total += len(part) if part.isascii() else len(part.encode("utf-8"))
+    return total
 
 
 def clock(now: float | None) -> float:

@@ -1,0 +1,111 @@
+"""Hot statements: Core statements compiled once per dialect and run on the unit's DBAPI cursor.
+
+For a short statement, ``Connection.execute()`` spends most of its time around the driver, not in it: the
+compiled-cache lookup, building an execution context, processing binds and setting up a ``Result`` cost
+about 15 µs of the 17 µs a one-row SQLite lookup takes on these machines. An append issues two or three of
+them per transaction, which is most of the library's overhead over the raw driver. A :class:`HotStatement`
+pays the compilation once and then hands the driver the compiled text and the parameters in its own style.
+
+What it keeps from ``execute()``: the SQL text comes from the Core statement (never written by hand or built
+from input); parameters go to the driver as bound parameters; bind processors run; the execution runs
+through ``Connection._cursor_execute``, the same path SQLAlchemy uses for its own special-case statements,
+so ``before_cursor_execute``/``after_cursor_execute`` listeners fire, ``handle_error`` runs, a driver error
+arrives as SQLAlchemy's wrapped ``DBAPIError`` (with parameters hidden as the engine says), and a
+disconnect invalidates the connection. What it gives up: results are plain tuples from the cursor, and
+statements that need per-call compilation (``IN`` lists, literal execution, escaped bind names) are
+refused when first compiled.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql import ClauseElement
+
+__all__ = ["HotStatement"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One statement compiled for one dialect."""
+
+    text: str
+    #: Parameter names in driver order (positional paramstyles), or None (named paramstyles).
+    order: tuple[str, ...] | None
+    #: Values of the statement's own literal binds (``next_seq + 1``), overridden by call parameters.
+    defaults: Mapping[str, Any]
+    processors: Mapping[str, Callable[[Any], Any]]
+
+
+class HotStatement:
+    """A Core statement to run many times with different parameters, at the driver's speed.
+
+    ``column_keys`` names the columns of an INSERT/UPDATE without explicit values (as ``compile()`` takes them).
+    """
+
+    __slots__ = ("_column_keys", "_plans", "statement")
+
+    def __init__(self, statement: ClauseElement, *, column_keys: Sequence[str] | None = None) -> None:
+        self.statement = statement
+        self._column_keys = list(column_keys) if column_keys is not None else None
+        self._plans: weakref.WeakKeyDictionary[Dialect, _Plan] = weakref.WeakKeyDictionary()
+
+    def _plan(self, dialect: Dialect) -> _Plan:
+        plan = self._plans.get(dialect)
+        if plan is None:
+            plan = self._plans[dialect] = self._compile(dialect)
+        return plan
+
+    def _compile(self, dialect: Dialect) -> _Plan:
+        compiled: Any = self.statement.compile(dialect=dialect, column_keys=self._column_keys)
+        if compiled.literal_execute_params or compiled.post_compile_params or compiled.escaped_bind_names:
+            raise TypeError("a HotStatement must compile to one fixed text (no IN lists or escaped names)")
+        order = tuple(compiled.positiontup) if dialect.positional else None
+        # Binds the statement fills itself (the 1 of ``next_seq + 1``); the others come from each call.
+        defaults = {name: bind.effective_value for bind, name in compiled.bind_names.items() if not bind.required}
+        return _Plan(compiled.string, order, defaults, dict(compiled._bind_processors))
+
+    def _parameters(self, plan: _Plan, params: Mapping[str, Any]) -> Any:
+        merged = {**plan.defaults, **params} if plan.defaults else dict(params)
+        for name, process in plan.processors.items():
+            value = merged.get(name)
+            if value is not None:
+                merged[name] = process(value)
+        if plan.order is None:
+            return merged
+        return tuple(merged[name] for name in plan.order)
+
+    def run(self, connection: Connection, params: Mapping[str, Any]) -> Any:
+        """Execute on ``connection`` (inside its transaction); returns the open DBAPI cursor (close it)."""
+        plan = self._plan(connection.dialect)
+        cursor = connection.connection.cursor()
+        try:
+            # Private but long-standing: the path SQLAlchemy itself uses for statements outside execute().
+            connection._cursor_execute(cursor, plan.text, self._parameters(plan, params))
+        except BaseException:
+            cursor.close()
+            raise
+        return cursor
+
+    def first(self, connection: Connection, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        """Execute and return the first row as a tuple (or None)."""
+        cursor = self.run(connection, params)
+        try:
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+        return None if row is None else tuple(row)
+
+    def rowcount(self, connection: Connection, params: Mapping[str, Any]) -> int:
+        """Execute and return how many rows the statement changed."""
+        cursor = self.run(connection, params)
+        try:
+            return int(cursor.rowcount)
+        finally:
+            cursor.close()
+
