@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Engine, Select, bindparam, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, Select, bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from . import limits as default_limits
@@ -159,8 +159,8 @@ _FAST_ADVANCE = HotStatement(
         _rooms.c.event_bytes + bindparam("fast_size") <= bindparam("fast_max_room_bytes"),
         select(func.coalesce(func.sum(_all_rooms.c.event_bytes), 0)).scalar_subquery() + bindparam("fast_size")
         <= bindparam("fast_max_gateway_bytes"))
-    .values(next_seq=_rooms.c.next_seq + 1, event_bytes=_rooms.c.event_bytes + bindparam("fast_size"),
-            updated_at=bindparam("fast_now"))
+    .values(next_seq=_rooms.c.next_seq + bindparam("fast_count"),
+            event_bytes=_rooms.c.event_bytes + bindparam("fast_size"), updated_at=bindparam("fast_now"))
     .returning(_rooms.c.next_seq))
 
 
@@ -313,9 +313,12 @@ def max_event_bytes(limits: Limits | None = None) -> int:
     return int(lim.MAX_EVENT_ID_CHARS + lim.MAX_EVENT_KIND_CHARS + _actor_max_bytes(lim) + lim.MAX_EVENT_JSON_BYTES)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PreparedEvent:
-    """A validated event ready to insert: canonical texts, its epoch stamp and whether it is a control kind."""
+    """A validated event ready to insert: canonical texts, its epoch stamp and whether it is a control kind.
+
+    Treat it as immutable (not frozen only because a frozen dataclass costs a batch append a tenth of its time).
+    """
 
     event_id: str
     kind: str
@@ -323,16 +326,45 @@ class PreparedEvent:
     payload_json: str
     authority_epoch: int | None
     control: bool = False
-    #: Accounted bytes: event_id + kind + actor_json + payload_json in UTF-8 (computed once).
-    size: int = dataclass_field(init=False, compare=False)
+    #: Accounted bytes: event_id + kind + actor_json + payload_json in UTF-8 (computed once, when not given).
+    size: int = dataclass_field(default=-1, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", utf8_len(self.event_id, self.kind, self.actor_json, self.payload_json))
+        if self.size < 0:
+            self.size = utf8_len(self.event_id, self.kind, self.actor_json, self.payload_json)
 
     def same_content(self, row: RowLike) -> bool:
         """Whether a stored event row carries exactly this immutable content."""
         stored = (row["kind"], row["actor_json"], row["authority_epoch"], row["payload_json"])
         return stored == (self.kind, self.actor_json, self.authority_epoch, self.payload_json)
+
+
+class _BatchMemo:
+    """What repeats across one batch's items, validated once: kinds by their text, actors by object identity
+    (a batch usually has one author and a few kinds), plus the batch's already validated authority."""
+
+    __slots__ = ("actors", "epoch", "gateway_id", "kinds")
+
+    def __init__(self, gateway_id: str, epoch: int) -> None:
+        self.gateway_id, self.epoch = gateway_id, epoch
+        self.kinds: dict[str, str] = {}
+        # Keyed by id(): the items list keeps every actor object alive for the whole call.
+        self.actors: dict[tuple[int, str], tuple[dict[str, str], str]] = {}
+
+    def kind(self, value: Any, lim: Limits) -> str:
+        if type(value) is not str:
+            return _event_kind(value, lim)
+        checked = self.kinds.get(value)
+        if checked is None:
+            checked = self.kinds[value] = _event_kind(value, lim)
+        return checked
+
+    def actor(self, value: Any, kind: str, lim: Limits) -> tuple[dict[str, str], str]:
+        key = (id(value), kind)
+        known = self.actors.get(key)
+        if known is None:
+            known = self.actors[key] = _actor(value, kind=kind, lim=lim)
+        return known
 
 
 # --- row mappers -----------------------------------------------------------------------------------------------
@@ -362,12 +394,21 @@ def event_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
         "idempotent": idempotent}
 
 
-def _appended(row: RowLike, actor: dict[str, str]) -> dict[str, Any]:
-    """The event dict of a row this call just wrote: its normalised actor as given (never re-parsed)."""
+def _appended(row: RowLike, actor: dict[str, str], payload: Any = None) -> dict[str, Any]:
+    """The event dict of a row this call just wrote: its normalised actor as given (never re-parsed), and its
+    payload parsed from the canonical text unless the caller parsed it already."""
     return {
         "room_id": row["room_id"], "seq": row["seq"], "event_id": row["event_id"], "kind": row["kind"],
-        "actor": actor, "authority_epoch": row["authority_epoch"], "payload": json.loads(row["payload_json"]),
+        "actor": actor, "authority_epoch": row["authority_epoch"],
+        "payload": json.loads(row["payload_json"]) if payload is None else payload,
         "created_at": row["created_at"], "idempotent": False}
+
+
+def _parse_all(texts: Sequence[str]) -> list[Any]:
+    """Parse many canonical JSON texts at once: one parser call for the lot is several times faster than one
+    per text (each is a complete JSON value we wrote, so joining them makes one valid array)."""
+    parsed: list[Any] = json.loads(f"[{','.join(texts)}]")
+    return parsed
 
 
 def _require_authority(room: RowLike, gateway_id: str, epoch: int, message: str) -> None:
@@ -536,7 +577,7 @@ class RoomTransaction:
              "actor_json": event.actor_json, "authority_epoch": event.authority_epoch,
              "payload_json": event.payload_json, "created_at": now}
             for index, event in enumerate(events)]
-        self.uow.connection.execute(_INSERT_EVENT, rows[0] if len(rows) == 1 else rows)
+        _insert_events(self.uow.connection, rows)
         return rows
 
     def retire(self, room_ids: Sequence[str]) -> None:
@@ -774,18 +815,24 @@ def rename_room(
 
 
 def _validated_event(
-    event_id: Any, kind: Any, actor: Any, payload: Any, authority_gateway_id: Any, authority_epoch: Any, lim: Limits
+    event_id: Any, kind: Any, actor: Any, payload: Any, authority_gateway_id: Any, authority_epoch: Any, lim: Limits,
+    memo: _BatchMemo | None = None,
 ) -> tuple[PreparedEvent, dict[str, str], str, int]:
     """Validate one event in the reference's order (the first problem reported is the same); returns the event,
-    the normalised actor, and the validated authority gateway id and epoch."""
+    the normalised actor, and the validated authority gateway id and epoch (taken from ``memo`` when given)."""
     checked_id = _event_id(event_id, lim)
-    checked_kind = _event_kind(kind, lim)
-    normalized_actor, actor_json = _actor(actor, kind=checked_kind, lim=lim)
-    # Every admitted actor kind is room-scoped, so authority fields are always required.
-    gateway_id = _actor_id(authority_gateway_id, "authority_gateway_id", lim)
+    if memo is None:
+        checked_kind = _event_kind(kind, lim)
+        normalized_actor, actor_json = _actor(actor, kind=checked_kind, lim=lim)
+        # Every admitted actor kind is room-scoped, so authority fields are always required.
+        gateway_id = _actor_id(authority_gateway_id, "authority_gateway_id", lim)
+    else:
+        checked_kind = memo.kind(kind, lim)
+        normalized_actor, actor_json = memo.actor(actor, checked_kind, lim)
+        gateway_id = memo.gateway_id
     if normalized_actor["kind"] == "gateway" and normalized_actor["id"] != gateway_id:
         raise HostedRoomError("gateway actor.id must match authority_gateway_id")
-    epoch = _positive(authority_epoch, "authority_epoch")
+    epoch = _positive(authority_epoch, "authority_epoch") if memo is None else memo.epoch
     if not isinstance(payload, dict):
         raise HostedRoomError("payload must be an object")
     event = PreparedEvent(
@@ -812,7 +859,7 @@ def append_event(
     bound = _resolve(engine)
     if not dialect_for(bound).concurrent_writers:
         try:
-            row = run_room_write(bound, lim, lambda tx: _fast_append(tx, room_id, event, gateway_id, timestamp))
+            [row] = run_room_write(bound, lim, lambda tx: _fast_append(tx, room_id, [event], gateway_id, timestamp))
             return _appended(row, normalized_actor)
         except _TakeFullPath:
             pass  # a replay, a conflict, a stale authority or a limit: the full path decides which
@@ -838,32 +885,48 @@ class _TakeFullPath(Exception):
 
 
 def _fast_append(
-    tx: RoomTransaction, room_id: str, event: PreparedEvent, gateway_id: str, now: float
-) -> dict[str, Any]:
-    """Append ``event`` with one guarded UPDATE ... RETURNING and one INSERT, or raise :class:`_TakeFullPath`.
+    tx: RoomTransaction, room_id: str, events: Sequence[PreparedEvent], gateway_id: str, now: float
+) -> list[dict[str, Any]]:
+    """Append ``events`` with one guarded UPDATE ... RETURNING and one INSERT, or raise :class:`_TakeFullPath`.
 
-    Only where write transactions never overlap (the gateway total it reads is exact); the duplicate-event_id
-    case surfaces as the unique constraint, and the full path then replays or reports the conflict.
+    Only where write transactions never overlap (the gateway total it reads is exact). A batch holding a control
+    kind takes the full path (the reserves apply per event); otherwise checking the batch's last event against
+    the limits is checking each of them, since counts and bytes only grow. A stored (or repeated) event_id
+    surfaces as the unique constraint, and the full path then replays or reports the conflict.
     """
     lim = tx.limits
+    control = events[0].control
+    if len(events) > 1 and any(event.control for event in events):
+        raise _TakeFullPath
     count_reserve, byte_reserve = (
-        (lim.CONTROL_EVENT_COUNT_RESERVE, lim.CONTROL_EVENT_BYTE_RESERVE) if event.control else (0, 0))
+        (lim.CONTROL_EVENT_COUNT_RESERVE, lim.CONTROL_EVENT_BYTE_RESERVE) if control else (0, 0))
+    count, size = len(events), sum(event.size for event in events)
     connection = tx.uow.connection
     advanced = _FAST_ADVANCE.first(connection, {
-        "fast_room_id": room_id, "fast_gateway_id": gateway_id, "fast_epoch": event.authority_epoch,
-        "fast_max_events": lim.MAX_EVENTS_PER_ROOM + count_reserve, "fast_size": event.size,
-        "fast_max_room_bytes": lim.MAX_ROOM_EVENT_BYTES + byte_reserve,
+        "fast_room_id": room_id, "fast_gateway_id": gateway_id, "fast_epoch": events[0].authority_epoch,
+        "fast_count": count, "fast_max_events": lim.MAX_EVENTS_PER_ROOM + count_reserve - count + 1,
+        "fast_size": size, "fast_max_room_bytes": lim.MAX_ROOM_EVENT_BYTES + byte_reserve,
         "fast_max_gateway_bytes": lim.MAX_GATEWAY_EVENT_BYTES + byte_reserve, "fast_now": now})
     if advanced is None:
         raise _TakeFullPath
-    row = {"room_id": room_id, "seq": int(advanced[0]) - 1, "event_id": event.event_id, "kind": event.kind,
-           "actor_json": event.actor_json, "authority_epoch": event.authority_epoch,
-           "payload_json": event.payload_json, "created_at": now}
+    first_seq = int(advanced[0]) - count
+    rows = [
+        {"room_id": room_id, "seq": first_seq + index, "event_id": event.event_id, "kind": event.kind,
+         "actor_json": event.actor_json, "authority_epoch": event.authority_epoch,
+         "payload_json": event.payload_json, "created_at": now}
+        for index, event in enumerate(events)]
     try:
-        _HOT_INSERT_EVENT.rowcount(connection, row)
-    except IntegrityError as exc:  # the event_id exists: a replay or a conflict
+        _insert_events(connection, rows)
+    except IntegrityError as exc:  # an event_id exists (or repeats): replays or a conflict
         raise _TakeFullPath from exc
-    return row
+    return rows
+
+
+def _insert_events(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    if len(rows) == 1:
+        _HOT_INSERT_EVENT.rowcount(connection, rows[0])
+    else:
+        _HOT_INSERT_EVENT.run_many(connection, rows)
 
 
 def append_events(
@@ -886,16 +949,28 @@ def append_events(
     if len(events) > lim.MAX_LOG_LIMIT:
         raise HostedRoomError("too many events")
     prepared: list[tuple[PreparedEvent, dict[str, str]]] = []
+    memo = _BatchMemo(gateway_id, epoch)
     for item in events:
         if not isinstance(item, Mapping):
             raise HostedRoomError("each event must be an object")
-        unknown = set(item) - _EVENT_FIELDS
-        if unknown:
-            raise HostedRoomError(f"unknown event fields: {', '.join(sorted(unknown))}")
+        if not item.keys() <= _EVENT_FIELDS:
+            unknown = sorted(str(name) for name in item.keys() - _EVENT_FIELDS)
+            raise HostedRoomError(f"unknown event fields: {', '.join(unknown)}")
         event, actor, _, _ = _validated_event(
-            item.get("event_id"), item.get("kind"), item.get("actor"), item.get("payload"), gateway_id, epoch, lim)
+            item.get("event_id"), item.get("kind"), item.get("actor"), item.get("payload"), gateway_id, epoch, lim,
+            memo)
         prepared.append((event, actor))
     timestamp = clock(now)
+    bound = _resolve(engine)
+    if not dialect_for(bound).concurrent_writers:
+        try:
+            fresh = [event for event, _ in prepared]
+            rows = run_room_write(bound, lim, lambda tx: _fast_append(tx, room_id, fresh, gateway_id, timestamp))
+            payloads = _parse_all([row["payload_json"] for row in rows])
+            return [_appended(row, dict(actor), payload)
+                    for row, (_, actor), payload in zip(rows, prepared, payloads, strict=True)]
+        except _TakeFullPath:
+            pass  # replays, a conflict, a control kind, a stale authority or a limit: the full path decides
 
     def body(tx: RoomTransaction) -> list[dict[str, Any]]:
         locked = tx.lock_room(room_id)
@@ -917,13 +992,13 @@ def append_events(
         returned: set[str] = set()
         for event, actor in prepared:
             if event.event_id in written and event.event_id not in returned:
-                results.append(_appended(written[event.event_id], actor))
+                results.append(_appended(written[event.event_id], dict(actor)))
             else:
                 results.append(event_to_dict(stored.get(event.event_id) or written[event.event_id], idempotent=True))
             returned.add(event.event_id)
         return results
 
-    return run_room_write(engine, lim, body)
+    return run_room_write(bound, lim, body)
 
 
 def read_events(

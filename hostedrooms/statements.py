@@ -18,6 +18,7 @@ refused when first compiled.
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ class _Plan:
     #: Values of the statement's own literal binds (``next_seq + 1``), overridden by call parameters.
     defaults: Mapping[str, Any]
     processors: Mapping[str, Callable[[Any], Any]]
+    #: Positional: picks the values in driver order from a mapping, as one tuple.
+    pick: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None
 
 
 class HotStatement:
@@ -68,17 +71,16 @@ class HotStatement:
         order = tuple(compiled.positiontup) if dialect.positional else None
         # Binds the statement fills itself (the 1 of ``next_seq + 1``); the others come from each call.
         defaults = {name: bind.effective_value for bind, name in compiled.bind_names.items() if not bind.required}
-        return _Plan(compiled.string, order, defaults, dict(compiled._bind_processors))
+        pick = _tuple_getter(order) if order is not None else None
+        return _Plan(compiled.string, order, defaults, dict(compiled._bind_processors), pick)
 
     def _parameters(self, plan: _Plan, params: Mapping[str, Any]) -> Any:
-        merged = {**plan.defaults, **params} if plan.defaults else dict(params)
+        merged = {**plan.defaults, **params} if plan.defaults or plan.processors else params
         for name, process in plan.processors.items():
             value = merged.get(name)
             if value is not None:
-                merged[name] = process(value)
-        if plan.order is None:
-            return merged
-        return tuple(merged[name] for name in plan.order)
+                merged[name] = process(value)  # type: ignore[index]  # merged is a fresh dict here
+        return merged if plan.pick is None else plan.pick(merged)
 
     def run(self, connection: Connection, params: Mapping[str, Any]) -> Any:
         """Execute on ``connection`` (inside its transaction); returns the open DBAPI cursor (close it)."""
@@ -91,6 +93,12 @@ class HotStatement:
             cursor.close()
             raise
         return cursor
+
+    def run_many(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Execute once per row in one driver ``executemany`` (through ``exec_driver_sql``: cursor events fire
+        once, with ``executemany=True``, and driver errors are wrapped as for any statement)."""
+        plan = self._plan(connection.dialect)
+        connection.exec_driver_sql(plan.text, [self._parameters(plan, row) for row in rows])
 
     def first(self, connection: Connection, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """Execute and return the first row as a tuple (or None)."""
@@ -109,3 +117,12 @@ class HotStatement:
         finally:
             cursor.close()
 
+
+
+def _tuple_getter(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """``mapping -> tuple(mapping[name] for name in names)`` at C speed."""
+    if len(names) == 1:
+        single = operator.itemgetter(names[0])
+        return lambda mapping: (single(mapping),)
+    getter: Callable[[Mapping[str, Any]], tuple[Any, ...]] = operator.itemgetter(*names)
+    return getter

@@ -541,6 +541,84 @@ def test_append_events_is_contiguous_idempotent_and_all_or_nothing(engine: Engin
     assert [e["seq"] for e in page["events"]] == [1, 2, 3, 4]
 
 
+def test_append_events_one_shared_actor_object_is_checked_per_kind(engine: Engine) -> None:
+    make_room(engine)
+    author = {"kind": "user", "id": " u1 ", "display_name": " Ann "}
+    items = [{"event_id": f"s-{n}", "kind": "message.user", "actor": author, "payload": {"n": n}} for n in range(3)]
+    written = rooms.append_events(engine, "room-1", items, LOCAL, 1)
+    assert [e["actor"] for e in written] == [{"kind": "user", "id": "u1", "display_name": "Ann"}] * 3
+    written[0]["actor"]["id"] = "changed"  # each result owns its actor
+    assert written[1]["actor"]["id"] == "u1"
+    assert [e["payload"] for e in written] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    before = room_row(engine, "room-1")
+    # The same object may author one kind and not another: the matrix is checked for each (actor, kind).
+    mixed = [{"event_id": "s-9", "kind": "message.user", "actor": author, "payload": {}},
+             {"event_id": "s-10", "kind": "message.member", "actor": author, "payload": {}}]
+    with pytest.raises(HostedRoomError, match="^actor kind 'user' cannot append 'message.member'$"):
+        rooms.append_events(engine, "room-1", mixed, LOCAL, 1)
+    gateway = {"kind": "gateway", "id": LOCAL}
+    stray = [{"event_id": "g-1", "kind": "turn.started", "actor": gateway, "payload": {}},
+             {"event_id": "g-2", "kind": "turn.settled", "actor": {"kind": "gateway", "id": "install:other"},
+              "payload": {}}]
+    with pytest.raises(HostedRoomError, match="^gateway actor.id must match authority_gateway_id$"):
+        rooms.append_events(engine, "room-1", stray, LOCAL, 1)
+    assert room_row(engine, "room-1") == before
+
+
+def _event_size(item: dict[str, Any]) -> int:
+    """The accounted bytes of one batch item (event_id + kind + canonical actor and payload JSON)."""
+    def canonical(value: Any) -> str:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+    return len((item["event_id"] + item["kind"] + canonical(item["actor"]) + canonical(item["payload"])).encode())
+
+
+def test_append_events_limits_hold_for_every_event_of_a_batch(engine: Engine) -> None:
+    make_room(engine)
+    user_msg(engine, "room-1", 0)
+    count_cap = lowered(MAX_EVENTS_PER_ROOM=5, CONTROL_EVENT_COUNT_RESERVE=1)
+    with pytest.raises(HostedRoomError, match="history limit"):
+        rooms.append_events(engine, "room-1", [_batch_item(n) for n in range(1, 6)], LOCAL, 1, limits=count_cap)
+    assert [e["seq"] for e in rooms.append_events(
+        engine, "room-1", [_batch_item(n) for n in range(1, 5)], LOCAL, 1, limits=count_cap)] == [2, 3, 4, 5]
+    stop = {"event_id": "stop-1", "kind": "room.stop_requested", "actor": {"kind": "gateway", "id": LOCAL},
+            "payload": {}}
+    # A control kind may use the reserve, but only for itself: an ordinary event before it is refused.
+    with pytest.raises(HostedRoomError, match="history limit"):
+        rooms.append_events(engine, "room-1", [_batch_item(9), stop], LOCAL, 1, limits=count_cap)
+    assert rooms.append_events(engine, "room-1", [stop], LOCAL, 1, limits=count_cap)[0]["seq"] == 6
+
+    make_room(engine, room_id="room-2")
+    items = [_batch_item(n) for n in range(3)]
+    total = sum(_event_size(item) for item in items)
+    exact = lowered(MAX_ROOM_EVENT_BYTES=total, CONTROL_EVENT_BYTE_RESERVE=0)
+    short = lowered(MAX_ROOM_EVENT_BYTES=total - 1, CONTROL_EVENT_BYTE_RESERVE=0)
+    with pytest.raises(HostedRoomError, match="storage limit"):
+        rooms.append_events(engine, "room-2", items, LOCAL, 1, limits=short)
+    assert room_row(engine, "room-2")["event_bytes"] == 0  # type: ignore[index]
+    rooms.append_events(engine, "room-2", items, LOCAL, 1, limits=exact)
+    assert room_row(engine, "room-2")["event_bytes"] == total  # type: ignore[index]
+
+    used = sum(row["event_bytes"] for row in (room_row(engine, "room-1"), room_row(engine, "room-2")) if row)
+    more = [_batch_item(n) for n in range(10, 12)]
+    gateway_short = lowered(MAX_GATEWAY_EVENT_BYTES=used + sum(map(_event_size, more)) - 1)
+    with pytest.raises(HostedRoomError, match="storage is full on this host"):
+        rooms.append_events(engine, "room-1", more, LOCAL, 1, limits=gateway_short)
+    gateway_exact = lowered(MAX_GATEWAY_EVENT_BYTES=used + sum(map(_event_size, more)),
+                            MAX_EVENTS_PER_ROOM=50)
+    assert len(rooms.append_events(engine, "room-1", more, LOCAL, 1, limits=gateway_exact)) == 2
+
+
+def test_append_events_replays_inside_a_fresh_batch_keep_their_first_seq(engine: Engine) -> None:
+    make_room(engine)
+    first = rooms.append_events(engine, "room-1", [_batch_item(1)], LOCAL, 1)
+    mixed = rooms.append_events(engine, "room-1", [_batch_item(2), _batch_item(1), _batch_item(3), _batch_item(2)],
+                                LOCAL, 1)
+    assert [(e["event_id"], e["seq"], e["idempotent"]) for e in mixed] == [
+        ("b-2", 2, False), ("b-1", first[0]["seq"], True), ("b-3", 3, False), ("b-2", 2, True)]
+    assert rooms.room_state(engine, room_id="room-1")["latest_seq"] == 3
+
+
 # --- the seed-compatible facade --------------------------------------------------------------------------------
 
 

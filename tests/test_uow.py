@@ -134,3 +134,28 @@ def test_sqlite_reads_do_not_take_the_write_lock(tmp_path: object) -> None:
                 second_writer.execute(sa.select(1))
     finally:
         engine.dispose()
+
+
+def test_sqlite_a_read_unit_leaves_the_next_write_unit_on_its_connection_locking(tmp_path: object) -> None:
+    """The deferred BEGIN of a read unit applies to that unit only, on the pooled connection it used."""
+    import sqlite3
+    from pathlib import Path
+
+    from hostedrooms import migrate
+
+    path = Path(str(tmp_path)) / "reuse.db"
+    migrate.upgrade(path)
+    engine = create_engine(path, busy_timeout=0.2, pool_size=1, max_overflow=0)  # one connection, reused
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        with UnitOfWork(engine, write=False) as reader:
+            reader.execute(sa.select(1))
+            other.execute("BEGIN IMMEDIATE")  # a deferred reader does not hold the write lock
+            other.execute("ROLLBACK")
+        with UnitOfWork(engine) as writer:
+            writer.execute(sa.select(1))
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                other.execute("BEGIN IMMEDIATE")
+    finally:
+        other.close()
+        engine.dispose()
