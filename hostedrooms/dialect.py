@@ -23,6 +23,7 @@ from sqlalchemy import (
     NullPool,
     Select,
     Table,
+    bindparam,
     cast,
     column,
     event,
@@ -32,6 +33,8 @@ from sqlalchemy import (
 )
 from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy.dialects import postgresql, sqlite
+
+from .statements import HotStatement
 
 #: Key in a pooled connection's ``info``: the next SQLite transaction on it begins deferred (a read unit).
 _DEFERRED_BEGIN = "hostedrooms_deferred_begin"
@@ -99,6 +102,13 @@ class StoreDialect:
         """Take ``key`` in shared mode until the transaction ends (``serialize`` waits for every sharer);
         return how many transactions hold it shared now, this one included (1 where writers are serialised)."""
         return 1
+
+    def lock_shared_and_count(self, key: int) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+        """Two columns for a RETURNING clause of a statement that locks one row: the first takes ``key`` shared
+        (after the row lock, so the documented lock order holds), the second then counts its holders, this
+        transaction included; what :meth:`serialize_shared` does in two round trips. Only where writers run
+        concurrently."""
+        raise NotImplementedError
 
     def byte_length(self, expr: ColumnElement[Any]) -> ColumnElement[Any]:
         """The UTF-8 byte length of a text expression."""
@@ -242,20 +252,16 @@ class PostgreSQLDialect(StoreDialect):
     concurrent_writers = True
 
     def serialize_shared(self, connection: Connection, key: int) -> int:
-        connection.execute(func.pg_advisory_xact_lock_shared(key).select())
-        # A bigint advisory key shows in pg_locks as classid (high 32 bits), objid (low 32 bits), objsubid 1.
-        locks = table(
-            "pg_locks", column("locktype"), column("database"), column("classid"), column("objid"),
-            column("objsubid"), column("mode"), column("granted"))
-        databases = table("pg_database", column("oid"), column("datname"))
-        holders = select(func.count()).select_from(locks).where(
-            locks.c.locktype == "advisory",
-            locks.c.database == select(databases.c.oid).where(
-                databases.c.datname == func.current_database()).scalar_subquery(),
-            cast(locks.c.classid, BigInteger) == (key >> 32) & 0xFFFFFFFF,
-            cast(locks.c.objid, BigInteger) == key & 0xFFFFFFFF,
-            locks.c.objsubid == 1, locks.c.mode == "ShareLock", locks.c.granted.is_(True))
-        return int(connection.execute(holders).scalar_one())
+        # Two statements: the count must see the lock this transaction was just granted.
+        _LOCK_SHARED.first(connection, {"key": key})
+        holders = _HOLDERS.first(connection, {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF})
+        return int(holders[0]) if holders is not None else 0
+
+    def lock_shared_and_count(self, key: int) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+        # PostgreSQL evaluates a target list in order, and an uncorrelated subquery only when its value is first
+        # needed: the count runs after the lock call (a test checks a lone writer counts itself).
+        return (func.pg_advisory_xact_lock_shared(key).label("budget_locked"),
+                _holders(key).scalar_subquery().label("budget_holders"))
 
     def byte_length(self, expr: ColumnElement[Any]) -> ColumnElement[Any]:
         return func.octet_length(expr)
@@ -288,6 +294,30 @@ class PostgreSQLDialect(StoreDialect):
 
 _DIALECTS: dict[str, StoreDialect] = {d.name: d for d in (SQLiteDialect(), PostgreSQLDialect())}
 SUPPORTED_DIALECTS = frozenset(_DIALECTS)
+
+
+# Built once (on a hot path: every append on PostgreSQL takes the gateway budget lock shared).
+_LOCK_SHARED = HotStatement(select(func.pg_advisory_xact_lock_shared(bindparam("key", type_=BigInteger))))
+_pg_locks = table(
+    "pg_locks", column("locktype"), column("database"), column("classid"), column("objid"), column("objsubid"),
+    column("mode"), column("granted"))
+_pg_database = table("pg_database", column("oid"), column("datname"))
+
+
+def _holders(key: int | None = None) -> Select[Any]:
+    """How many transactions hold advisory ``key`` shared (binds ``high``/``low`` when ``key`` is None)."""
+    # A bigint advisory key shows in pg_locks as classid (high 32 bits), objid (low 32 bits), objsubid 1.
+    high: Any = bindparam("high", type_=BigInteger) if key is None else (key >> 32) & 0xFFFFFFFF
+    low: Any = bindparam("low", type_=BigInteger) if key is None else key & 0xFFFFFFFF
+    return select(func.count()).select_from(_pg_locks).where(
+        _pg_locks.c.locktype == "advisory",
+        _pg_locks.c.database == select(_pg_database.c.oid).where(
+            _pg_database.c.datname == func.current_database()).scalar_subquery(),
+        cast(_pg_locks.c.classid, BigInteger) == high, cast(_pg_locks.c.objid, BigInteger) == low,
+        _pg_locks.c.objsubid == 1, _pg_locks.c.mode == "ShareLock", _pg_locks.c.granted.is_(True))
+
+
+_HOLDERS = HotStatement(_holders())
 
 
 def dialect_for(bind: Engine | Connection) -> StoreDialect:

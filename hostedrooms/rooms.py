@@ -43,7 +43,7 @@ from sqlalchemy.exc import IntegrityError
 
 from . import limits as default_limits
 from . import models
-from .dialect import dialect_for
+from .dialect import StoreDialect
 from .errors import (
     AuthorityConflictError,
     AuthoritySupersededError,
@@ -139,7 +139,7 @@ _SELECT_ROOM = select(*_rooms.c).where(_rooms.c.room_id == bindparam("room_id"))
 _SELECT_EVENT = select(*_events.c).where(
     _events.c.room_id == bindparam("room_id"), _events.c.event_id == bindparam("event_id"))
 _SELECT_RETIRED = select(_retired.c.room_id).where(_retired.c.room_id == bindparam("room_id"))
-_SUM_EVENT_BYTES = select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))
+_SUM_EVENT_BYTES = HotStatement(select(func.coalesce(func.sum(_rooms.c.event_bytes), 0)))
 _INSERT_EVENT = insert(_events)
 _HOT_INSERT_EVENT = HotStatement(_INSERT_EVENT, column_keys=[column.name for column in _events.c])
 _LOCK_ROOM: dict[str, Select[Any]] = {}
@@ -148,20 +148,39 @@ _all_rooms = _rooms.alias("all_rooms")
 # authority fence, the room is live, the count and byte limits (the reserves already in the bound limits) and the
 # gateway total, and allocates the seq. No row means "not this easy": the transaction is rolled back and the
 # full path runs, so its errors and their precedence are the reference's.
-_FAST_ADVANCE = HotStatement(
+_FAST_GUARDS = (
+    _rooms.c.room_id == bindparam("fast_room_id"),
+    _rooms.c.authority_gateway_id == bindparam("fast_gateway_id"),
+    _rooms.c.authority_epoch == bindparam("fast_epoch"),
+    _rooms.c.disbanded_at.is_(None),
+    _rooms.c.next_seq <= bindparam("fast_max_events"),
+    _rooms.c.event_bytes + bindparam("fast_size") <= bindparam("fast_max_room_bytes"))
+_FAST_ADVANCE_ROOM = (
     update(_rooms)
-    .where(
-        _rooms.c.room_id == bindparam("fast_room_id"),
-        _rooms.c.authority_gateway_id == bindparam("fast_gateway_id"),
-        _rooms.c.authority_epoch == bindparam("fast_epoch"),
-        _rooms.c.disbanded_at.is_(None),
-        _rooms.c.next_seq <= bindparam("fast_max_events"),
-        _rooms.c.event_bytes + bindparam("fast_size") <= bindparam("fast_max_room_bytes"),
-        select(func.coalesce(func.sum(_all_rooms.c.event_bytes), 0)).scalar_subquery() + bindparam("fast_size")
-        <= bindparam("fast_max_gateway_bytes"))
     .values(next_seq=_rooms.c.next_seq + bindparam("fast_count"),
             event_bytes=_rooms.c.event_bytes + bindparam("fast_size"), updated_at=bindparam("fast_now"))
     .returning(_rooms.c.next_seq))
+# Serialised writers (SQLite): the gateway total is exact inside the same UPDATE.
+_FAST_ADVANCE = HotStatement(_FAST_ADVANCE_ROOM.where(
+    *_FAST_GUARDS,
+    select(func.coalesce(func.sum(_all_rooms.c.event_bytes), 0)).scalar_subquery() + bindparam("fast_size")
+    <= bindparam("fast_max_gateway_bytes")))
+# Concurrent writers (PostgreSQL): the same UPDATE also takes the gateway budget lock shared and counts its
+# holders (after the room row: the documented lock order); the INSERT then adds the row only if the gateway total,
+# read by that later statement (so after the sharers were counted), leaves room for the other sharers' slack.
+_FAST_CONCURRENT: dict[str, HotStatement] = {}
+_BUDGETED_INSERT_EVENT = HotStatement(insert(_events).from_select(
+    [column.name for column in _events.c],
+    select(*(bindparam(column.name, type_=column.type) for column in _events.c)).where(
+        select(func.coalesce(func.sum(_rooms.c.event_bytes), 0)).scalar_subquery() <= bindparam("budget"))))
+
+
+def _fast_advance_concurrent(dialect: StoreDialect) -> HotStatement:
+    stmt = _FAST_CONCURRENT.get(dialect.name)
+    if stmt is None:
+        stmt = _FAST_CONCURRENT[dialect.name] = HotStatement(_FAST_ADVANCE_ROOM.where(*_FAST_GUARDS).returning(
+            *dialect.lock_shared_and_count(GATEWAY_BYTES_LOCK_KEY)))
+    return stmt
 
 
 # --- validation (pure; limits read at call time) -------------------------------------------------------------
@@ -487,7 +506,8 @@ class RoomTransaction:
 
     def gateway_event_bytes(self) -> int:
         """Accounted event bytes of every room on this gateway (live and disbanded)."""
-        return int(self.uow.connection.execute(_SUM_EVENT_BYTES).scalar_one())
+        total = _SUM_EVENT_BYTES.first(self.uow.connection, {})
+        return int(total[0]) if total is not None else 0
 
     # -- capacity --
 
@@ -857,12 +877,11 @@ def append_event(
         event_id, kind, actor, payload, authority_gateway_id, authority_epoch, lim)
     timestamp = clock(now)
     bound = _resolve(engine)
-    if not dialect_for(bound).concurrent_writers:
-        try:
-            [row] = run_room_write(bound, lim, lambda tx: _fast_append(tx, room_id, [event], gateway_id, timestamp))
-            return _appended(row, normalized_actor)
-        except _TakeFullPath:
-            pass  # a replay, a conflict, a stale authority or a limit: the full path decides which
+    try:
+        [row] = run_room_write(bound, lim, lambda tx: _fast_append(tx, room_id, [event], gateway_id, timestamp))
+        return _appended(row, normalized_actor)
+    except _TakeFullPath:
+        pass  # a replay, a conflict, a stale authority or a limit: the full path decides which
 
     def body(tx: RoomTransaction) -> dict[str, Any]:
         # Lock the room first: a concurrent append of the same event_id then waits and replays it.
@@ -889,10 +908,13 @@ def _fast_append(
 ) -> list[dict[str, Any]]:
     """Append ``events`` with one guarded UPDATE ... RETURNING and one INSERT, or raise :class:`_TakeFullPath`.
 
-    Only where write transactions never overlap (the gateway total it reads is exact). A batch holding a control
-    kind takes the full path (the reserves apply per event); otherwise checking the batch's last event against
-    the limits is checking each of them, since counts and bytes only grow. A stored (or repeated) event_id
-    surfaces as the unique constraint, and the full path then replays or reports the conflict.
+    The UPDATE checks the authority fence, that the room is live and its count and byte limits, and allocates the
+    seqs; where writers are serialised (SQLite) it checks the gateway total too. Where they run concurrently
+    (PostgreSQL) the gateway budget is then checked as the full path does (shared budget lock, sharers' slack),
+    but only the common case passes here. A batch holding a control kind takes the full path (the reserves apply
+    per event); otherwise checking the batch's last event against the limits is checking each of them, since
+    counts and bytes only grow. A stored (or repeated) event_id surfaces as the unique constraint. Whatever does
+    not apply here rolls back, and the full path then replays, refuses or reports it with the reference's errors.
     """
     lim = tx.limits
     control = events[0].control
@@ -901,12 +923,17 @@ def _fast_append(
     count_reserve, byte_reserve = (
         (lim.CONTROL_EVENT_COUNT_RESERVE, lim.CONTROL_EVENT_BYTE_RESERVE) if control else (0, 0))
     count, size = len(events), sum(event.size for event in events)
+    gateway_limit = lim.MAX_GATEWAY_EVENT_BYTES + byte_reserve
+    serialised = tx.exclusive
+    if not serialised and size > max_event_bytes(lim):
+        raise _TakeFullPath  # a sharer may add only what the other sharers' slack assumed
     connection = tx.uow.connection
-    advanced = _FAST_ADVANCE.first(connection, {
+    advance = _FAST_ADVANCE if serialised else _fast_advance_concurrent(tx.uow.dialect)
+    advanced = advance.first(connection, {
         "fast_room_id": room_id, "fast_gateway_id": gateway_id, "fast_epoch": events[0].authority_epoch,
         "fast_count": count, "fast_max_events": lim.MAX_EVENTS_PER_ROOM + count_reserve - count + 1,
         "fast_size": size, "fast_max_room_bytes": lim.MAX_ROOM_EVENT_BYTES + byte_reserve,
-        "fast_max_gateway_bytes": lim.MAX_GATEWAY_EVENT_BYTES + byte_reserve, "fast_now": now})
+        "fast_max_gateway_bytes": gateway_limit, "fast_now": now})
     if advanced is None:
         raise _TakeFullPath
     first_seq = int(advanced[0]) - count
@@ -916,7 +943,18 @@ def _fast_append(
          "payload_json": event.payload_json, "created_at": now}
         for index, event in enumerate(events)]
     try:
-        _insert_events(connection, rows)
+        if serialised:
+            _insert_events(connection, rows)
+        else:
+            # The total read now includes this transaction's own bytes: committed + size + slack <= limit.
+            budget = gateway_limit - (int(advanced[2]) - 1) * max_event_bytes(lim)
+            if len(rows) == 1:
+                if _BUDGETED_INSERT_EVENT.rowcount(connection, {**rows[0], "budget": budget}) != 1:
+                    raise _TakeFullPath
+            else:
+                if tx.gateway_event_bytes() > budget:
+                    raise _TakeFullPath
+                _insert_events(connection, rows)
     except IntegrityError as exc:  # an event_id exists (or repeats): replays or a conflict
         raise _TakeFullPath from exc
     return rows
@@ -962,15 +1000,14 @@ def append_events(
         prepared.append((event, actor))
     timestamp = clock(now)
     bound = _resolve(engine)
-    if not dialect_for(bound).concurrent_writers:
-        try:
-            fresh = [event for event, _ in prepared]
-            rows = run_room_write(bound, lim, lambda tx: _fast_append(tx, room_id, fresh, gateway_id, timestamp))
-            payloads = _parse_all([row["payload_json"] for row in rows])
-            return [_appended(row, dict(actor), payload)
-                    for row, (_, actor), payload in zip(rows, prepared, payloads, strict=True)]
-        except _TakeFullPath:
-            pass  # replays, a conflict, a control kind, a stale authority or a limit: the full path decides
+    try:
+        fresh = [event for event, _ in prepared]
+        rows = run_room_write(bound, lim, lambda tx: _fast_append(tx, room_id, fresh, gateway_id, timestamp))
+        payloads = _parse_all([row["payload_json"] for row in rows])
+        return [_appended(row, dict(actor), payload)
+                for row, (_, actor), payload in zip(rows, prepared, payloads, strict=True)]
+    except _TakeFullPath:
+        pass  # replays, a conflict, a control kind, a stale authority or a limit: the full path decides
 
     def body(tx: RoomTransaction) -> list[dict[str, Any]]:
         locked = tx.lock_room(room_id)

@@ -177,3 +177,23 @@ def test_postgres_writers_serialise_per_room_only(engine: Engine) -> None:
             assert busy.result(timeout=30)["seq"] == 2
     finally:
         holder.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_postgres_returning_takes_the_budget_lock_before_counting_its_holders(engine: Engine) -> None:
+    """The fast append counts sharers in the same statement that takes the lock: it must count itself."""
+    make_room(engine, "room-1")
+    key = rooms.GATEWAY_BYTES_LOCK_KEY
+
+    def touch(uow: UnitOfWork, room_id: str) -> int:
+        stmt = (sa.update(models.rooms).where(models.rooms.c.room_id == room_id)
+                .values(revision=models.rooms.c.revision).returning(*uow.dialect.lock_shared_and_count(key)))
+        return int(uow.execute(stmt).one()[1])
+
+    make_room(engine, "room-2")
+    with UnitOfWork(engine) as alone:
+        assert touch(alone, "room-1") == 1  # had the count run before the lock, it would be 0
+    with UnitOfWork(engine) as other:
+        assert other.dialect.serialize_shared(other.connection, key) == 1
+        with UnitOfWork(engine) as second:
+            assert touch(second, "room-2") == 2
