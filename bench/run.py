@@ -132,63 +132,72 @@ def _fill(engine: Any, room_id: str, count: int, prefix: str = "fill") -> None:
 # --- workloads (each runs in its own process) -----------------------------------------------------------------
 
 
+class RawAppender:
+    """The statements one append needs (the reference's seven), through the raw DBAPI driver, one transaction
+    per event: the floor any implementation pays."""
+
+    def __init__(self, target: str, setup: Setup) -> None:
+        self.postgres = setup.url is not None
+        if not self.postgres:
+            import sqlite3
+
+            self.connection: Any = sqlite3.connect(target, isolation_level=None)
+            self.connection.execute(f"PRAGMA synchronous={setup.synchronous}")
+            self.backend_pid: int | None = None
+        else:
+            import psycopg
+
+            from hostedrooms.db import resolve_url
+
+            url = resolve_url(target)
+            self.connection = psycopg.connect(host=url.host, port=url.port, user=url.username,
+                                              password=url.password, dbname=url.database, autocommit=True)
+            self.backend_pid = self.connection.info.backend_pid
+        self.begin = "BEGIN" if self.postgres else "BEGIN IMMEDIATE"
+        # PostgreSQL locks the room row (SQLite's BEGIN IMMEDIATE already serialises).
+        self.statements = [
+            "SELECT kind FROM hosted_room_events WHERE room_id=? AND event_id=?",
+            "SELECT next_seq, event_bytes, authority_gateway_id, authority_epoch, disbanded_at "
+            "FROM hosted_rooms WHERE room_id=?" + (" FOR UPDATE" if self.postgres else ""),
+            "SELECT COALESCE(SUM(event_bytes), 0) FROM hosted_rooms",
+            "INSERT INTO hosted_room_events (room_id, seq, event_id, kind, actor_json, authority_epoch, "
+            "payload_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "UPDATE hosted_rooms SET next_seq=?, event_bytes=event_bytes+?, updated_at=? "
+            "WHERE room_id=? AND next_seq=?",
+        ]
+        if self.postgres:
+            self.statements = [statement.replace("?", "%s") for statement in self.statements]
+
+    def append(self, room_id: str, event_id: str) -> None:
+        select_event, select_room, gateway_bytes, insert, advance = self.statements
+        cursor = self.connection.cursor()
+        cursor.execute(self.begin)
+        cursor.execute(select_event, (room_id, event_id))
+        cursor.fetchone()
+        cursor.execute(select_room, (room_id,))
+        seq = int(cursor.fetchone()[0])
+        cursor.execute(gateway_bytes)
+        cursor.fetchone()
+        size = len((event_id + "message.user" + _ACTOR_JSON + _PAYLOAD_JSON).encode())
+        now = time.time()
+        cursor.execute(insert, (room_id, seq, event_id, "message.user", _ACTOR_JSON, 1, _PAYLOAD_JSON, now))
+        cursor.execute(advance, (seq + 1, size, now, room_id, seq))
+        cursor.execute("COMMIT")
+
+    def close(self) -> None:
+        self.connection.close()
+
+
 def raw_baseline(setup: Setup) -> Result:
     """The statements one append needs, through the raw DBAPI driver, one transaction per event."""
     target = setup.fresh("raw")
     engine = setup.engine(target)
     _room(engine, "r")
     engine.dispose()
-    n = setup.count(2000, 200)
-    if setup.url is None:
-        import sqlite3
-
-        connection = sqlite3.connect(target, isolation_level=None)
-        connection.execute(f"PRAGMA synchronous={setup.synchronous}")
-        placeholder = "?"
-    else:
-        import psycopg
-
-        from hostedrooms.db import resolve_url
-
-        url = resolve_url(target)
-        connection = psycopg.connect(host=url.host, port=url.port, user=url.username, password=url.password,
-                                     dbname=url.database, autocommit=True)
-        placeholder = "%s"
-    begin = "BEGIN IMMEDIATE" if setup.url is None else "BEGIN"
-    # The same statements an append runs; PostgreSQL locks the room row (SQLite's BEGIN IMMEDIATE already does).
-    select_room = ("SELECT next_seq, event_bytes, authority_gateway_id, authority_epoch, disbanded_at "
-                   "FROM hosted_rooms WHERE room_id=?" + ("" if setup.url is None else " FOR UPDATE"))
-    select_event = "SELECT kind FROM hosted_room_events WHERE room_id=? AND event_id=?"
-    gateway_bytes = "SELECT COALESCE(SUM(event_bytes), 0) FROM hosted_rooms"
-    insert = ("INSERT INTO hosted_room_events (room_id, seq, event_id, kind, actor_json, authority_epoch, "
-              "payload_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
-    advance = ("UPDATE hosted_rooms SET next_seq=?, event_bytes=event_bytes+?, updated_at=? "
-               "WHERE room_id=? AND next_seq=?")
-    if placeholder != "?":
-        select_room, select_event, insert, advance = (
-            statement.replace("?", placeholder) for statement in (select_room, select_event, insert, advance))
-    actor_json = json.dumps(ACTOR, sort_keys=True, separators=(",", ":"))
-    payload_json = json.dumps(PAYLOAD, sort_keys=True, separators=(",", ":"))
-
-    def append(index: int) -> None:
-        cursor = connection.cursor()
-        cursor.execute(begin)
-        event_id = f"raw-{index}"
-        cursor.execute(select_event, ("r", event_id))
-        cursor.fetchone()
-        cursor.execute(select_room, ("r",))
-        seq = int(cursor.fetchone()[0])
-        cursor.execute(gateway_bytes)
-        cursor.fetchone()
-        size = len((event_id + "message.user" + actor_json + payload_json).encode())
-        now = time.time()
-        cursor.execute(insert, ("r", seq, event_id, "message.user", actor_json, 1, payload_json, now))
-        cursor.execute(advance, (seq + 1, size, now, "r", seq))
-        cursor.execute("COMMIT")
-
-    seconds, latencies = _measure(n, append)
-    connection.close()
-    return Result("raw-driver append (baseline)", 1, n, seconds, latencies,
+    appender = RawAppender(target, setup)
+    seconds, latencies = _measure(setup.count(2000, 200), lambda index: appender.append("r", f"raw-{index}"))
+    appender.close()
+    return Result("raw-driver append (baseline)", 1, len(latencies), seconds, latencies,
                   note="the reference's 7 statements")
 
 
@@ -416,29 +425,56 @@ def ledger_cycle(setup: Setup) -> Result:
                   note="4 transactions per cycle")
 
 
-def _writer(target: str, synchronous: str, room_id: str, prefix: str, n: int, queue: Any, ready: Any,
+def _cpu_seconds(pid: int | None) -> float | None:
+    """CPU time (user + system) of process ``pid`` so far, where /proc shows it (a local server); else None."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _writer(target: str, setup: Setup, raw: bool, room_id: str, prefix: str, n: int, queue: Any, ready: Any,
             go: Any) -> None:
     sys.path.insert(0, str(ROOT))
+    import sqlalchemy as sa
+
     from hostedrooms import create_engine, rooms
 
-    engine = create_engine(target, synchronous=synchronous)
-    rooms.room_state(engine, room_id=room_id)  # connect and warm up before the clock starts
+    if raw:
+        appender = RawAppender(target, setup)
+        append: Callable[[int], Any] = lambda index: appender.append(room_id, f"{prefix}-{index}")  # noqa: E731
+        server_pid = appender.backend_pid
+    else:
+        engine = create_engine(target, synchronous=setup.synchronous, pool_size=1, max_overflow=0)
+        rooms.room_state(engine, room_id=room_id)  # connect and warm up before the clock starts
+        with engine.connect() as connection:
+            server_pid = connection.execute(sa.select(sa.func.pg_backend_pid())).scalar() if setup.url else None
+        append = lambda index: rooms.append_event(  # noqa: E731
+            engine, room_id=room_id, event_id=f"{prefix}-{index}", kind="message.user", actor=ACTOR,
+            payload=PAYLOAD, authority_gateway_id=GATEWAY, authority_epoch=1)
     ready.release()
     go.wait()
     latencies: list[float] = []
+    server_before, client_before = _cpu_seconds(server_pid), time.process_time()
     started = time.perf_counter()
     for index in range(n):
-        began = time.perf_counter()
-        rooms.append_event(engine, room_id=room_id, event_id=f"{prefix}-{index}", kind="message.user", actor=ACTOR,
-                           payload=PAYLOAD, authority_gateway_id=GATEWAY, authority_epoch=1)
-        latencies.append(time.perf_counter() - began)
+        _timed(lambda index=index: append(index), latencies)  # type: ignore[misc]
     finished = time.perf_counter()
-    engine.dispose()
-    queue.put((started, finished, latencies))
+    client = time.process_time() - client_before
+    server_after = _cpu_seconds(server_pid)
+    server = server_after - server_before if server_after is not None and server_before is not None else None
+    if raw:
+        appender.close()
+    else:
+        engine.dispose()
+    queue.put((started, finished, latencies, client, server))
 
 
-def _concurrent(setup: Setup, writers: int, same_room: bool) -> Result:
-    target = setup.fresh(f"w{writers}{'same' if same_room else ''}")
+def _concurrent(setup: Setup, writers: int, same_room: bool, raw: bool = False) -> Result:
+    target = setup.fresh(f"w{writers}{'same' if same_room else ''}{'raw' if raw else ''}")
     engine = setup.engine(target)
     for index in range(writers):
         _room(engine, f"room-{index}")
@@ -447,24 +483,31 @@ def _concurrent(setup: Setup, writers: int, same_room: bool) -> Result:
     context = multiprocessing.get_context("spawn")
     queue, ready, go = context.Queue(), context.Semaphore(0), context.Event()
     processes = [context.Process(target=_writer, args=(
-        target, setup.synchronous, "room-0" if same_room else f"room-{index}", f"w{index}", n, queue, ready, go))
+        target, setup, raw, "room-0" if same_room else f"room-{index}", f"w{index}", n, queue, ready, go))
         for index in range(writers)]
     for process in processes:
         process.start()
     for _ in processes:
         ready.acquire()
     go.set()  # every writer is connected and warm: start them together
-    spans, latencies = [], []
+    spans, latencies, client, server = [], [], 0.0, 0.0
+    measured_server = True
     for _ in processes:
-        started, finished, own = queue.get()
+        started, finished, own, own_client, own_server = queue.get()
         spans.append((started, finished))
         latencies.extend(own)
+        client += own_client
+        measured_server = measured_server and own_server is not None
+        server += own_server or 0.0
     for process in processes:
         process.join()
     seconds = max(end for _, end in spans) - min(start for start, _ in spans)
     where = "one room" if same_room else "distinct rooms"
-    return Result(f"{writers} writer processes, {where}", 1, writers * n, seconds, latencies,
-                  note="from a common start")
+    count = writers * n
+    cpu = f"CPU/append: client {client / count * 1e6:.0f} us" + (
+        f", server {server / count * 1e6:.0f} us" if measured_server else "")
+    label = f"{'raw-driver, ' if raw else ''}{writers} writer{'s' if writers > 1 else ''}, {where}"
+    return Result(label, 1, count, seconds, latencies, note=cpu)
 
 
 def writers_1(setup: Setup) -> Result:
@@ -481,6 +524,14 @@ def writers_8(setup: Setup) -> Result:
 
 def writers_4_one_room(setup: Setup) -> Result:
     return _concurrent(setup, 4, same_room=True)
+
+
+def raw_writers_1(setup: Setup) -> Result:
+    return _concurrent(setup, 1, same_room=False, raw=True)
+
+
+def raw_writers_8(setup: Setup) -> Result:
+    return _concurrent(setup, 8, same_room=False, raw=True)
 
 
 WORKLOADS: dict[str, Callable[[Setup], Result]] = {
@@ -503,6 +554,8 @@ POSTGRES_WORKLOADS: dict[str, Callable[[Setup], Result]] = {
     "writers-4": writers_4,
     "writers-8": writers_8,
     "writers-4-one-room": writers_4_one_room,
+    "raw-writers-1": raw_writers_1,
+    "raw-writers-8": raw_writers_8,
 }
 
 
@@ -525,9 +578,11 @@ def run(name: str, setup: Setup) -> Result:
 
 
 def _print(results: list[Result], dialect: str, synchronous: str, out: Any = sys.stdout) -> None:
-    baseline = next((result.rate for result in results if result.workload.startswith("raw-driver")), None)
+    baseline = next((result.rate for result in results if result.workload.startswith("raw-driver append")), None)
     single = next((result.rate for result in results if result.workload == "append_event, empty database"), None)
     one_writer = next((result.rate for result in results if result.workload.startswith("1 writer")), None)
+    raw_one_writer = next((result.rate for result in results if result.workload.startswith("raw-driver, 1 writer")),
+                          None)
     header = ("workload", "dialect", "sync", "batch", "ops", "events/s", "p50 ms", "p99 ms", "peak MB",
               "vs raw", "vs single", "note")
     rows = []
@@ -540,8 +595,9 @@ def _print(results: list[Result], dialect: str, synchronous: str, out: Any = sys
         vs_single = ""
         if single and result.workload.startswith("append") and result.workload != "append_event, empty database":
             vs_single = f"{result.rate / single:.2f}x"
-        if one_writer and "writer" in result.workload:
-            vs_single = f"{result.rate / one_writer:.2f}x (vs 1 writer)"
+        writers_base = raw_one_writer if result.workload.startswith("raw-driver, ") else one_writer
+        if writers_base and "writer" in result.workload:
+            vs_single = f"{result.rate / writers_base:.2f}x (vs 1 writer)"
         rows.append((result.workload, dialect, synchronous if dialect == "sqlite" else "fsync=on",
                      str(result.batch), str(result.operations), f"{result.rate:,.0f}",
                      f"{result.percentile(0.5) * 1000:.2f}", f"{result.percentile(0.99) * 1000:.2f}",

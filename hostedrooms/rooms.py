@@ -55,7 +55,7 @@ from .errors import (
 )
 from .statements import HotStatement
 from .uow import UnitOfWork
-from .validation import INT64_MAX, bounded_int, canonical_json, clock, identifier, utf8_len
+from .validation import INT64_MAX, bounded_int, canonical_json, canonical_json_sized, clock, identifier, utf8_len
 
 __all__ = [
     "CONTROL_EVENT_KINDS",
@@ -242,7 +242,11 @@ def _actor_json(value: Any, lim: Limits) -> str:
 
 
 def _payload_json(value: Any, lim: Limits) -> str:
-    return canonical_json(value, error=HostedRoomError, label="payload", max_bytes=lim.MAX_EVENT_JSON_BYTES)
+    return _payload_json_sized(value, lim)[0]
+
+
+def _payload_json_sized(value: Any, lim: Limits) -> tuple[str, int]:
+    return canonical_json_sized(value, error=HostedRoomError, label="payload", max_bytes=lim.MAX_EVENT_JSON_BYTES)
 
 
 def _system_actor_json(actor_id: str, lim: Limits) -> str:
@@ -855,9 +859,12 @@ def _validated_event(
     epoch = _positive(authority_epoch, "authority_epoch") if memo is None else memo.epoch
     if not isinstance(payload, dict):
         raise HostedRoomError("payload must be an object")
+    payload_json, payload_size = _payload_json_sized(payload, lim)
+    # Ids and kinds are ASCII (their shapes say so): their lengths are their byte sizes.
+    size = len(checked_id) + len(checked_kind) + utf8_len(actor_json) + payload_size
     event = PreparedEvent(
-        checked_id, checked_kind, actor_json, _payload_json(payload, lim), epoch,
-        control=checked_kind in CONTROL_EVENT_KINDS)
+        checked_id, checked_kind, actor_json, payload_json, epoch, control=checked_kind in CONTROL_EVENT_KINDS,
+        size=size)
     return event, normalized_actor, gateway_id, epoch
 
 

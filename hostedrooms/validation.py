@@ -11,6 +11,11 @@ import math
 import re
 import time
 from collections.abc import Callable
+from json.encoder import (  # type: ignore[attr-defined]  # the C accelerator is not in the stubs
+    c_make_encoder,
+    encode_basestring,
+    encode_basestring_ascii,
+)
 from typing import Any
 
 from .errors import HostedRoomError
@@ -23,6 +28,7 @@ INT64_MAX = 2**63 - 1
 #: Identifier shape: an ASCII letter or digit, then letters, digits, ``.``, ``_``, ``:`` or ``-``.
 IDENTIFIER_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 _DEFAULT_PATTERN: Any = object()
+_IDENTIFIER_MATCH = IDENTIFIER_PATTERN.fullmatch
 
 
 def identifier(
@@ -39,6 +45,9 @@ def identifier(
     A non-string is ``"<label> must be a string"``; an empty, over-long or misshapen value is ``invalid``
     (default ``"invalid <label>"``). ``pattern=None`` checks only emptiness and length (free text).
     """
+    if (pattern is _DEFAULT_PATTERN and type(value) is str and len(value) <= max_chars
+            and _IDENTIFIER_MATCH(value) is not None):
+        return value  # the common case: already stripped (no spaces in the shape) and ASCII
     if not isinstance(value, str):
         raise error(f"{label} must be a string")
     text = value.strip()
@@ -65,20 +74,49 @@ def bounded_int(value: Any, *, error: ErrorFactory, message: str, low: int = 0, 
     return value
 
 
-# Built once: json.dumps() with options builds a new encoder per call, a measurable share of validating an event.
-_COMPACT = {
-    ascii_only: json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=ascii_only)
-    for ascii_only in (True, False)}
+def _not_serializable(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _compact_encoder(ensure_ascii: bool) -> Callable[[Any], str]:
+    """``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=...)``, built once.
+
+    json.dumps() with options builds a new encoder on every call, and JSONEncoder.encode() a new C encoder:
+    together most of the cost of validating a small event. The C encoder is made once here instead (without the
+    circular-reference guard: a cycle still fails, as RecursionError, which callers treat as not serializable).
+    """
+    if c_make_encoder is None:  # pragma: no cover - CPython always has the C accelerator
+        encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=ensure_ascii)
+        return encoder.encode
+    strings = encode_basestring_ascii if ensure_ascii else encode_basestring
+    make = c_make_encoder(None, _not_serializable, strings, None, ":", ",", True, False, True)
+
+    def encode(value: Any) -> str:
+        if isinstance(value, str):
+            return str(strings(value))
+        return "".join(make(value, 0))
+
+    return encode
+
+
+_COMPACT = {ascii_only: _compact_encoder(ascii_only) for ascii_only in (True, False)}
 _DIGEST = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def compact_json(value: Any, *, ensure_ascii: bool = True) -> str:
     """Sorted keys and ``,``/``:`` separators; the json module's own errors propagate."""
-    return _COMPACT[ensure_ascii].encode(value)
+    return _COMPACT[ensure_ascii](value)
 
 
 def canonical_json(value: Any, *, error: ErrorFactory, label: str, max_bytes: int, ensure_ascii: bool = False) -> str:
     """The canonical text stored for actors, payloads and members, bounded to ``max_bytes`` UTF-8 bytes."""
+    return canonical_json_sized(value, error=error, label=label, max_bytes=max_bytes, ensure_ascii=ensure_ascii)[0]
+
+
+def canonical_json_sized(
+    value: Any, *, error: ErrorFactory, label: str, max_bytes: int, ensure_ascii: bool = False
+) -> tuple[str, int]:
+    """:func:`canonical_json` and its UTF-8 size."""
     try:
         text = compact_json(value, ensure_ascii=ensure_ascii)
         size = utf8_len(text)  # a lone surrogate serialises but cannot be encoded (UnicodeEncodeError)
@@ -86,7 +124,7 @@ def canonical_json(value: Any, *, error: ErrorFactory, label: str, max_bytes: in
         raise error(f"{label} must be JSON-serializable") from exc
     if size > max_bytes:
         raise error(f"{label} is too large")
-    return text
+    return text, size
 
 
 def canonical_json_bytes(value: Any) -> bytes:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hostedrooms import HostedRoomError
 from hostedrooms.validation import (
@@ -65,6 +69,26 @@ def test_canonical_json_errors() -> None:
         canonical_json({"x": "ü" * 10}, error=HostedRoomError, label="payload", max_bytes=20)
     with pytest.raises(ValueError):
         canonical_json_bytes({"x": float("nan")})
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20)
+
+
+@given(_JSON_VALUES)
+def test_compact_json_is_json_dumps_with_sorted_keys(value: Any) -> None:
+    for ascii_only in (True, False):
+        expected = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=ascii_only)
+        assert compact_json(value, ensure_ascii=ascii_only) == expected
+
+
+def test_a_cyclic_payload_is_not_serializable() -> None:
+    cyclic: dict[str, Any] = {}
+    cyclic["self"] = [cyclic]
+    with pytest.raises(HostedRoomError, match="^payload must be JSON-serializable$"):
+        canonical_json(cyclic, error=HostedRoomError, label="payload", max_bytes=100)
 
 
 def test_utf8_len_and_clock() -> None:
