@@ -26,6 +26,11 @@ SQLite serialises write transactions (``BEGIN IMMEDIATE``). On PostgreSQL (READ 
   waits for every sharer, sees the exact total, and then behaves exactly like the reference (prune disbanded
   rooms, then refuse). Pruning and disbanding always run exclusively, so two pruners never delete the same rows.
   Lock order is always: room-creation lock, room row, gateway budget lock, so no cycle can form.
+
+The common append takes a shorter path to the same end (:func:`_fast_append`): one ``UPDATE ... RETURNING``
+checks the fence and room limits, allocates the seqs, locks the row and (PostgreSQL) takes the budget lock shared
+and counts the sharers; one ``INSERT`` adds the events, on PostgreSQL only if the gateway total read by that
+later statement leaves the sharers' slack. Whatever does not fit rolls back and takes the full path.
 """
 
 from __future__ import annotations
@@ -1008,8 +1013,8 @@ def append_events(
     timestamp = clock(now)
     bound = _resolve(engine)
     try:
-        fresh = [event for event, _ in prepared]
-        rows = run_room_write(bound, lim, lambda tx: _fast_append(tx, room_id, fresh, gateway_id, timestamp))
+        batch = [event for event, _ in prepared]
+        rows = run_room_write(bound, lim, lambda tx: _fast_append(tx, room_id, batch, gateway_id, timestamp))
         payloads = _parse_all([row["payload_json"] for row in rows])
         return [_appended(row, dict(actor), payload)
                 for row, (_, actor), payload in zip(rows, prepared, payloads, strict=True)]
