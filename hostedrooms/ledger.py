@@ -19,6 +19,7 @@ reference reconnects, and re-checks, for every operation). Commits must be crash
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -28,7 +29,19 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import ColumnElement, CursorResult, Engine, RowMapping, Table, delete, func, select, update
+from sqlalchemy import (
+    ColumnElement,
+    CursorResult,
+    Engine,
+    RowMapping,
+    Select,
+    Table,
+    bindparam,
+    delete,
+    func,
+    select,
+    update,
+)
 
 from . import limits
 from .db import sqlite_path
@@ -353,8 +366,48 @@ def _fetch(uow: UnitOfWork, table: Table, key: ColumnElement[bool], *, lock: boo
     return uow.execute(statement).mappings().first()
 
 
+# Built once: a delivery is read by key several times per transition, and building the statement (cache key
+# included) cost more than running it.
+_SELECT_DELIVERY = select(D).where(D.c.envelope_id == bindparam("envelope_id"))
+_LOCK_DELIVERY: dict[str, Select[Any]] = {}
+
+
 def _delivery(uow: UnitOfWork, envelope_id: str, *, lock: bool = False) -> RowMapping | None:
-    return _fetch(uow, D, D.c.envelope_id == envelope_id, lock=lock)
+    statement = _SELECT_DELIVERY
+    if lock:
+        locked = _LOCK_DELIVERY.get(uow.dialect.name)
+        if locked is None:
+            locked = _LOCK_DELIVERY[uow.dialect.name] = uow.dialect.for_update(_SELECT_DELIVERY)
+        statement = locked
+    return uow.execute(statement, {"envelope_id": envelope_id}).mappings().first()
+
+
+# prepare(): fail expired prepared rows, count what is in flight, insert (returning the row).
+_EXPIRE_PREPARED = (update(D).where(D.c.state == "prepared", D.c.expires_at <= bindparam("now"))
+                    .values(state="failed", error=EXPIRED_ERROR, updated_at=bindparam("expired_at")))
+_IN_FLIGHT = select(func.count()).select_from(D).where(D.c.state.in_(NONTERMINAL_DELIVERY_STATES))
+_INSERT_DELIVERY = D.insert().returning(*D.c)
+# bind_owner(): an ownerless authorized delivery gets its owner; a queued one its run.
+_BIND_AUTHORIZED = (
+    update(D).where(D.c.envelope_id == bindparam("key"), D.c.state == "authorized", D.c.queued_id.is_(None),
+                    D.c.run_id.is_(None))
+    .values(state=bindparam("set_state"), queued_id=bindparam("set_queued_id"), run_id=bindparam("set_run_id"),
+            admission_retry_at=None, admission_last_error=None, updated_at=bindparam("set_updated_at"))
+    .returning(*D.c))
+_BIND_RUN = (
+    update(D).where(D.c.envelope_id == bindparam("key"), D.c.state == "queued",
+                    D.c.queued_id == bindparam("bound_queued_id"), D.c.run_id.is_(None))
+    .values(state="running", run_id=bindparam("set_run_id"), admission_retry_at=None, admission_last_error=None,
+            updated_at=bindparam("set_updated_at"))
+    .returning(*D.c))
+
+
+@functools.cache
+def _transition_statement(expected: tuple[str, ...], names: tuple[str, ...]) -> Any:
+    """``UPDATE deliveries SET <names>, updated_at WHERE envelope_id = :key AND state IN <expected> RETURNING *``,
+    built once per shape (parameters ``key``, ``set_<name>``, ``set_updated_at``)."""
+    return (update(D).where(D.c.envelope_id == bindparam("key"), D.c.state.in_(expected))
+            .values({name: bindparam(f"set_{name}") for name in (*names, "updated_at")}).returning(*D.c))
 
 
 def _outbound(uow: UnitOfWork, request_id: str, *, lock: bool = False) -> RowMapping | None:
@@ -482,20 +535,15 @@ class DeliveryLedger:
             row = _delivery(uow, envelope_id, lock=True)
             if row is not None:
                 return self._known_envelope(uow, row, claim, digest, timestamp), False
-            uow.execute(
-                update(D).where(D.c.state == "prepared", D.c.expires_at <= timestamp)
-                .values(state="failed", error=EXPIRED_ERROR, updated_at=timestamp)
-            )
-            in_flight = uow.execute(
-                select(func.count()).select_from(D).where(D.c.state.in_(NONTERMINAL_DELIVERY_STATES))
-            ).scalar_one()
+            uow.execute(_EXPIRE_PREPARED, {"now": timestamp, "expired_at": timestamp})
+            in_flight = uow.execute(_IN_FLIGHT).scalar_one()
             if int(in_flight) >= self._capacity():
                 raise RuntimeError("secure peer delivery capacity is full")
             values = {name: value for name, value in claim.items() if name != "body"}
-            uow.execute(D.insert().values(
-                **values, claim_digest=digest, body_json=canonical_json_bytes(claim["body"]).decode("utf-8"),
-                state="prepared", created_at=timestamp, updated_at=timestamp))
-            created = _public_delivery(_delivery(uow, envelope_id))
+            inserted = uow.execute(_INSERT_DELIVERY, {
+                **values, "claim_digest": digest, "body_json": canonical_json_bytes(claim["body"]).decode("utf-8"),
+                "state": "prepared", "created_at": timestamp, "updated_at": timestamp}).mappings().first()
+            created = _public_delivery(inserted)
             assert created is not None
             return created, True
 
@@ -528,12 +576,11 @@ class DeliveryLedger:
         key = _key(envelope_id, "envelope_id")
         timestamp = self._now()
 
+        statement = _transition_statement(tuple(sorted(expected)), tuple(sorted(values)))
+        params = {"key": key, "set_updated_at": timestamp, **{f"set_{name}": value for name, value in values.items()}}
+
         def work(uow: UnitOfWork) -> dict[str, Any] | None:
-            statement = (update(D).where(D.c.envelope_id == key, D.c.state.in_(sorted(expected)))
-                         .values(**values, updated_at=timestamp))
-            if _changed(uow, statement) != 1:
-                return None
-            return _public_delivery(_delivery(uow, key))
+            return _public_delivery(uow.execute(statement, params).mappings().first())
 
         return self._write(work)
 
@@ -569,32 +616,27 @@ class DeliveryLedger:
         if queued is None and run is None:
             raise ValueError("secure peer delivery owner is empty")
         timestamp = self._now()
-        cleared = {"admission_retry_at": None, "admission_last_error": None, "updated_at": timestamp}
 
         def work(uow: UnitOfWork) -> dict[str, Any] | None:
             row = _delivery(uow, key, lock=True)
             if row is None:
                 return None
             state, owner = row["state"], (row["queued_id"], row["run_id"])
+            # The row is locked (PostgreSQL FOR UPDATE; SQLite's write lock): the guarded updates match.
             if state == "authorized":
-                uow.execute(
-                    update(D).where(D.c.envelope_id == key, D.c.state == "authorized",
-                                    D.c.queued_id.is_(None), D.c.run_id.is_(None))
-                    .values(state="running" if run is not None else "queued", queued_id=queued, run_id=run,
-                            **cleared)
-                )
+                row = uow.execute(_BIND_AUTHORIZED, {
+                    "key": key, "set_state": "running" if run is not None else "queued", "set_queued_id": queued,
+                    "set_run_id": run, "set_updated_at": timestamp}).mappings().first()
             elif state == "queued":
                 if owner != (queued, None):  # another queue entry, or a run is already bound
                     return None
                 if run is not None:
-                    uow.execute(
-                        update(D).where(D.c.envelope_id == key, D.c.state == "queued",
-                                        D.c.queued_id == row["queued_id"], D.c.run_id.is_(None))
-                        .values(state="running", run_id=run, **cleared)
-                    )
+                    row = uow.execute(_BIND_RUN, {
+                        "key": key, "bound_queued_id": row["queued_id"], "set_run_id": run,
+                        "set_updated_at": timestamp}).mappings().first()
             elif state != "running" or owner != (queued, run):
                 return None
-            return _public_delivery(_delivery(uow, key))
+            return _public_delivery(row)
 
         return self._write(work)
 
