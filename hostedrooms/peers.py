@@ -27,7 +27,7 @@ from .db import Target, resolve_url
 from .dialect import dialect_for_url
 from .errors import AuthorityConflictError, HostedRoomError, RoomProbeUnavailableError, StorageError
 from .uow import UnitOfWork
-from .validation import clock, compact_json, identifier
+from .validation import INT64_MAX, clock, compact_json, identifier
 
 __all__ = [
     "GRANT_SCOPE_FIELDS",
@@ -136,9 +136,12 @@ def _seconds(value: Any, label: str) -> float:
 def _lenient_epoch(claims: Mapping[str, Any]) -> int:
     """``int(claims.get("authority_epoch") or 0)``: the reference accepts ``"3"``, ``3.9`` and ``True``."""
     try:
-        return int(claims.get("authority_epoch") or 0)
+        epoch = int(claims.get("authority_epoch") or 0)
     except (TypeError, ValueError, OverflowError) as exc:
         raise HostedRoomError("authority_epoch must be a positive integer") from exc
+    if not -INT64_MAX - 1 <= epoch <= INT64_MAX:  # both backends store 64-bit integers
+        raise HostedRoomError("authority_epoch must be a positive integer")
+    return epoch
 
 
 def _claim_values(claims: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, str]:
@@ -185,7 +188,8 @@ def _receipt_values(record: Any, columns: tuple[str, ...]) -> dict[str, Any]:
     for column in columns:
         value = _required(record, column, "remote run record")
         if column in _RECEIPT_INT_COLUMNS:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            # Both backends store 64-bit integers: a larger value is refused here, not by the driver.
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT64_MAX:
                 raise HostedRoomError(f"remote run {column} must be a positive integer")
         else:
             _text(value, f"remote run {column}")

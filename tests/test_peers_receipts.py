@@ -108,6 +108,8 @@ def test_lookup_needs_only_the_identity(engine: Engine) -> None:
     ({"authority_epoch": "1"}, "remote run authority_epoch must be a positive integer"),
     ({"authority_epoch": True}, "remote run authority_epoch must be a positive integer"),
     ({"execution_generation": 1.0}, "remote run execution_generation must be a positive integer"),
+    ({"execution_generation": 2**63}, "remote run execution_generation must be a positive integer"),  # > 64 bits
+    ({"authority_epoch": 2**63}, "remote run authority_epoch must be a positive integer"),
     ({"task_id": 5}, "remote run task_id must be a string"),
     ({"run_id": None}, "remote run run_id must be a string"),
 ])

@@ -78,6 +78,8 @@ def test_identifiers_are_validated_and_stored_stripped(engine: Engine) -> None:
     ({"authority_epoch": -3}, 5, "authority_epoch must be positive"),
     ({"authority_epoch": "abc"}, 5, "authority_epoch must be a positive integer"),
     ({"authority_epoch": [1]}, 5, "authority_epoch must be a positive integer"),
+    ({"authority_epoch": 2**63}, 5, "authority_epoch must be a positive integer"),  # beyond 64-bit storage
+    ({"authority_epoch": "9" * 30}, 5, "authority_epoch must be a positive integer"),
     ({"room_id": ""}, 5, "invalid room_id"),
     ({"room_id": 7}, 5, "room_id must be a string"),
     ({"member_id": "bad id"}, 5, "invalid member_id"),
@@ -271,6 +273,8 @@ def test_revocation_revokes_the_matching_reservation_only(engine: Engine) -> Non
 def test_revocation_with_an_unreadable_epoch_is_refused_before_any_write(engine: Engine) -> None:
     with pytest.raises(HostedRoomError, match="^authority_epoch must be a positive integer$"):
         peers.revoke_room_grant_scope(engine, claims=claims(authority_epoch="one"), expires_at=NOW + 5, now=NOW)
+    with pytest.raises(HostedRoomError, match="^authority_epoch must be a positive integer$"):
+        peers.revoke_room_grant_scope(engine, claims=claims(authority_epoch=-(2**64)), expires_at=NOW + 5, now=NOW)
     assert fences(engine) == []
 
 
