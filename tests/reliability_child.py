@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 import hostedrooms
-from hostedrooms import rooms
+from hostedrooms import limits, rooms
 from hostedrooms.errors import AuthorityConflictError, RoomNotFoundError, StoreUnavailableError
 from hostedrooms.ledger import DeliveryLedger
 
@@ -111,6 +111,10 @@ def recover(engine: Engine, ledger: DeliveryLedger) -> None:
 
 
 def crash(target: str, generation: int, seed: int, retry: dict[str, Any] | None) -> None:
+    # The writers append for as long as the parent lets them (200 runs of up to 0.25 s each): at today's speed
+    # that can pass the default 50,000-event history limit of the one crash room, which is not what is tested.
+    limits.MAX_EVENTS_PER_ROOM = 10**7
+    limits.MAX_ROOM_EVENT_BYTES = limits.MAX_GATEWAY_EVENT_BYTES = 1 << 40
     engine = hostedrooms.create_engine(target)
     ledger = DeliveryLedger(engine)
     rooms.create_room(engine, room_id=CRASH_ROOM, name="Crash", members=[], authority_gateway_id=GATEWAY)
