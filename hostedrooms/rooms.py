@@ -144,9 +144,10 @@ _SELECT_ROOM = select(*_rooms.c).where(_rooms.c.room_id == bindparam("room_id"))
 _SELECT_EVENT = select(*_events.c).where(
     _events.c.room_id == bindparam("room_id"), _events.c.event_id == bindparam("event_id"))
 _SELECT_RETIRED = select(_retired.c.room_id).where(_retired.c.room_id == bindparam("room_id"))
-_SUM_EVENT_BYTES = HotStatement(select(func.coalesce(func.sum(_rooms.c.event_bytes), 0)))
-_INSERT_EVENT = insert(_events)
-_HOT_INSERT_EVENT = HotStatement(_INSERT_EVENT, column_keys=[column.name for column in _events.c])
+#: Accounted event bytes of every room on this gateway (live and disbanded).
+_GATEWAY_TOTAL = select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))
+_SUM_EVENT_BYTES = HotStatement(_GATEWAY_TOTAL)
+_HOT_INSERT_EVENT = HotStatement(insert(_events), column_keys=[column.name for column in _events.c])
 _LOCK_ROOM: dict[str, Select[Any]] = {}
 _all_rooms = _rooms.alias("all_rooms")
 # The whole of an uncontended single append where writers are serialised (SQLite): one guarded UPDATE checks the
@@ -177,7 +178,7 @@ _FAST_CONCURRENT: dict[str, HotStatement] = {}
 _BUDGETED_INSERT_EVENT = HotStatement(insert(_events).from_select(
     [column.name for column in _events.c],
     select(*(bindparam(column.name, type_=column.type) for column in _events.c)).where(
-        select(func.coalesce(func.sum(_rooms.c.event_bytes), 0)).scalar_subquery() <= bindparam("budget"))))
+        _GATEWAY_TOTAL.scalar_subquery() <= bindparam("budget"))))
 
 
 def _fast_advance_concurrent(dialect: StoreDialect) -> HotStatement:
