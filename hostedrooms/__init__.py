@@ -6,6 +6,8 @@ authority fencing, peer routing state, replicas, and the secure-peer delivery le
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .db import create_engine
 from .errors import (
     AuthorityConflictError,
@@ -23,8 +25,10 @@ from .errors import (
     StoreIntegrityError,
     StoreUnavailableError,
 )
-from .integrity import Violation, verify
 from .uow import UnitOfWork
+
+if TYPE_CHECKING:
+    from .integrity import Violation, verify
 
 __version__ = "0.1.0"
 
@@ -49,3 +53,13 @@ __all__ = [
     "create_engine",
     "verify",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # integrity reads the live models: importing it on first use keeps ``import hostedrooms.errors`` (the one
+    # hostedrooms module the frozen migration scripts import) free of hostedrooms.models.
+    if name in ("Violation", "verify"):
+        from . import integrity
+
+        return getattr(integrity, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.util import load_python_file
 from test_legacy_schemas import (
     BIG_PAYLOAD,
     DELIVERIES_DRAFT,
@@ -44,13 +45,16 @@ from test_legacy_schemas import (
 )
 
 import hostedrooms
-from hostedrooms import legacy, migrate, models, peers
+from hostedrooms import migrate, models, peers
 from hostedrooms import rooms as public_rooms
 from hostedrooms.db import create_engine
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.ledger import DeliveryLedger
 
 HEAD = migrate.head_revision()
+
+#: The frozen adoption code the revisions run, the very module objects they use (see alembic/versions/frozen).
+legacy = load_python_file(migrate.script_location() / "versions" / "frozen", "__init__.py").load("adoption_0001")
 
 
 def _upgrade(path: Path) -> sa.Engine:

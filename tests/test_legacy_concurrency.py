@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from test_legacy_adoption import _draft_rooms, _host_state, _select
+from test_legacy_adoption import _draft_rooms, _host_state, _select, legacy
 from test_legacy_schemas import dump
 
-from hostedrooms import legacy, migrate, models
+from hostedrooms import migrate, models
 from hostedrooms.db import create_engine
 
 PROCESSES = 4

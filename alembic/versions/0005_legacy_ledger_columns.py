@@ -15,10 +15,13 @@ Revises: 0004_legacy_retired_ids
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from alembic import op
+from alembic.util import load_python_file
 
-from hostedrooms import legacy
+# Frozen code only, never hostedrooms.models (see frozen/__init__.py).
+legacy = load_python_file(Path(__file__).parent / "frozen", "__init__.py").load("adoption_0001")
 
 revision: str = "0005_legacy_ledger_columns"
 down_revision: str | Sequence[str] | None = "0004_legacy_retired_ids"

@@ -14,10 +14,13 @@ Revises: 0005_legacy_ledger_columns
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from alembic import op
+from alembic.util import load_python_file
 
-from hostedrooms import legacy
+# Frozen code only, never hostedrooms.models (see frozen/__init__.py).
+legacy = load_python_file(Path(__file__).parent / "frozen", "__init__.py").load("adoption_0001")
 
 revision: str = "0006_conform_reference_tables"
 down_revision: str | Sequence[str] | None = "0005_legacy_ledger_columns"

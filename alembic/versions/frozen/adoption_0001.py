@@ -1,27 +1,31 @@
-"""Adopting ``state.db`` files written by the reference implementation, in place, through Alembic revisions.
+"""Adopting ``state.db`` files written by the reference implementation: the code of revisions 0001-0006, frozen.
 
 The reference (raw sqlite3) created its tables with ``CREATE TABLE IF NOT EXISTS`` and migrated older layouts
 each time it connected; its files carry no version table and often sit beside a host application's tables.
 hostedrooms adopts them with ordinary revisions, all inside the one transaction of an upgrade:
 
-* ``0001_baseline`` on a database that already holds reference tables creates only the missing ones (a fresh
-  database still gets every table, exactly as before); Alembic then records the baseline — the stamp — in the
-  same transaction, after the migration lock was taken, so concurrent upgraders never adopt twice.
+* ``0001_baseline`` creates the tables the database lacks: every table on a fresh database; on one that already
+  holds reference tables, only the missing ones. Alembic then records the baseline (the stamp) in the same
+  transaction, after the migration lock was taken, so concurrent upgraders never adopt twice.
 * ``0002``-``0005`` repeat the reference's own migrations, each only where its legacy trait is present:
   draft room/event columns (+ event_bytes backfill), the 9-column remote-run key, retired ids of disbanded
   rooms, and the secure-peer ledger columns (+ the route backfill from ``snapshot_json``, committed this time).
-* ``0006`` rebuilds each table the reference created into hostedrooms' exact layout (named constraints, the
-  model's indexes), so ``alembic check`` is clean on an adopted database too.
+* ``0006`` rebuilds each table the reference created into the baseline's exact layout (named constraints, its
+  indexes), so ``alembic check`` is clean on an adopted database too.
 
-Every step is a no-op on a database hostedrooms created, so the fresh path still yields exactly the models.
+Every step is a no-op on a database hostedrooms created, so the fresh path yields exactly the baseline schema.
 Legacy databases are SQLite files; on PostgreSQL the steps find nothing to do.
+
+Frozen with those revisions (see ``__init__``): it reads the tables of :mod:`schema_0001`, never
+``hostedrooms.models``, and settles backend differences itself rather than through live hostedrooms code.
+Never edit it; a later revision that needs other behaviour copies what it needs into its own module.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,15 +33,23 @@ import sqlalchemy as sa
 from alembic.operations import Operations
 from sqlalchemy import Connection, Table
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.dialects.sqlite.base import SQLiteDialect
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
-from . import models
-from .dialect import dialect_for
-from .errors import HostedRoomError
+from hostedrooms.errors import HostedRoomError
+
+from . import schema_0001 as schema
 
 log = logging.getLogger("alembic.runtime.migration")
 
 #: Rows read or updated per statement by the backfills (read at call time so tests can lower it).
 BATCH_SIZE = 2000
+
+#: hostedrooms' own Alembic version table, as these revisions were written for it.
+VERSION_TABLE = "hostedrooms_alembic_version"
 
 #: The authority, actor and route values the reference gives rows that predate those fields.
 LEGACY_AUTHORITY = "legacy"
@@ -49,7 +61,6 @@ EMPTY = "empty"  # no hostedrooms table and no version: a fresh install
 MANAGED = "managed"  # hostedrooms' version table holds a revision: Alembic already governs it
 REFERENCE = "reference"  # unversioned, written by the current reference: only the layout needs conforming
 LEGACY = "legacy"  # unversioned, with at least one older layout or an unfinished reference repair
-
 
 
 def _room_draft_columns() -> dict[str, tuple[sa.Column[Any], ...]]:
@@ -108,6 +119,23 @@ LEGACY_FALLBACKS: dict[tuple[str, str], object] = {
 HOLD_PREFIX = "_hostedrooms_adopting_"
 
 
+class Utf8Length(FunctionElement[int]):
+    """The UTF-8 byte length of a text expression, spelled per backend (SQLite has no octet_length before 3.43)."""
+
+    type = sa.Integer()
+    inherit_cache = True
+
+
+@compiles(Utf8Length, "sqlite")
+def _utf8_length_sqlite(element: Utf8Length, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"length(CAST({compiler.process(element.clauses, **kw)} AS BLOB))"
+
+
+@compiles(Utf8Length)
+def _utf8_length_default(element: Utf8Length, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"octet_length({compiler.process(element.clauses, **kw)})"
+
+
 # --- detection ---------------------------------------------------------------------------------------------
 
 
@@ -123,12 +151,10 @@ class Generation:
 
 def detect_generation(connection: Connection) -> Generation:
     """Classify ``connection``'s database; call it inside the migration transaction (after the lock)."""
-    from .migrate import VERSION_TABLE  # migrate never imports this module at import time
-
     inspector = sa.inspect(connection)
     names = set(inspector.get_table_names())
-    present = frozenset(names & set(models.metadata.tables))
-    missing = frozenset(set(models.metadata.tables) - present)
+    present = frozenset(names & set(schema.metadata.tables))
+    missing = frozenset(set(schema.metadata.tables) - present)
     traits = frozenset(name for name, check in _TRAITS if check(connection, inspector, present))
     if VERSION_TABLE in names and connection.execute(
             sa.select(sa.func.count()).select_from(sa.table(VERSION_TABLE))).scalar_one():
@@ -166,10 +192,9 @@ def _unrepaired_routes(connection: Connection, inspector: sa.Inspector, present:
 def _unretired_disbanded(connection: Connection, _inspector: sa.Inspector, present: frozenset[str]) -> bool:
     if "hosted_rooms" not in present:
         return False
-    rooms, retired = models.rooms, models.retired_ids
-    pending = sa.select(rooms.c.room_id).where(rooms.c.disbanded_at.is_not(None))
+    pending = _disbanded_rooms()
     if "hosted_room_retired_ids" in present:
-        pending = pending.where(~sa.select(retired.c.room_id).where(retired.c.room_id == rooms.c.room_id).exists())
+        pending = pending.where(~_retired(schema.rooms.c.room_id))
     return connection.execute(sa.select(pending.exists())).scalar_one() is True
 
 
@@ -196,10 +221,9 @@ def made_by_hostedrooms(inspector: sa.Inspector, table: str) -> bool:
 
 def remote_run_key_is_current(inspector: sa.Inspector) -> bool:
     """The reference's test: every identity column present and the primary key in identity order."""
-    table = "hosted_room_remote_runs"
-    columns = _columns(inspector, table)
-    key = tuple(inspector.get_pk_constraint(table).get("constrained_columns") or ())
-    return set(models.remote_runs.c.keys()) <= columns and key == models.REMOTE_RUN_IDENTITY_COLUMNS
+    table = schema.remote_runs
+    key = tuple(inspector.get_pk_constraint(table.name).get("constrained_columns") or ())
+    return set(table.c.keys()) <= _columns(inspector, table.name) and key == tuple(table.primary_key.columns.keys())
 
 
 # --- revision steps ----------------------------------------------------------------------------------------
@@ -212,22 +236,21 @@ def _bind(op: Operations) -> Connection | None:
     return op.get_bind()
 
 
-def adopting(op: Operations) -> bool:
-    """True when the baseline runs on a database that already holds reference tables."""
+def create_baseline(op: Operations) -> None:
+    """0001: create the baseline tables (and their indexes) the database does not have yet: all when fresh."""
     connection = _bind(op)
-    return connection is not None and detect_generation(connection).kind != EMPTY
-
-
-def create_missing_tables(op: Operations) -> None:
-    """Baseline on an adopted database: create only the tables (and their indexes) it does not have yet."""
-    connection = _bind(op)
-    if connection is None:
-        return
-    generation = detect_generation(connection)
-    log.info("adopting a %s hostedrooms database (traits: %s)", generation.kind,
-             ", ".join(sorted(generation.traits)) or "none")
-    tables = [table for table in models.metadata.sorted_tables if table.name in generation.missing]
-    models.metadata.create_all(connection, tables=tables, checkfirst=False)
+    missing = {table.name for table in schema.TABLES}
+    if connection is not None:
+        generation = detect_generation(connection)
+        if generation.kind != EMPTY:
+            log.info("adopting a %s hostedrooms database (traits: %s)", generation.kind,
+                     ", ".join(sorted(generation.traits)) or "none")
+        missing = set(generation.missing)
+    for table in schema.TABLES:
+        if table.name in missing:
+            op.execute(sa.schema.CreateTable(table))
+            for index in sorted(table.indexes, key=lambda index: str(index.name)):
+                op.execute(sa.schema.CreateIndex(index))
 
 
 def add_room_columns(op: Operations) -> None:
@@ -251,10 +274,9 @@ def add_room_columns(op: Operations) -> None:
 
 def backfill_event_bytes(connection: Connection) -> None:
     """Set each room's ``event_bytes`` from its events, a batch of rooms per statement (SQLite streams it)."""
-    rooms, events = models.rooms, models.events
-    size = dialect_for(connection).byte_length
-    per_event = size(events.c.event_id) + size(events.c.kind) + size(events.c.actor_json) + size(
-        events.c.payload_json)
+    rooms, events = schema.rooms, schema.events
+    per_event = (Utf8Length(events.c.event_id) + Utf8Length(events.c.kind) + Utf8Length(events.c.actor_json)
+                 + Utf8Length(events.c.payload_json))
     total = sa.select(sa.func.coalesce(sa.func.sum(per_event), 0)).where(
         events.c.room_id == rooms.c.room_id).scalar_subquery()
     for batch in _key_batches(connection, rooms.c.room_id):
@@ -272,7 +294,17 @@ def rebuild_remote_runs(op: Operations) -> None:
     inspector = sa.inspect(connection)
     if not inspector.has_table("hosted_room_remote_runs") or remote_run_key_is_current(inspector):
         return
-    rebuild_tables(connection, [models.remote_runs], skip_duplicates=True)
+    rebuild_tables(connection, [schema.remote_runs], skip_duplicates=True)
+
+
+def _disbanded_rooms() -> sa.Select[Any]:
+    rooms = schema.rooms
+    return sa.select(rooms.c.room_id, rooms.c.disbanded_at).where(rooms.c.disbanded_at.is_not(None))
+
+
+def _retired(room_id: sa.ColumnElement[Any]) -> sa.Exists:
+    retired = schema.retired_ids
+    return sa.select(retired.c.room_id).where(retired.c.room_id == room_id).exists()
 
 
 def retire_disbanded_rooms(op: Operations) -> None:
@@ -280,11 +312,9 @@ def retire_disbanded_rooms(op: Operations) -> None:
     connection = _bind(op)
     if connection is None:
         return
-    rooms, retired = models.rooms, models.retired_ids
-    disbanded = sa.select(rooms.c.room_id, rooms.c.disbanded_at).where(rooms.c.disbanded_at.is_not(None))
-    upsert: Any = dialect_for(connection).insert(retired)  # the Protocol omits from_select
-    statement = upsert.from_select(["room_id", "retired_at"], disbanded)
-    connection.execute(statement.on_conflict_do_nothing(index_elements=["room_id"]))
+    # Room ids are unique, so skipping those already retired is the reference's INSERT OR IGNORE, portably.
+    pending = _disbanded_rooms().where(~_retired(schema.rooms.c.room_id))
+    connection.execute(sa.insert(schema.retired_ids).from_select(["room_id", "retired_at"], pending))
 
 
 def add_ledger_columns(op: Operations) -> None:
@@ -309,7 +339,7 @@ def add_ledger_columns(op: Operations) -> None:
 
 
 def _unrepaired_route_rows() -> sa.Select[Any]:
-    intents = models.outbound_intents
+    intents = schema.outbound_intents
     return sa.select(intents.c.request_id, intents.c.snapshot_json).where(
         sa.or_(*(intents.c[name].is_(None) for name in OUTBOUND_ROUTE_COLUMNS)))
 
@@ -328,7 +358,7 @@ def route_from_snapshot(snapshot_json: Any) -> tuple[str, str, str] | None:
 
 def backfill_outbound_routes(connection: Connection) -> None:
     """Fill NULL route columns from ``snapshot_json``; a malformed snapshot fails the intent closed."""
-    intents = models.outbound_intents
+    intents = schema.outbound_intents
     last: str | None = None
     while True:
         query = _unrepaired_route_rows().order_by(intents.c.request_id).limit(BATCH_SIZE)
@@ -351,12 +381,12 @@ def backfill_outbound_routes(connection: Connection) -> None:
 
 
 def conform_reference_tables(op: Operations) -> None:
-    """Rebuild every table the reference created into hostedrooms' layout (named constraints, indexes)."""
+    """Rebuild every table the reference created into the baseline layout (named constraints, indexes)."""
     connection = _bind(op)
     if connection is None:
         return
     inspector = sa.inspect(connection)
-    tables = [table for table in models.metadata.sorted_tables
+    tables = [table for table in schema.metadata.sorted_tables
               if inspector.has_table(table.name) and not made_by_hostedrooms(inspector, table.name)]
     if tables:
         rebuild_tables(connection, tables)
@@ -371,7 +401,7 @@ def downgrade_note(step: str) -> None:
 # --- table rebuild -----------------------------------------------------------------------------------------
 
 
-def _key_batches(connection: Connection, key: sa.ColumnElement[Any]) -> Any:
+def _key_batches(connection: Connection, key: sa.ColumnElement[Any]) -> Iterator[list[Any]]:
     """Yield lists of ``key`` values in ascending order, BATCH_SIZE at a time (keyset pagination)."""
     last: Any = None
     while True:
@@ -415,16 +445,16 @@ def _foreign_objects(connection: Connection, table: Table) -> list[str]:
 
 
 def rebuild_tables(connection: Connection, tables: Sequence[Table], *, skip_duplicates: bool = False) -> None:
-    """Rebuild legacy SQLite ``tables`` into their model layout, keeping every row.
+    """Rebuild legacy SQLite ``tables`` into their baseline layout, keeping every row.
 
-    Rows are parked in holding tables, the originals dropped (children first), the model tables created and
+    Rows are parked in holding tables, the originals dropped (children first), the baseline tables created and
     refilled (parents first), then the host's own indexes/triggers on them restored. Dropping and recreating
     (rather than renaming) keeps other tables' foreign keys and views pointing at the same names; with
     ``defer_foreign_keys`` a host table referencing ours is re-parented before the transaction commits.
     """
-    if connection.dialect.name != "sqlite":  # reference databases are SQLite files; nothing else needs this
+    if not isinstance(connection.dialect, SQLiteDialect):  # reference databases are SQLite files
         raise HostedRoomError("legacy table layouts can only be adopted from SQLite databases")
-    order = [table for table in models.metadata.sorted_tables if table in tables]
+    order = [table for table in schema.metadata.sorted_tables if table in tables]
     connection.exec_driver_sql("PRAGMA defer_foreign_keys=ON")  # resets when the transaction ends
     inspector = sa.inspect(connection)
     holds: dict[str, sa.TableClause] = {}
@@ -458,8 +488,7 @@ def _refill(connection: Connection, table: Table, hold: sa.TableClause, *, skip_
     names = list(table.c.keys())
     rows = sa.select(*(_value(table, table.c[name], hold) for name in names)).select_from(hold)
     rows = rows.where(sa.true()).order_by(sa.literal_column("rowid"))  # WHERE: SQLite's upsert parse rule
-    upsert: Any = dialect_for(connection).insert(table)  # the Protocol omits from_select
-    statement = upsert.from_select(names, rows)
+    statement = sqlite.insert(table).from_select(names, rows)
     if skip_duplicates:
         statement = statement.on_conflict_do_nothing(index_elements=list(table.primary_key.columns.keys()))
     try:
