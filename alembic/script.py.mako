@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 ${imports if imports else ""}
+# Frozen: never import hostedrooms.models or live code that reads it; copy the tables this revision needs
+# (see versions/frozen/__init__.py).
 
 revision: str = ${repr(up_revision)}
 down_revision: str | Sequence[str] | None = ${repr(down_revision)}
