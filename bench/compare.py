@@ -142,9 +142,10 @@ def _in_process(function: Any, *args: Any) -> Any:
 # --- the comparison ------------------------------------------------------------------------------------------
 
 
-def select(workload: Workload, ctx: Context, names: list[str] | None) -> list[type[Contender]]:
-    """The contenders for this workload: hostedrooms first; those whose modules are missing are skipped with a
-    message on stderr."""
+def select(workload: Workload, ctx: Context, names: list[str] | None,
+           skipped: list[str]) -> list[type[Contender]]:
+    """The contenders for this workload, hostedrooms first; those whose modules are missing are skipped with a
+    message (on stderr, and in ``skipped`` for the report)."""
     chosen = []
     for contender in CONTENDERS:
         wanted = contender.name == "hostedrooms" or (contender.name in names if names else contender.default)
@@ -152,8 +153,8 @@ def select(workload: Workload, ctx: Context, names: list[str] | None) -> list[ty
             continue
         missing = [module for module in contender.modules(ctx.dialect) if importlib.util.find_spec(module) is None]
         if missing:
-            print(f"skipping {contender.name}: {', '.join(missing)} not installed "
-                  "(pip install -e '.[bench]')", file=sys.stderr)
+            skipped.append(f"{contender.name} ({', '.join(missing)} not installed: pip install -e '.[bench]')")
+            _log(f"skipping {skipped[-1]}")
             continue
         chosen.append(contender)
     return chosen
@@ -165,12 +166,14 @@ class Comparison:
     contenders: list[type[Contender]]
     samples: dict[str, dict[int, Sample]] = field(default_factory=dict)  # contender -> round -> sample
     failures: dict[str, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
     memory: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def compare(workload: Workload, ctx: Context, rounds: int, names: list[str] | None) -> Comparison:
-    contenders = select(workload, ctx, names)
-    result = Comparison(workload, contenders, {contender.name: {} for contender in contenders})
+    skipped: list[str] = []
+    contenders = select(workload, ctx, names, skipped)
+    result = Comparison(workload, contenders, {contender.name: {} for contender in contenders}, skipped=skipped)
     states: dict[str, dict[str, Any]] = {}
     for contender in contenders:
         _log(f"{workload.name}: preparing {contender.name}")
@@ -193,7 +196,11 @@ def compare(workload: Workload, ctx: Context, rounds: int, names: list[str] | No
         for contender in contenders:
             if contender.name not in result.failures:
                 _log(f"{workload.name}: tracing memory of {contender.name}")
-                result.memory[contender.name] = _in_process(_memory, contender, ctx, workload, states[contender.name])
+                try:
+                    result.memory[contender.name] = _in_process(_memory, contender, ctx, workload,
+                                                                states[contender.name])
+                except RuntimeError as error:
+                    result.failures[f"{contender.name} (memory)"] = str(error)
     return result
 
 
@@ -225,22 +232,34 @@ def _durability(samples: list[Sample], required: dict[str, str]) -> tuple[str, b
     return text, same
 
 
+def _server_version(ctx: Context) -> str:
+    from bench.common import postgres_connect
+
+    assert ctx.url is not None
+    connection = postgres_connect(ctx.url)
+    try:
+        return str(connection.execute("SHOW server_version").fetchone()[0]).split()[0]
+    finally:
+        connection.close()
+
+
 def header(result: Comparison, ctx: Context, rounds: int) -> str:
     if ctx.postgres:
-        where = "PostgreSQL (fsync=on, synchronous_commit=on required of every contender)"
+        where = f"PostgreSQL {_server_version(ctx)} (fsync=on, synchronous_commit=on required of every contender)"
     else:
         where = (f"SQLite {sqlite3.sqlite_version} file (WAL, synchronous={ctx.synchronous} required of every "
                  "contender)")
     return (f"### {result.workload.name}: {result.workload.describe(ctx)}\n\n"
-            f"{where}; {rounds} rounds, order rotated each round, a fresh process per contender per round; "
+            f"{where}; {rounds} round{'s' if rounds != 1 else ''}, order rotated each round, "
+            "a fresh process per contender per round; "
             f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, Python {platform.python_version()}"
             f"{', --quick' if ctx.quick else ''}\n")
 
 
 def table(result: Comparison, ctx: Context) -> list[tuple[str, ...]]:
     required = ctx.required_durability()
-    head = ["contender", "events/s (median)", "min-max", "vs hostedrooms (median)", "ratio min-max",
-            "client CPU us/event"]
+    head = ["contender", "events/s (median)", "min-max", "it / hostedrooms (median)", "min-max",
+            "hostedrooms / it", "client CPU us/event"]
     if ctx.postgres:
         head.append("server CPU us/event")
     if result.memory:
@@ -256,8 +275,10 @@ def table(result: Comparison, ctx: Context) -> list[tuple[str, ...]]:
         rates = [sample.rate for sample in samples]
         ratios = _ratios(result, contender.name)
         client = statistics.median(sample.client_cpu / sample.events * 1e6 for sample in samples)
+        inverse = [1 / ratio for ratio in ratios if ratio]
         row = [contender.label, f"{statistics.median(rates):,.0f}", _spread(rates, ",.0f"),
-               f"{statistics.median(ratios):.2f}x" if ratios else "", _spread(ratios, ".2f"), f"{client:.0f}"]
+               f"{statistics.median(ratios):.2f}x" if ratios else "", _spread(ratios, ".2f"),
+               f"{statistics.median(inverse):.2f}x" if inverse else "", f"{client:.0f}"]
         if ctx.postgres:
             servers = [sample.server_cpu / sample.events * 1e6 for sample in samples if sample.server_cpu is not None]
             row.append(f"{statistics.median(servers):.0f}" if servers else "n/a")
@@ -290,6 +311,8 @@ def report(result: Comparison, ctx: Context, rounds: int, out: Any = sys.stdout)
         peak, page = result.memory["hostedrooms"]
         out.write(f"\nMemory: hostedrooms' whole-room replay traced a peak of {peak / 1e6:.2f} MB of Python memory; "
                   f"one page is {page / 1e6:.2f} MB of JSON.\n")
+    if result.skipped:
+        out.write(f"\nSkipped: {'; '.join(result.skipped)}.\n")
     for name, error in result.failures.items():
         out.write(f"\n{name} failed:\n\n    " + error.strip().replace("\n", "\n    ") + "\n")
     out.write("\n")

@@ -567,7 +567,8 @@ class Eventsourcing(Contender):
         with self.datastore.get_connection(commit=False) as connection:
             cursor = connection.cursor()  # eventsourcing's cursor wrapper: execute and fetchone only
             cursor.execute(sql)
-            return cursor.fetchone()[0]
+            row = cursor.fetchone()
+            return row[0] if row is not None else None
 
     def open(self, round_index: int) -> None:
         self.store = self._open_recorder(self.state["target"])
