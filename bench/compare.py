@@ -201,7 +201,21 @@ def compare(workload: Workload, ctx: Context, rounds: int, names: list[str] | No
                                                                 states[contender.name])
                 except RuntimeError as error:
                     result.failures[f"{contender.name} (memory)"] = str(error)
+    _drop(ctx, states)
     return result
+
+
+def _drop(ctx: Context, states: dict[str, dict[str, Any]]) -> None:
+    """Drop the PostgreSQL databases the contenders created (SQLite files go with the run's temp folder)."""
+    if ctx.url is None:
+        return
+    from sqlalchemy import make_url
+
+    from hostedrooms.testing import drop_database
+
+    for state in states.values():
+        if "target" in state:
+            drop_database(ctx.url, str(make_url(state["target"]).database))
 
 
 def _log(message: str) -> None:

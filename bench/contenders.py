@@ -523,6 +523,7 @@ class Eventsourcing(Contender):
     topic = "bench.events:MessageUser"
 
     def _open_recorder(self, target: str) -> Any:
+        kind: Any
         if self.ctx.postgres:
             from eventsourcing import postgres
             from sqlalchemy import make_url
