@@ -5,6 +5,7 @@
     python bench/run.py --url postgresql://user:pw@127.0.0.1/postgres   # an admin URL: databases are created
     python bench/run.py --postgres            # start a throwaway PostgreSQL cluster for the run
     python bench/run.py --quick               # smaller counts (a smoke run)
+    python bench/run.py --compare read        # hostedrooms beside its peers, alternating rounds (bench/compare.py)
 
 Prints a table: workload, dialect, synchronous mode, batch size, operations, rate, p50/p99 latency, peak
 memory (the worker process's max RSS), and the ratio to the raw-driver baseline where it applies. Absolute
@@ -31,9 +32,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-GATEWAY = "install:bench"
-ACTOR = {"kind": "user", "id": "u1"}
-PAYLOAD = {"text": "hello from the benchmark " + "x" * 64}
+# bench/ is a package; `python bench/run.py` puts only bench/ itself on the path, hence the insert above.
+from bench.common import ACTOR, GATEWAY, PAYLOAD, RawAppender  # noqa: E402
+from bench.common import ACTOR_JSON as _ACTOR_JSON  # noqa: E402
+from bench.common import PAYLOAD_JSON as _PAYLOAD_JSON  # noqa: E402
+from bench.common import cpu_seconds as _cpu_seconds  # noqa: E402
+from bench.common import raise_limits as _raise_limits  # noqa: E402
 
 
 @dataclass
@@ -105,15 +109,6 @@ def _measure(n: int, operation: Callable[[int], Any]) -> tuple[float, list[float
     return time.perf_counter() - started, latencies
 
 
-def _raise_limits() -> None:
-    """Benchmarks fill rooms past the default per-room history limit on purpose."""
-    from hostedrooms import limits
-
-    limits.MAX_EVENTS_PER_ROOM = 1_000_000
-    limits.MAX_GATEWAY_EVENT_BYTES = 1 << 40
-    limits.MAX_ROOM_EVENT_BYTES = 1 << 40
-
-
 def _room(engine: Any, room_id: str) -> None:
     from hostedrooms import rooms
 
@@ -132,69 +127,13 @@ def _fill(engine: Any, room_id: str, count: int, prefix: str = "fill") -> None:
 # --- workloads (each runs in its own process) -----------------------------------------------------------------
 
 
-class RawAppender:
-    """The statements one append needs (the reference's seven), through the raw DBAPI driver, one transaction
-    per event: the floor any implementation pays."""
-
-    def __init__(self, target: str, setup: Setup) -> None:
-        self.postgres = setup.url is not None
-        if not self.postgres:
-            import sqlite3
-
-            self.connection: Any = sqlite3.connect(target, isolation_level=None)
-            self.connection.execute(f"PRAGMA synchronous={setup.synchronous}")
-            self.backend_pid: int | None = None
-        else:
-            import psycopg
-
-            from hostedrooms.db import resolve_url
-
-            url = resolve_url(target)
-            self.connection = psycopg.connect(host=url.host, port=url.port, user=url.username,
-                                              password=url.password, dbname=url.database, autocommit=True)
-            self.backend_pid = self.connection.info.backend_pid
-        self.begin = "BEGIN" if self.postgres else "BEGIN IMMEDIATE"
-        # PostgreSQL locks the room row (SQLite's BEGIN IMMEDIATE already serialises).
-        self.statements = [
-            "SELECT kind FROM hosted_room_events WHERE room_id=? AND event_id=?",
-            "SELECT next_seq, event_bytes, authority_gateway_id, authority_epoch, disbanded_at "
-            "FROM hosted_rooms WHERE room_id=?" + (" FOR UPDATE" if self.postgres else ""),
-            "SELECT COALESCE(SUM(event_bytes), 0) FROM hosted_rooms",
-            "INSERT INTO hosted_room_events (room_id, seq, event_id, kind, actor_json, authority_epoch, "
-            "payload_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            "UPDATE hosted_rooms SET next_seq=?, event_bytes=event_bytes+?, updated_at=? "
-            "WHERE room_id=? AND next_seq=?",
-        ]
-        if self.postgres:
-            self.statements = [statement.replace("?", "%s") for statement in self.statements]
-
-    def append(self, room_id: str, event_id: str) -> None:
-        select_event, select_room, gateway_bytes, insert, advance = self.statements
-        cursor = self.connection.cursor()
-        cursor.execute(self.begin)
-        cursor.execute(select_event, (room_id, event_id))
-        cursor.fetchone()
-        cursor.execute(select_room, (room_id,))
-        seq = int(cursor.fetchone()[0])
-        cursor.execute(gateway_bytes)
-        cursor.fetchone()
-        size = len((event_id + "message.user" + _ACTOR_JSON + _PAYLOAD_JSON).encode())
-        now = time.time()
-        cursor.execute(insert, (room_id, seq, event_id, "message.user", _ACTOR_JSON, 1, _PAYLOAD_JSON, now))
-        cursor.execute(advance, (seq + 1, size, now, room_id, seq))
-        cursor.execute("COMMIT")
-
-    def close(self) -> None:
-        self.connection.close()
-
-
 def raw_baseline(setup: Setup) -> Result:
     """The statements one append needs, through the raw DBAPI driver, one transaction per event."""
     target = setup.fresh("raw")
     engine = setup.engine(target)
     _room(engine, "r")
     engine.dispose()
-    appender = RawAppender(target, setup)
+    appender = RawAppender(target, setup.url is not None, setup.synchronous)
     seconds, latencies = _measure(setup.count(2000, 200), lambda index: appender.append("r", f"raw-{index}"))
     appender.close()
     return Result("raw-driver append (baseline)", 1, len(latencies), seconds, latencies,
@@ -207,10 +146,6 @@ _FAST_UPDATE = ("UPDATE hosted_rooms SET next_seq=next_seq+1, event_bytes=event_
                 "AND (SELECT COALESCE(SUM(event_bytes), 0) FROM hosted_rooms)+?<=? RETURNING next_seq")
 _FAST_INSERT = ("INSERT INTO hosted_room_events (room_id, seq, event_id, kind, actor_json, authority_epoch, "
                 "payload_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
-
-
-_ACTOR_JSON = json.dumps(ACTOR, sort_keys=True, separators=(",", ":"))
-_PAYLOAD_JSON = json.dumps(PAYLOAD, sort_keys=True, separators=(",", ":"))
 
 
 def _own_parameters(event_id: str) -> tuple[tuple[Any, ...], Callable[[int], tuple[Any, ...]]]:
@@ -425,17 +360,6 @@ def ledger_cycle(setup: Setup) -> Result:
                   note="4 transactions per cycle")
 
 
-def _cpu_seconds(pid: int | None) -> float | None:
-    """CPU time (user + system) of process ``pid`` so far, where /proc shows it (a local server); else None."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _writer(target: str, setup: Setup, raw: bool, room_id: str, prefix: str, n: int, queue: Any, ready: Any,
             go: Any) -> None:
     sys.path.insert(0, str(ROOT))
@@ -444,7 +368,7 @@ def _writer(target: str, setup: Setup, raw: bool, room_id: str, prefix: str, n: 
     from hostedrooms import create_engine, rooms
 
     if raw:
-        appender = RawAppender(target, setup)
+        appender = RawAppender(target, setup.url is not None, setup.synchronous)
         append: Callable[[int], Any] = lambda index: appender.append(room_id, f"{prefix}-{index}")  # noqa: E731
         server_pid = appender.backend_pid
     else:
@@ -617,7 +541,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small counts")
     parser.add_argument("--workloads", help="comma-separated subset: " + ", ".join(
         [*WORKLOADS, *POSTGRES_WORKLOADS]))
+    parser.add_argument("--compare", metavar="WORKLOADS",
+                        help="comparison mode: hostedrooms beside its peers in alternating rounds, for these "
+                             "comma-separated workloads (read, append, batch100, or all); see bench/compare.py")
+    parser.add_argument("--rounds", type=int, default=5, help="comparison rounds (default 5)")
+    parser.add_argument("--contenders", help="comparison contenders besides hostedrooms, comma-separated "
+                                             "(default: all that apply; see bench/contenders.py)")
     args = parser.parse_args(argv)
+    if args.compare and args.workloads:
+        parser.error("--workloads picks bench/run.py's workloads; --compare names comparison workloads")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     cluster = None
     url = args.url
     if args.postgres:
@@ -625,6 +559,8 @@ def main(argv: list[str] | None = None) -> int:
 
         cluster = pgcluster.start()
         url = cluster.url
+    if args.compare:
+        return _compare(args, url, cluster)
     names = [name for name in WORKLOADS if not url or name not in SQLITE_ONLY]
     names += list(POSTGRES_WORKLOADS) if url else []
     if args.workloads:
@@ -643,6 +579,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# hostedrooms benchmark, {time.strftime('%Y-%m-%d')}, {dialect}, {os.cpu_count()} cores")
     _print(results, dialect, args.synchronous)
     return 0
+
+
+def _compare(args: argparse.Namespace, url: str | None, cluster: Any) -> int:
+    from bench.common import Context
+    from bench.compare import run_comparisons
+
+    contenders = [name for name in args.contenders.split(",") if name] if args.contenders else None
+    try:
+        with tempfile.TemporaryDirectory(prefix="hostedrooms-compare-") as folder:
+            context = Context(url=url, folder=folder, synchronous=args.synchronous, quick=args.quick)
+            return run_comparisons([name for name in args.compare.split(",") if name], context, args.rounds,
+                                   contenders)
+    finally:
+        if cluster is not None:
+            cluster.stop()
 
 
 if __name__ == "__main__":

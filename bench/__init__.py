@@ -1,0 +1,1 @@
+"""hostedrooms benchmarks (not shipped): ``python bench/run.py --help``."""

@@ -1,0 +1,641 @@
+"""Workloads and contenders of the comparison mode (``python bench/run.py --compare read``; bench/compare.py
+runs them): hostedrooms beside its peers, each doing the same work through its own API.
+
+A **workload** (:class:`Workload`, listed in :data:`WORKLOADS`) names the contender method its timed loop calls
+(``method``), how many calls a round times (``calls``, full and ``--quick``), how many untimed warm-up calls
+come first, and what the call does (``batch`` events per append call; ``stored`` events in the room a replay
+reads; ``page`` size).
+
+A **contender** (a :class:`Contender` subclass, listed in :data:`CONTENDERS`) takes part in every workload
+whose ``method`` it defines, on the dialects it lists. Each contender runs in fresh processes:
+
+- ``prepare()`` once per comparison, in its own process: create its database and schema, store what a replay
+  reads; return a picklable ``state`` dict that every round receives;
+- per round, in a fresh process: ``open(round_index)`` (connect, create that round's room or stream), the
+  warm-up calls, then the timed calls ``method(index)``, each returning how many events it handled (the
+  harness checks the total), all through ``drive()``; then ``durability()`` reads back, from the contender's
+  OWN connection, the settings it ran with, and ``close()``;
+- ``backend_pid()`` names its PostgreSQL backend, so the harness can add the server's CPU time.
+
+**To add a contender** (an async API, a replica reader, another library): subclass :class:`Contender` (or an
+existing one), set ``name`` (the ``--contenders`` name), ``label`` (the table's), ``dialects``, ``requires``
+(modules; when one is missing the contender is skipped with a message) and ``default`` (False: runs only when
+``--contenders`` names it), implement ``prepare``/``open``/``durability``/``close`` and the workload methods it
+can do, and append the class to :data:`CONTENDERS`. An async contender overrides ``drive`` to run the loop in an
+event loop it created in ``open`` (see :class:`HostedroomsToThread`, which runs the sync API through
+``asyncio.to_thread``): the harness times ``drive`` as a whole, so the loop's own costs count, once.
+
+**To add a workload** (replication catch-up, say): add a :class:`Workload` to :data:`WORKLOADS` with a new
+``method`` name (``catch_up``), and define that method on the contenders that can do it (including
+:class:`Hostedrooms`, the baseline every ratio divides by). ``prepare`` sees the workload as ``self.workload``
+and sets up what the method needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from bench.common import (
+    ACTOR,
+    ACTOR_JSON,
+    GATEWAY,
+    KIND,
+    PAYLOAD,
+    PAYLOAD_JSON,
+    Context,
+    RawAppender,
+    Scalar,
+    canonical,
+    dbapi_scalar,
+    postgres_connect,
+    postgres_durability,
+    raise_limits,
+    sqlite_durability,
+)
+
+BOTH = frozenset({"sqlite", "postgresql"})
+READ_ROOM = "replay"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str  # --compare name
+    method: str  # the contender method one timed call runs
+    title: str
+    calls: tuple[int, int]  # timed calls per round: full run, --quick
+    warmup: int  # untimed calls first, in the same process
+    batch: int = 1  # events per append call
+    stored: tuple[int, int] = (0, 0)  # events in the room a replay reads: full run, --quick
+    page: int = 500
+    memory: bool = False  # also trace one call's peak Python memory, per contender
+
+    def count(self, ctx: Context) -> int:
+        return self.calls[1] if ctx.quick else self.calls[0]
+
+    def room_size(self, ctx: Context) -> int:
+        return self.stored[1] if ctx.quick else self.stored[0]
+
+    def events_per_call(self, ctx: Context) -> int:
+        return self.room_size(ctx) if self.stored[0] else self.batch
+
+    def describe(self, ctx: Context) -> str:
+        return self.title.format(calls=self.count(ctx), batch=self.batch, stored=self.room_size(ctx),
+                                 page=self.page)
+
+
+WORKLOADS: dict[str, Workload] = {workload.name: workload for workload in (
+    Workload("read", "replay", "whole-room replay of a {stored:,}-event room in pages of {page}, {calls} per round",
+             calls=(2, 1), warmup=1, stored=(20_000, 5_000), memory=True),
+    Workload("append", "append_one", "single durable append, one event per transaction, {calls:,} per round",
+             calls=(2000, 200), warmup=20),
+    Workload("batch100", "append_batch", "append a batch of {batch} events in one transaction, {calls} per round",
+             calls=(100, 10), warmup=2, batch=100),
+)}
+
+
+def event_state() -> bytes:
+    """An eventsourcing StoredEvent's state: the actor and payload hostedrooms stores, as canonical JSON."""
+    return canonical({"actor": ACTOR, "payload": PAYLOAD}).encode()
+
+
+class Contender:
+    name: ClassVar[str]
+    label: ClassVar[str]
+    dialects: ClassVar[frozenset[str]] = BOTH
+    requires: ClassVar[tuple[str, ...]] = ()  # modules this contender imports (checked per dialect below)
+    requires_postgres: ClassVar[tuple[str, ...]] = ("psycopg",)
+    default: ClassVar[bool] = True
+    note: ClassVar[str] = ""
+
+    def __init__(self, ctx: Context, workload: Workload, state: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.workload = workload
+        self.state = state
+        self.notes: list[str] = []  # what this run found worth reporting (a setting the harness had to change)
+
+    @classmethod
+    def supports(cls, workload: Workload, dialect: str) -> bool:
+        return dialect in cls.dialects and callable(getattr(cls, workload.method, None))
+
+    @classmethod
+    def modules(cls, dialect: str) -> tuple[str, ...]:
+        return cls.requires + (cls.requires_postgres if dialect == "postgresql" else ())
+
+    def prepare(self) -> dict[str, Any]:
+        return {}
+
+    def open(self, round_index: int) -> None:
+        """Connect and set up this round's room or stream (untimed)."""
+
+    def drive(self, method: str, indexes: range) -> int:
+        """Call ``method(index)`` for each index; return the events handled. The harness times this call."""
+        operation: Callable[[int], int] = getattr(self, method)
+        return sum(operation(index) for index in indexes)
+
+    def durability(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def backend_pid(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        """Release connections (a worker process ends right after)."""
+
+
+def _engine(ctx: Context, target: str) -> Any:
+    from hostedrooms import create_engine
+
+    # One pooled connection: the durability read-back and the backend pid are the workload's own connection's.
+    return create_engine(target, synchronous=ctx.synchronous, pool_size=1, max_overflow=0)
+
+
+def _create_room(engine: Any, room_id: str) -> None:
+    from hostedrooms import rooms
+
+    rooms.create_room(engine, room_id=room_id, name=room_id, members=[], authority_gateway_id=GATEWAY)
+
+
+def _fill(engine: Any, room_id: str, count: int) -> None:
+    from hostedrooms import rooms
+
+    for start in range(0, count, 500):
+        batch = [{"event_id": f"fill-{seq}", "kind": KIND, "actor": ACTOR, "payload": PAYLOAD}
+                 for seq in range(start, min(count, start + 500))]
+        rooms.append_events(engine, room_id, batch, GATEWAY, 1)
+
+
+def _engine_scalar(engine: Any) -> tuple[Scalar, Any]:
+    """A scalar query on the engine's pooled DB-API connection (no SQLAlchemy transaction: SQLite's BEGIN
+    IMMEDIATE would take the write lock), and that connection, to release."""
+    connection = engine.raw_connection()
+    return dbapi_scalar(connection), connection
+
+
+class HostedroomsSchema(Contender):
+    """Contenders working on hostedrooms' schema: prepare a migrated database (and the replayed room)."""
+
+    def prepare(self) -> dict[str, Any]:
+        raise_limits()
+        target = self.ctx.new_database(self.name, migrated=True)
+        if self.workload.stored[0]:
+            engine = _engine(self.ctx, target)
+            _create_room(engine, READ_ROOM)
+            _fill(engine, READ_ROOM, self.workload.room_size(self.ctx))
+            self.verify(engine, target)
+            engine.dispose()
+        return {"target": target}
+
+    def verify(self, engine: Any, target: str) -> None:
+        """Check, before any round, that this contender's replay yields what hostedrooms' read_events does."""
+
+    def _round_room(self, round_index: int) -> str:
+        """A fresh room for an append round, created through hostedrooms before any raw connection opens."""
+        room_id = f"round-{round_index}"
+        engine = _engine(self.ctx, self.state["target"])
+        _create_room(engine, room_id)
+        engine.dispose()
+        return room_id
+
+
+class Hostedrooms(HostedroomsSchema):
+    name = "hostedrooms"
+    label = "hostedrooms"
+
+    def open(self, round_index: int) -> None:
+        from hostedrooms import rooms
+
+        raise_limits()
+        self.rooms = rooms
+        self.room_id = READ_ROOM if self.workload.stored[0] else self._round_room(round_index)
+        self.engine = _engine(self.ctx, self.state["target"])
+
+    def append_one(self, index: int) -> int:
+        self.rooms.append_event(self.engine, room_id=self.room_id, event_id=f"e-{index}", kind=KIND, actor=ACTOR,
+                                payload=PAYLOAD, authority_gateway_id=GATEWAY, authority_epoch=1)
+        return 1
+
+    def append_batch(self, index: int) -> int:
+        size = self.workload.batch
+        batch = [{"event_id": f"b{index}-{item}", "kind": KIND, "actor": ACTOR, "payload": PAYLOAD}
+                 for item in range(size)]
+        self.rooms.append_events(self.engine, self.room_id, batch, GATEWAY, 1)
+        return size
+
+    def replay(self, index: int) -> int:
+        since, events = 0, 0
+        while True:
+            page = self.rooms.read_events(self.engine, room_id=self.room_id, since_seq=since,
+                                          limit=self.workload.page)
+            events += len(page["events"])
+            since = page["cursor"]
+            if not page["has_more"]:
+                return events
+
+    def page_json_bytes(self) -> int:
+        """One replay page's size as JSON (what a page-bounded reader should hold at a time)."""
+        page = self.rooms.read_events(self.engine, room_id=self.room_id, since_seq=0, limit=self.workload.page)
+        return len(json.dumps(page).encode())
+
+    def durability(self) -> dict[str, str]:
+        scalar, connection = _engine_scalar(self.engine)
+        try:
+            return postgres_durability(scalar) if self.ctx.postgres else sqlite_durability(scalar)
+        finally:
+            connection.close()
+
+    def backend_pid(self) -> int | None:
+        if not self.ctx.postgres:
+            return None
+        scalar, connection = _engine_scalar(self.engine)
+        try:
+            return int(scalar("SELECT pg_backend_pid()"))
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+class HostedroomsToThread(Hostedrooms):
+    """The sync API from asyncio through ``asyncio.to_thread``, one awaited call at a time: what an async
+    application pays today. Opt-in (``--contenders hostedrooms-to-thread``)."""
+
+    name = "hostedrooms-to-thread"
+    label = "hostedrooms via asyncio.to_thread"
+    default = False
+
+    def open(self, round_index: int) -> None:
+        super().open(round_index)
+        self.loop = asyncio.new_event_loop()  # one loop (and its thread pool) for warm-up and timed calls
+
+    def drive(self, method: str, indexes: range) -> int:
+        operation: Callable[[int], int] = getattr(self, method)
+
+        async def run() -> int:
+            total = 0
+            for index in indexes:
+                total += await asyncio.to_thread(operation, index)
+            return total
+
+        return self.loop.run_until_complete(run())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.loop.shutdown_default_executor())
+        self.loop.close()
+        super().close()
+
+
+class RawReferenceStatements(HostedroomsSchema):
+    """The reference's append statements through the raw driver (bench/run.py's ``raw`` baseline)."""
+
+    name = "raw-reference"
+    label = "raw driver, the reference's append statements"
+    note = "no validation; pre-serialised JSON"
+
+    def open(self, round_index: int) -> None:
+        self.room_id = self._round_room(round_index)
+        self.appender = RawAppender(self.state["target"], self.ctx.postgres, self.ctx.synchronous)
+
+    def append_one(self, index: int) -> int:
+        self.appender.append(self.room_id, f"e-{index}")
+        return 1
+
+    def durability(self) -> dict[str, str]:
+        return self.appender.durability()
+
+    def backend_pid(self) -> int | None:
+        return self.appender.backend_pid
+
+    def close(self) -> None:
+        self.appender.close()
+
+
+_INSERT = ("INSERT INTO hosted_room_events (room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, "
+           "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+_PAGE = ("SELECT room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at "
+         "FROM hosted_room_events WHERE room_id=? AND seq>? ORDER BY seq LIMIT ?")
+
+
+class RawDriver(HostedroomsSchema):
+    """sqlite3 / psycopg directly on hostedrooms' tables: the floor of each workload."""
+
+    def open(self, round_index: int) -> None:
+        self.room_id = READ_ROOM if self.workload.stored[0] else self._round_room(round_index)
+        self.connection = self._connect(self.state["target"])
+        self.seq = 0
+
+    def _connect(self, target: str) -> Any:
+        if self.ctx.postgres:
+            return postgres_connect(target)
+        connection = sqlite3.connect(target, isolation_level=None)
+        connection.execute(f"PRAGMA synchronous={self.ctx.synchronous}")
+        return connection
+
+    def _sql(self, statement: str) -> str:
+        return statement.replace("?", "%s") if self.ctx.postgres else statement
+
+    def durability(self) -> dict[str, str]:
+        scalar = dbapi_scalar(self.connection)
+        return postgres_durability(scalar) if self.ctx.postgres else sqlite_durability(scalar)
+
+    def backend_pid(self) -> int | None:
+        return int(self.connection.info.backend_pid) if self.ctx.postgres else None
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class RawInsert(RawDriver):
+    name = "raw-insert"
+    label = "raw driver, INSERT of the event row only"
+    note = "no checks, no room update; pre-serialised JSON"
+
+    def _row(self, event_id: str) -> tuple[Any, ...]:
+        self.seq += 1
+        return (self.room_id, self.seq, event_id, KIND, ACTOR_JSON, 1, PAYLOAD_JSON, time.time())
+
+    def append_one(self, index: int) -> int:
+        # Autocommit: the INSERT is its own (durable) transaction.
+        self.connection.execute(self._sql(_INSERT), self._row(f"e-{index}"))
+        return 1
+
+    def append_batch(self, index: int) -> int:
+        rows = [self._row(f"b{index}-{item}") for item in range(self.workload.batch)]
+        cursor = self.connection.cursor()
+        cursor.execute("BEGIN" if self.ctx.postgres else "BEGIN IMMEDIATE")
+        cursor.executemany(self._sql(_INSERT), rows)
+        cursor.execute("COMMIT")
+        return len(rows)
+
+
+def _raw_events(rows: list[Any]) -> list[dict[str, Any]]:
+    """The event dicts read_events returns, built straight from driver tuples."""
+    loads = json.loads
+    return [{"room_id": row[0], "seq": row[1], "event_id": row[2], "kind": row[3], "actor": loads(row[4]),
+             "authority_epoch": row[5], "payload": loads(row[6]), "created_at": row[7], "idempotent": False}
+            for row in rows]
+
+
+class RawDictLoop(RawDriver):
+    name = "raw-dict-loop"
+    label = "raw driver loop building the same event dicts"
+    note = "one SELECT per page, stops at the known event count"
+
+    def replay(self, index: int) -> int:
+        sql, page, total = self._sql(_PAGE), self.workload.page, self.workload.room_size(self.ctx)
+        since, events = 0, 0
+        while events < total:
+            batch = _raw_events(self.connection.execute(sql, (self.room_id, since, page)).fetchall())
+            if not batch:
+                break
+            events += len(batch)
+            since = batch[-1]["seq"]
+        return events
+
+    def verify(self, engine: Any, target: str) -> None:
+        from hostedrooms import rooms
+
+        connection = self._connect(target)
+        try:
+            own = _raw_events(connection.execute(self._sql(_PAGE), (READ_ROOM, 0, self.workload.page)).fetchall())
+        finally:
+            connection.close()
+        expected = rooms.read_events(engine, room_id=READ_ROOM, since_seq=0, limit=self.workload.page)["events"]
+        if own != expected:
+            raise RuntimeError("the raw dict loop's page differs from read_events'")
+
+
+# The reference's readiness check on every open: each of its tables' columns and the cursor index.
+_SCHEMA_CHECKS = (
+    "PRAGMA table_info(hosted_rooms)",
+    "PRAGMA table_info(hosted_room_events)",
+    "PRAGMA table_info(hosted_room_retired_ids)",
+    "PRAGMA table_info(hosted_room_links)",
+    "PRAGMA table_info(hosted_room_remote_runs)",
+    "PRAGMA table_info(hosted_room_revoked_grants)",
+    "PRAGMA table_info(hosted_room_peer_reservations)",
+    "SELECT 1 FROM sqlite_master WHERE type='index' AND name='idx_hosted_room_events_cursor'",
+)
+_REFERENCE_ROOM = ("SELECT next_seq, authority_gateway_id, authority_epoch FROM hosted_rooms "
+                   "WHERE room_id=? AND (disbanded_at IS NULL OR ?)")
+# Up to ``limit`` events after ``since`` while their running raw byte size fits the page budget.
+_REFERENCE_PAGE = (
+    "WITH page AS (SELECT room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at, "
+    "SUM(LENGTH(CAST(event_id AS BLOB)) + LENGTH(CAST(kind AS BLOB)) "
+    "+ LENGTH(CAST(actor_json AS BLOB)) + LENGTH(CAST(payload_json AS BLOB))) OVER (ORDER BY seq) AS running "
+    "FROM hosted_room_events WHERE room_id=? AND seq>? ORDER BY seq LIMIT ?) "
+    "SELECT room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at "
+    "FROM page WHERE running<=? ORDER BY seq")
+
+
+class ReferenceStyleRead(HostedroomsSchema):
+    """What the reference implementation's read_events does per call, written from its behaviour: a new
+    connection (WAL and foreign-key pragmas, the schema readiness check), a deferred transaction with the room
+    row and the windowed page query, json.loads per event, then json.dumps of the whole page to check it fits
+    the page budget; the connection is closed on every call."""
+
+    name = "reference-style"
+    label = "reference-style read_events (new connection per call)"
+    dialects = frozenset({"sqlite"})
+    note = "written from the reference's behaviour"
+
+    def open(self, round_index: int) -> None:
+        self._use(self.state["target"])
+
+    def _use(self, path: str) -> None:
+        from hostedrooms import limits
+
+        self.page_bytes = int(limits.MAX_LOG_PAGE_BYTES)
+        self.path = path
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+        connection.row_factory = sqlite3.Row
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA foreign_keys=ON")
+        return connection
+
+    def read_page(self, since: int) -> dict[str, Any]:
+        # One connection at a time in this process, so closing it never drops another connection's locks.
+        connection = self._connect()
+        try:
+            for check in _SCHEMA_CHECKS:
+                connection.execute(check).fetchall()
+            connection.execute("BEGIN")
+            room = connection.execute(_REFERENCE_ROOM, (READ_ROOM, 0)).fetchone()
+            rows = connection.execute(_REFERENCE_PAGE, (READ_ROOM, since, self.workload.page,
+                                                        self.page_bytes)).fetchall()
+            connection.execute("COMMIT")
+        finally:
+            connection.close()
+        latest = int(room["next_seq"]) - 1
+        events = [{"room_id": row["room_id"], "seq": int(row["seq"]), "event_id": row["event_id"],
+                   "kind": row["kind"], "actor": json.loads(row["actor_json"]),
+                   "authority_epoch": int(row["authority_epoch"]) if row["authority_epoch"] is not None else None,
+                   "payload": json.loads(row["payload_json"]), "created_at": float(row["created_at"]),
+                   "idempotent": False} for row in rows]
+        cursor = events[-1]["seq"] if events else since
+        page = {"events": events, "cursor": cursor, "latest_seq": latest, "has_more": cursor < latest,
+                "authority": {"gateway_id": str(room["authority_gateway_id"]), "epoch": int(room["authority_epoch"])}}
+        if len(json.dumps(page, ensure_ascii=False, separators=(",", ":")).encode()) > self.page_bytes:
+            raise RuntimeError("a page over the byte budget: not a case this benchmark covers")
+        return page
+
+    def replay(self, index: int) -> int:
+        since, events = 0, 0
+        while True:
+            page = self.read_page(since)
+            events += len(page["events"])
+            since = page["cursor"]
+            if not page["has_more"]:
+                return events
+
+    def verify(self, engine: Any, target: str) -> None:
+        from hostedrooms import rooms
+
+        self._use(target)
+        if self.read_page(0) != rooms.read_events(engine, room_id=READ_ROOM, since_seq=0, limit=self.workload.page):
+            raise RuntimeError("the reference-style page differs from read_events'")
+
+    def durability(self) -> dict[str, str]:
+        connection = self._connect()  # a connection opened as each call opens its own
+        try:
+            return sqlite_durability(dbapi_scalar(connection))
+        finally:
+            connection.close()
+
+
+class Eventsourcing(Contender):
+    """eventsourcing's own recorder (no application, mapper or transcoder): StoredEvents whose state is the
+    canonical JSON of the actor and payload hostedrooms stores, encoded per event on append and decoded per
+    event on replay."""
+
+    requires = ("eventsourcing",)
+    requires_postgres = ("psycopg", "psycopg_pool")
+    recorder: ClassVar[str]  # "aggregate" or "application"
+    topic = "bench.events:MessageUser"
+
+    def _open_recorder(self, target: str) -> Any:
+        kind: Any
+        if self.ctx.postgres:
+            from eventsourcing import postgres
+            from sqlalchemy import make_url
+
+            url = make_url(target)
+            self.datastore: Any = postgres.PostgresDatastore(
+                str(url.database), str(url.host), int(url.port or 5432), str(url.username), str(url.password),
+                pool_size=1, max_overflow=0)
+            kind = postgres.PostgresApplicationRecorder if self.recorder == "application" else \
+                postgres.PostgresAggregateRecorder
+        else:
+            from eventsourcing import sqlite
+
+            # One connection, so the settings read back (and set) are the ones the recorder's calls run on.
+            self.datastore = sqlite.SQLiteDatastore(target, pool_size=1, max_overflow=0)
+            kind = sqlite.SQLiteApplicationRecorder if self.recorder == "application" else \
+                sqlite.SQLiteAggregateRecorder
+        return kind(self.datastore)
+
+    def prepare(self) -> dict[str, Any]:
+        target = self.ctx.new_database(f"es-{self.recorder}", migrated=False)
+        recorder = self._open_recorder(target)
+        recorder.create_table()
+        originator = uuid.uuid4()
+        stored = self.workload.room_size(self.ctx) if self.workload.stored[0] else 0
+        for start in range(0, stored, 500):
+            recorder.insert_events([self._event(originator, version)
+                                    for version in range(start + 1, min(stored, start + 500) + 1)])
+        self.datastore.close()
+        return {"target": target, "originator": str(originator)}
+
+    def _event(self, originator: uuid.UUID, version: int) -> Any:
+        from eventsourcing.persistence import StoredEvent
+
+        return StoredEvent(originator_id=originator, originator_version=version, topic=self.topic,
+                           state=event_state())
+
+    def _scalar(self, sql: str) -> Any:
+        if self.ctx.postgres:
+            with self.datastore.get_connection() as connection:
+                return dbapi_scalar(connection)(sql)
+        with self.datastore.get_connection(commit=False) as connection:
+            cursor = connection.cursor()  # eventsourcing's cursor wrapper: execute and fetchone only
+            cursor.execute(sql)
+            row = cursor.fetchone()
+            return row[0] if row is not None else None
+
+    def open(self, round_index: int) -> None:
+        self.store = self._open_recorder(self.state["target"])
+        self.originator = uuid.UUID(self.state["originator"]) if self.workload.stored[0] else uuid.uuid4()
+        if not self.ctx.postgres:
+            found = sqlite_durability(self._scalar)["synchronous"]
+            if found != self.ctx.synchronous:
+                self._scalar(f"PRAGMA synchronous={self.ctx.synchronous}")
+                self.notes.append(f"the bench set synchronous={self.ctx.synchronous} (eventsourcing left {found})")
+
+    def append_one(self, index: int) -> int:
+        self.store.insert_events([self._event(self.originator, index + 1)])
+        return 1
+
+    def append_batch(self, index: int) -> int:
+        size = self.workload.batch
+        self.store.insert_events([self._event(self.originator, index * size + item + 1) for item in range(size)])
+        return size
+
+    def replay(self, index: int) -> int:
+        page, total = self.workload.page, self.workload.room_size(self.ctx)
+        since: int | None = None
+        events = 0
+        while events < total:
+            stored = self.store.select_events(self.originator, gt=since, limit=page)
+            if not stored:
+                break
+            decoded = [json.loads(event.state) for event in stored]
+            events += len(decoded)
+            since = stored[-1].originator_version
+        return events
+
+    def durability(self) -> dict[str, str]:
+        return postgres_durability(self._scalar) if self.ctx.postgres else sqlite_durability(self._scalar)
+
+    def backend_pid(self) -> int | None:
+        if not self.ctx.postgres:
+            return None
+        with self.datastore.get_connection() as connection:
+            return int(connection.info.backend_pid)
+
+    def close(self) -> None:
+        self.datastore.close()
+
+
+class EventsourcingAggregate(Eventsourcing):
+    name = "es-aggregate"
+    label = "eventsourcing 9 aggregate recorder"
+    recorder = "aggregate"
+    note = "+json per event"
+
+
+class EventsourcingApplication(Eventsourcing):
+    name = "es-application"
+    label = "eventsourcing 9 application recorder"
+    recorder = "application"
+    note = "+json per event; notification ids"
+
+
+CONTENDERS: list[type[Contender]] = [
+    Hostedrooms,
+    EventsourcingAggregate,
+    EventsourcingApplication,
+    RawReferenceStatements,
+    RawInsert,
+    RawDictLoop,
+    ReferenceStyleRead,
+    HostedroomsToThread,
+]
