@@ -196,13 +196,22 @@ def _command_name(migration_context: MigrationContext) -> str | None:
 
 
 def alembic_ini(url: str | None = None) -> str:
-    """The text of an ``alembic.ini`` for an installed hostedrooms (``hostedrooms alembic-ini`` writes it).
+    """The text of an ``alembic.ini`` for this hostedrooms installation (``hostedrooms alembic-ini`` writes it).
 
     ``url`` (a SQLAlchemy URL or a SQLite path) becomes ``sqlalchemy.url``, the fallback after
     ``-x url=...`` and ``$HOSTEDROOMS_DATABASE_URL``; by default ``state.db`` in the working directory.
     """
     rendered = "sqlite:///state.db" if url is None else resolve_url(url).render_as_string(hide_password=False)
-    return _INI_TEMPLATE.format(script_location=PACKAGE_SCRIPT_LOCATION, url=rendered.replace("%", "%%"))
+    return _INI_TEMPLATE.format(script_location=_ini_script_location(), url=rendered.replace("%", "%%"))
+
+
+def _ini_script_location() -> str:
+    """``hostedrooms:_migrations`` where the scripts sit inside the installed package (a wheel), which stays
+    valid across reinstalls; in a checkout or an editable install, where they are the top-level ``alembic/``
+    folder, their absolute path."""
+    if (Path(__file__).resolve().parent / "_migrations" / "env.py").is_file():
+        return PACKAGE_SCRIPT_LOCATION
+    return str(script_location()).replace("%", "%%")
 
 
 _INI_TEMPLATE = """\
