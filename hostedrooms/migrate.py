@@ -176,23 +176,22 @@ class AlembicContext(Protocol):
 
 def upgrade_with_host(context: AlembicContext, connection: Connection, revision: str = "head") -> bool:
     """From a host application's ``env.py``, after its ``context.configure(...)``: upgrade hostedrooms on
-    ``connection`` when the host's own command is ``alembic upgrade`` (online), and do nothing for every
-    other command (``check``, ``revision --autogenerate``, ``downgrade``, ``stamp``, ``current``, ``--sql``).
-    Returns whether it ran.
+    ``connection`` when the host's run is an upgrade (``alembic upgrade``, or a runner such as pytest-alembic
+    upgrading), and do nothing otherwise (``check``, ``revision --autogenerate``, ``downgrade``, ``stamp``,
+    ``current``, ``--sql``). Returns whether it ran.
     """
-    if context.is_offline_mode() or _command_name(context.get_context()) != "upgrade":
+    if context.is_offline_mode() or not _is_upgrade(context.get_context()):
         return False
     upgrade(connection, revision)
     return True
 
 
-def _command_name(migration_context: MigrationContext) -> str | None:
-    """Which ``alembic.command`` function started this run: each passes a function of its own (``upgrade``,
-    ``downgrade``, ``check``'s ``retrieve_migrations``, ...) as ``fn``, which reaches the MigrationContext."""
-    fn = migration_context.opts.get("fn")
-    if getattr(fn, "__module__", None) != "alembic.command":
-        return None
-    return str(getattr(fn, "__qualname__", "")).split(".", 1)[0] or None
+def _is_upgrade(migration_context: MigrationContext) -> bool:
+    """Whether this run upgrades. Alembic gives env.py no command name, but every command passes a migration
+    function of its own as ``fn``: ``alembic.command.upgrade`` (and pytest-alembic's runner) one named
+    ``upgrade``; ``downgrade``, ``check``/``revision`` (``retrieve_migrations``), ``stamp`` (``do_stamp``) and
+    ``current`` (``display_version``) others."""
+    return getattr(migration_context.opts.get("fn"), "__name__", None) == "upgrade"
 
 
 def alembic_ini(url: str | None = None) -> str:

@@ -179,6 +179,8 @@ def _body(source: str, function: str) -> list[str]:
 
 HOSTEDROOMS = set(hostedrooms_metadata.tables) | {migrate.VERSION_TABLE}
 
+pytest_plugins = ["pytester"]
+
 
 @pytest.fixture
 def host_url(empty_target: str) -> str:
@@ -371,3 +373,34 @@ def test_several_hosts_upgrading_at_once_on_their_own_engines(empty_target: str,
         outputs.append(out)
     assert sum("Running upgrade  -> 0001_baseline" in out for out in outputs) == 1, outputs
     assert all(f"DONE {migrate.head_revision()}" in out for out in outputs), outputs
+
+
+HOST_PYTEST_ALEMBIC = '''
+import alembic.config
+import pytest
+from pytest_alembic.tests import (  # noqa: F401
+    test_model_definitions_match_ddl, test_single_head_revision, test_up_down_consistency, test_upgrade)
+from hostedrooms import migrate
+
+@pytest.fixture
+def alembic_config():
+    return alembic.config.Config("alembic.ini")  # the host's own history
+
+@pytest.fixture
+def alembic_engine(tmp_path):
+    import sqlalchemy as sa
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'host.db'}")
+    yield engine
+    engine.dispose()
+
+def test_hostedrooms_rides_along(alembic_runner, alembic_engine):
+    alembic_runner.migrate_up_to("heads")
+    assert migrate.current_revision(alembic_engine) == migrate.head_revision()  # the one-command env.py
+'''
+
+
+def test_pytest_alembic_on_the_host_history_with_the_readme_env_py(pytester: pytest.Pytester) -> None:
+    _write_host_app(pytester.path, "sqlite:///unused.db", one_command=True)
+    pytester.makepyfile(test_host_migrations=HOST_PYTEST_ALEMBIC)
+    pytester.makeini("[pytest]\npytest_alembic_tests_path = tests/pytest_alembic_autoregistration_disabled.py\n")
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=5)
