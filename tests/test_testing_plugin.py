@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import pytest
+import sqlalchemy as sa
+
+from hostedrooms import migrate
+from hostedrooms.testing import _prepare_template
 
 pytest_plugins = ["pytester"]
 
@@ -89,28 +96,18 @@ def test_host_metadata_joins_the_template_as_the_readme_shows(
     pytester.runpytest_subprocess(*options).assert_outcomes(passed=2)
 
 
-def test_host_setup_callable_receives_the_template_engine(
-        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("HOSTEDROOMS_TEST_POSTGRES_URL", raising=False)
-    conftest = '''
-import pytest
-import sqlalchemy as sa
-from hostedrooms import migrate
-from myapp.models import metadata
+def test_host_setup_callable_receives_the_migrated_template_engine(tmp_path: Path) -> None:
+    seen: list[sa.Engine] = []
 
-calls = []
+    def my_migrations(engine: sa.Engine) -> None:
+        assert migrate.is_at_head(engine)  # after hostedrooms' migrations
+        seen.append(engine)
+        with engine.begin() as connection:
+            connection.exec_driver_sql("CREATE TABLE host_orders (id INTEGER PRIMARY KEY)")
 
-def my_migrations(engine):
-    assert isinstance(engine, sa.Engine) and migrate.is_at_head(engine)  # after hostedrooms' migrations
-    calls.append(engine.url)
-    metadata.create_all(engine)
-
-@pytest.fixture(scope="session")
-def hostedrooms_host_setup():
-    return my_migrations
-
-def pytest_sessionfinish(session):
-    assert len(calls) == 1, calls  # once per session, not per test
-'''
-    _host_app(pytester, conftest, "sqlite")
-    pytester.runpytest_subprocess().assert_outcomes(passed=2)
+    template = str(tmp_path / "template.db")
+    _prepare_template(template, my_migrations)
+    assert len(seen) == 1
+    with sqlite3.connect(template) as connection:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"host_orders", "hosted_rooms", migrate.VERSION_TABLE} <= tables
