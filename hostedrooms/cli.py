@@ -202,6 +202,22 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK if not found else EXIT_FAILED
 
 
+def cmd_alembic_ini(args: argparse.Namespace, out: TextIO) -> int:
+    """Write an ``alembic.ini`` that drives the installed hostedrooms (``script_location`` inside the package)."""
+    text = migrate.alembic_ini(args.ini_url)
+    if args.path == "-":
+        out.write(text)
+        return EXIT_OK
+    mode = "w" if args.force else "x"  # never replace a file (a host's own alembic.ini, say) unless asked
+    try:
+        with open(args.path, mode, encoding="utf-8") as ini:
+            ini.write(text)
+    except FileExistsError:
+        raise HostedRoomError(f"{args.path} exists; pass --force to replace it") from None
+    out.write(f"wrote {args.path}: alembic -c {args.path} upgrade head\n")
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     from .demo import run_demo
 
@@ -216,6 +232,12 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
+
+
+def _add_alembic_ini(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("path", nargs="?", default="alembic.ini", help="file to write, or - for stdout")
+    sub.add_argument("--url", dest="ini_url", help="sqlalchemy.url to write (default: sqlite:///state.db)")
+    sub.add_argument("--force", action="store_true", help="replace an existing file")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     command("deliveries", cmd_deliveries, "list secure-peer deliveries").add_argument(
         "--state", choices=("prepared", "authorized", "queued", "running", "completed", "failed"))
     command("verify", cmd_verify, "check every store invariant; exit 1 on violations")
+    _add_alembic_ini(command("alembic-ini", cmd_alembic_ini, "write an alembic.ini for the installed package",
+                             url=False))
     demo = command("demo", cmd_demo, "run the failover story on two gateways' databases", url=False)
     demo.add_argument("--dir", help="folder for the two SQLite files (default: a temporary folder)")
     demo.add_argument("--url-a", help="gateway A's database URL (instead of a SQLite file)")

@@ -179,6 +179,13 @@ class SQLiteDialect(StoreDialect):
     def defer_begin(self, connection: Connection) -> None:
         connection.connection.info[_DEFERRED_BEGIN] = True
 
+    def lock_migrations(self, connection: Connection) -> None:
+        # Our engines began this transaction with BEGIN IMMEDIATE. A host application's engine (its env.py's
+        # connection) leaves pysqlite's default: no BEGIN before DDL, so each statement would commit on its
+        # own and two upgraders would interleave. Begin the write transaction here instead.
+        if not connection.connection.dbapi_connection.in_transaction:  # type: ignore[union-attr]
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
     def insert(self, table: Table) -> UpsertInsert:
         return sqlite.insert(table)  # type: ignore[return-value]
 

@@ -1,19 +1,24 @@
-"""Schema migrations: the Alembic environment and a small API over ``alembic.command``.
+"""Schema migrations: the Alembic environment, a small migration API, and the hooks for a host's Alembic.
 
 ``upgrade(target)`` works from a checkout and from an installed wheel: the scripts ship inside the package
-as ``hostedrooms._migrations`` (the top-level ``alembic/`` folder of the repository).
+as ``hostedrooms._migrations`` (the top-level ``alembic/`` folder of the repository). It runs hostedrooms'
+migration context directly on one connection, never as an ``alembic.command``, so a host application's
+``env.py`` may call it (or :func:`upgrade_with_host`) in the middle of its own Alembic command.
+
+For a host application's ``env.py``: :func:`host_include_name` and :func:`host_include_object` keep
+hostedrooms' tables, indexes and version table out of the host's autogenerate and ``alembic check``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging.config
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from alembic import command
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.runtime.environment import EnvironmentContext
@@ -21,13 +26,22 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
-from .db import DATABASE_URL_ENV, Target, create_engine
+from .db import DATABASE_URL_ENV, Target, create_engine, resolve_url
 from .dialect import dialect_for
 from .errors import HostedRoomError, translate
 from .models import metadata
 
+if TYPE_CHECKING:
+    from alembic.runtime.environment import NameFilterParentNames, NameFilterType
+
 #: hostedrooms' own Alembic version table (a host application keeps ``alembic_version``).
 VERSION_TABLE = "hostedrooms_alembic_version"
+
+#: Every table hostedrooms owns in a shared database: its models' tables and its version table.
+HOSTEDROOMS_TABLES = frozenset(metadata.tables) | {VERSION_TABLE}
+
+#: ``script_location`` for an ``alembic.ini`` that drives an installed hostedrooms (no checkout needed).
+PACKAGE_SCRIPT_LOCATION = "hostedrooms:_migrations"
 
 
 def script_location() -> Path:
@@ -71,15 +85,37 @@ def _bound(target: Target | Connection) -> Iterator[Engine | Connection]:
 
 
 def upgrade(target: Target | Connection, revision: str = "head") -> None:
-    """Upgrade the hostedrooms schema in ``target`` to ``revision`` in one transaction."""
-    with _bound(target) as bind:
-        command.upgrade(alembic_config(bind), revision)
+    """Upgrade the hostedrooms schema in ``target`` to ``revision`` in one transaction.
+
+    ``target`` may be the Connection a host application's ``env.py`` holds: the migrations then run on it
+    (inside the host's transaction if one is open, else in one of their own) without starting a nested
+    Alembic command.
+    """
+    _run(target, revision, lambda script, heads: script._upgrade_revs(revision, heads))
 
 
 def downgrade(target: Target | Connection, revision: str) -> None:
     """Downgrade the hostedrooms schema in ``target`` to ``revision``."""
+    _run(target, revision, lambda script, heads: script._downgrade_revs(revision, heads))
+
+
+def _run(target: Target | Connection, revision: str, steps: Callable[[ScriptDirectory, Any], Any]) -> None:
+    """Run hostedrooms' migration context on ``target`` directly.
+
+    ``alembic.command`` would install its ``alembic.context`` proxy and remove it on exit, which breaks a host
+    command this call is nested in (``KeyError: 'config'``); an EnvironmentContext used through its methods
+    touches no module proxy, and ``env.py`` (with its logging set-up) is not loaded at all.
+    """
+    config = alembic_config()
+    script = ScriptDirectory.from_config(config)
+    environment = EnvironmentContext(
+        config, script, fn=lambda heads, _context: steps(script, heads), destination_rev=revision)
     with _bound(target) as bind:
-        command.downgrade(alembic_config(bind), revision)
+        if isinstance(bind, Connection):
+            _run_on(environment, bind)
+            return
+        with create_engine(bind).connect() as connection:  # a given Engine gets our SQLite hooks
+            _run_on(environment, connection)
 
 
 def head_revision() -> str | None:
@@ -106,6 +142,125 @@ def is_at_head(target: Target | Connection) -> bool:
     return current_revision(target) == head_revision()
 
 
+# --- hooks for a host application's own env.py ----------------------------------------------------------
+
+
+def _ours(table_name: str | None) -> bool:
+    return table_name in HOSTEDROOMS_TABLES
+
+
+def host_include_name(name: str | None, type_: NameFilterType, parent_names: NameFilterParentNames) -> bool:
+    """``include_name`` for a host's ``env.py``: never reflect hostedrooms' tables or their indexes and
+    constraints, so the host's autogenerate proposes no drop and its ``alembic check`` stays clean."""
+    if type_ == "table":
+        return not _ours(name)
+    return not _ours(parent_names.get("table_name"))
+
+
+def host_include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """``include_object`` for a host's ``env.py``: skip hostedrooms' tables on both sides of the comparison,
+    for hosts whose ``target_metadata`` also holds them (for foreign keys to ``hosted_rooms``, say)."""
+    if type_ == "table":
+        return not _ours(name)
+    table = getattr(obj, "table", None)
+    return table is None or not _ours(table.name)
+
+
+class AlembicContext(Protocol):
+    """What :func:`upgrade_with_host` needs of a host's ``alembic.context`` (or an EnvironmentContext)."""
+
+    def is_offline_mode(self) -> bool: ...
+
+    def get_context(self) -> MigrationContext: ...
+
+
+def upgrade_with_host(context: AlembicContext, connection: Connection, revision: str = "head") -> bool:
+    """From a host application's ``env.py``, after its ``context.configure(...)``: upgrade hostedrooms on
+    ``connection`` when the host's run is an upgrade (``alembic upgrade``, or a runner such as pytest-alembic
+    upgrading), and do nothing otherwise (``check``, ``revision --autogenerate``, ``downgrade``, ``stamp``,
+    ``current``, ``--sql``). Returns whether it ran.
+    """
+    if context.is_offline_mode() or not _is_upgrade(context.get_context()):
+        return False
+    upgrade(connection, revision)
+    return True
+
+
+def _is_upgrade(migration_context: MigrationContext) -> bool:
+    """Whether this run upgrades. Alembic gives env.py no command name, but every command passes a migration
+    function of its own as ``fn``: ``alembic.command.upgrade`` (and pytest-alembic's runner) one named
+    ``upgrade``; ``downgrade``, ``check``/``revision`` (``retrieve_migrations``), ``stamp`` (``do_stamp``) and
+    ``current`` (``display_version``) others."""
+    return getattr(migration_context.opts.get("fn"), "__name__", None) == "upgrade"
+
+
+def alembic_ini(url: str | None = None) -> str:
+    """The text of an ``alembic.ini`` for this hostedrooms installation (``hostedrooms alembic-ini`` writes it).
+
+    ``url`` (a SQLAlchemy URL or a SQLite path) becomes ``sqlalchemy.url``, the fallback after
+    ``-x url=...`` and ``$HOSTEDROOMS_DATABASE_URL``; by default ``state.db`` in the working directory.
+    """
+    rendered = "sqlite:///state.db" if url is None else resolve_url(url).render_as_string(hide_password=False)
+    return _INI_TEMPLATE.format(script_location=_ini_script_location(), url=rendered.replace("%", "%%"))
+
+
+def _ini_script_location() -> str:
+    """``hostedrooms:_migrations`` where the scripts sit inside the installed package (a wheel), which stays
+    valid across reinstalls; in a checkout or an editable install, where they are the top-level ``alembic/``
+    folder, their absolute path."""
+    if (Path(__file__).resolve().parent / "_migrations" / "env.py").is_file():
+        return PACKAGE_SCRIPT_LOCATION
+    return str(script_location()).replace("%", "%%")
+
+
+_INI_TEMPLATE = """\
+# Alembic configuration for an installed hostedrooms (written by `hostedrooms alembic-ini`).
+#   alembic -c THIS_FILE upgrade head
+# The database comes from `-x url=...`, else $HOSTEDROOMS_DATABASE_URL, else sqlalchemy.url below.
+# hostedrooms keeps its own version table (hostedrooms_alembic_version), so it can share a database with a
+# host application's own Alembic history.
+
+[alembic]
+script_location = {script_location}
+path_separator = os
+sqlalchemy.url = {url}
+
+[loggers]
+keys = root,sqlalchemy,alembic
+
+[handlers]
+keys = console
+
+[formatters]
+keys = generic
+
+[logger_root]
+level = WARNING
+handlers = console
+qualname =
+
+[logger_sqlalchemy]
+level = WARNING
+handlers =
+qualname = sqlalchemy.engine
+
+[logger_alembic]
+level = INFO
+handlers =
+qualname = alembic
+
+[handler_console]
+class = StreamHandler
+args = (sys.stderr,)
+level = NOTSET
+formatter = generic
+
+[formatter_generic]
+format = %(levelname)-5.5s [%(name)s] %(message)s
+datefmt = %H:%M:%S
+"""
+
+
 # --- the Alembic environment (alembic/env.py delegates here) ---------------------------------------------
 
 
@@ -115,6 +270,13 @@ def include_object(obj: Any, name: str | None, type_: str, reflected: bool, comp
         return name in metadata.tables
     table = getattr(obj, "table", None)
     return table is None or table.name in metadata.tables
+
+
+def include_name(name: str | None, type_: NameFilterType, parent_names: NameFilterParentNames) -> bool:
+    """hostedrooms' environment does not even reflect a host's tables (their types may be unknown to us)."""
+    if type_ == "table":
+        return name in metadata.tables
+    return True
 
 
 def _connectable(context: EnvironmentContext) -> Engine | Connection:
@@ -136,6 +298,7 @@ def _configure(context: EnvironmentContext, connection: Connection) -> None:
         connection=connection,
         target_metadata=metadata,
         version_table=VERSION_TABLE,
+        include_name=include_name,
         include_object=include_object,
         render_as_batch=connection.dialect.name == "sqlite",
         # SQLite DDL is transactional once we control BEGIN; one transaction makes a failed upgrade a no-op.
@@ -153,8 +316,20 @@ def _run_on(context: EnvironmentContext, connection: Connection) -> None:
         context.run_migrations()
 
 
+def _configure_logging(config: Config) -> None:
+    """Apply the logging sections of the ``alembic.ini`` the ``alembic`` command line was given, as Alembic's
+    own templates do, so a deploy log shows each ``Running upgrade ... -> ...``. A Config built in code (the
+    library calls, pytest-alembic, a host's tests) has no file and leaves the process's logging alone; so
+    does ``config.attributes["configure_logger"] = False``."""
+    if config.config_file_name is None or not config.attributes.get("configure_logger", True):
+        return
+    if config.file_config.has_section("loggers"):
+        logging.config.fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+
 def run_alembic_env(context: EnvironmentContext) -> None:
     """The body of ``alembic/env.py``: offline SQL rendering or an online run on one connection."""
+    _configure_logging(context.config)
     if context.is_offline_mode():
         url = context.get_x_argument(as_dictionary=True).get("url") or os.environ.get(DATABASE_URL_ENV)
         context.configure(

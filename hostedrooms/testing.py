@@ -14,6 +14,13 @@ By default each test gets its own SQLite file (copied from a template migrated o
 on PostgreSQL, pass ``--hostedrooms-postgres-url=postgresql://admin:pw@host/postgres`` or set
 ``HOSTEDROOMS_TEST_POSTGRES_URL``: an admin URL whose role may ``CREATE DATABASE``. Each test then gets a
 fresh database cloned from a migrated template database, dropped afterwards.
+
+The application's own tables join the template once per session: override ``hostedrooms_host_setup`` (a
+session fixture) to return the application's ``MetaData`` or a callable taking the template's Engine::
+
+    @pytest.fixture(scope="session")
+    def hostedrooms_host_setup():
+        return myapp.models.metadata
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +38,9 @@ from . import migrate
 from .db import create_engine
 
 POSTGRES_URL_ENV = "HOSTEDROOMS_TEST_POSTGRES_URL"
+
+#: What ``hostedrooms_host_setup`` may return: the host's tables, or a callable given the template's Engine.
+HostSetup = sa.MetaData | Callable[[sa.Engine], object] | None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -88,20 +98,45 @@ def hostedrooms_postgres_url(request: pytest.FixtureRequest) -> str | None:
 
 
 @pytest.fixture(scope="session")
+def hostedrooms_host_setup() -> HostSetup:
+    """Override in the application's ``conftest.py`` to add its own tables to every test database: return a
+    ``MetaData`` (``create_all`` runs on the template) or a callable taking the template's Engine (to run the
+    application's own migrations, say). Applied once per session, after hostedrooms' migrations."""
+    return None
+
+
+def _prepare_template(target: str, host_setup: HostSetup) -> None:
+    migrate.upgrade(target)
+    if host_setup is None:
+        return
+    engine = create_engine(target)
+    try:
+        if isinstance(host_setup, sa.MetaData):
+            host_setup.create_all(engine)
+        else:
+            host_setup(engine)
+    finally:
+        engine.dispose()  # PostgreSQL clones a template only when nobody is connected to it
+
+
+@pytest.fixture(scope="session")
 def _hostedrooms_template(
-    hostedrooms_postgres_url: str | None, tmp_path_factory: pytest.TempPathFactory
+    hostedrooms_postgres_url: str | None, hostedrooms_host_setup: HostSetup, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """A database migrated to head once per session: a SQLite file path, or a PostgreSQL database name."""
+    """A database migrated to head once per session (with the host's tables): a SQLite file path, or a
+    PostgreSQL database name."""
     if hostedrooms_postgres_url is None:
         path = tmp_path_factory.mktemp("hostedrooms-template") / "template.db"
-        migrate.upgrade(path)
+        _prepare_template(str(path), hostedrooms_host_setup)
         yield str(path)
         return
     name = unique_name("hostedrooms_template")
     url = create_database(hostedrooms_postgres_url, name)
-    migrate.upgrade(url)
-    yield name
-    drop_database(hostedrooms_postgres_url, name)
+    try:
+        _prepare_template(url, hostedrooms_host_setup)
+        yield name
+    finally:
+        drop_database(hostedrooms_postgres_url, name)
 
 
 @pytest.fixture

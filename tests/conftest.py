@@ -69,11 +69,16 @@ def pg_admin_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def pg_worker_url(pg_admin_url: str) -> str:
-    """This worker's own migrated PostgreSQL database (tests empty it before use)."""
-    url = create_database(pg_admin_url, f"hostedrooms_test_{_worker()}_{os.getpid()}")
-    migrate.upgrade(url)
-    return url
+def pg_worker_url(pg_admin_url: str) -> Iterator[str]:
+    """This worker's own migrated PostgreSQL database (tests empty it before use), dropped at the end of the
+    session: on a server of the user's own ($HOSTEDROOMS_TEST_POSTGRES_URL) a run leaves nothing behind."""
+    name = f"hostedrooms_test_{_worker()}_{os.getpid()}"
+    url = create_database(pg_admin_url, name)
+    try:
+        migrate.upgrade(url)
+        yield url
+    finally:
+        drop_database(pg_admin_url, name)
 
 
 # --- SQLite template ---------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from hostedrooms import migrate
 from hostedrooms.db import create_engine
 from hostedrooms.models import metadata
 
+pytest_plugins = ["pytester"]
+
 
 @pytest.fixture
 def alembic_config() -> alembic.config.Config:
@@ -104,3 +106,14 @@ def test_constraint_names_follow_the_naming_convention(engine: sa.Engine) -> Non
         assert "uq_hosted_room_events_room_id_event_id" in uniques
         indexes = {ix["name"] for ix in inspector.get_indexes("secure_peer_deliveries")}
         assert {"secure_peer_delivery_queued_owner", "secure_peer_delivery_run_owner"} <= indexes
+
+
+def test_the_readme_pytest_alembic_module_runs_in_a_host_suite(pytester: pytest.Pytester) -> None:
+    """pytest-alembic's built-in tests on hostedrooms' history, from a host's suite (with a tests/conftest.py,
+    where pytest-alembic's own collector would fail on pytest 9), as the README shows."""
+    from test_readme import readme_block
+
+    pytester.makepyfile(**{"tests/conftest.py": "", "tests/test_hostedrooms_migrations.py":
+                           readme_block("from pytest_alembic.tests import")})
+    pytester.makepyprojecttoml(readme_block("pytest_alembic_tests_path", "toml"))
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=4)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import pytest
+import sqlalchemy as sa
+
+from hostedrooms import migrate
+from hostedrooms.testing import _prepare_template
 
 pytest_plugins = ["pytester"]
 
@@ -39,3 +46,68 @@ def test_plugin_on_postgresql(pytester: pytest.Pytester, pg_admin_url: str) -> N
     pytester.makepyfile(HOST_APP_TESTS.replace("EXPECTED", "'postgresql'"))
     result = pytester.runpytest_subprocess(f"--hostedrooms-postgres-url={pg_admin_url}")
     result.assert_outcomes(passed=3)
+
+
+# --- the host's own tables in the fixture databases ---------------------------------------------------------
+
+HOST_MODELS = '''
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+orders = sa.Table("host_orders", metadata, sa.Column("id", sa.Integer, primary_key=True),
+                  sa.Column("room_id", sa.String(128), nullable=False))
+'''
+
+HOST_TABLE_TESTS = '''
+import sqlalchemy as sa
+from hostedrooms import migrate, rooms
+from myapp.models import orders
+
+def _add_order(engine):
+    with engine.begin() as connection:
+        connection.execute(sa.insert(orders).values(room_id="r1"))
+        return connection.execute(sa.select(sa.func.count()).select_from(orders)).scalar_one()
+
+def test_host_table_next_to_hostedrooms(hostedrooms_engine):
+    assert migrate.is_at_head(hostedrooms_engine)
+    rooms.create_room(hostedrooms_engine, room_id="r1", name="R", members=[], authority_gateway_id="install:t")
+    assert _add_order(hostedrooms_engine) == 1
+
+def test_host_table_is_isolated_per_test(hostedrooms_engine):
+    assert _add_order(hostedrooms_engine) == 1
+    assert hostedrooms_engine.dialect.name == EXPECTED
+'''
+
+
+def _host_app(pytester: pytest.Pytester, conftest: str, expected: str) -> None:
+    pytester.makepyfile(**{"myapp/__init__": "", "myapp/models": HOST_MODELS})
+    pytester.makeconftest(conftest)
+    pytester.makepyfile(test_host=HOST_TABLE_TESTS.replace("EXPECTED", repr(expected)))
+
+
+def test_host_metadata_joins_the_template_as_the_readme_shows(
+        pytester: pytest.Pytester, backend: str, request: pytest.FixtureRequest,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_readme import readme_block
+
+    monkeypatch.delenv("HOSTEDROOMS_TEST_POSTGRES_URL", raising=False)
+    _host_app(pytester, readme_block("def hostedrooms_host_setup"), backend)
+    options = [] if backend == "sqlite" else [f"--hostedrooms-postgres-url={request.getfixturevalue('pg_admin_url')}"]
+    pytester.runpytest_subprocess(*options).assert_outcomes(passed=2)
+
+
+def test_host_setup_callable_receives_the_migrated_template_engine(tmp_path: Path) -> None:
+    seen: list[sa.Engine] = []
+
+    def my_migrations(engine: sa.Engine) -> None:
+        assert migrate.is_at_head(engine)  # after hostedrooms' migrations
+        seen.append(engine)
+        with engine.begin() as connection:
+            connection.exec_driver_sql("CREATE TABLE host_orders (id INTEGER PRIMARY KEY)")
+
+    template = str(tmp_path / "template.db")
+    _prepare_template(template, my_migrations)
+    assert len(seen) == 1
+    with sqlite3.connect(template) as connection:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"host_orders", "hosted_rooms", migrate.VERSION_TABLE} <= tables
