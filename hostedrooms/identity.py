@@ -20,8 +20,7 @@ def local_gateway_id(explicit: Any = None) -> str:
     did (the replicas facade passes its module's ``local_authority_gateway_id`` this way).
     """
     if callable(explicit):
-        explicit = explicit()
-        return identifier(explicit, error=HostedRoomError, label="authority_gateway_id")
+        return identifier(explicit(), error=HostedRoomError, label="authority_gateway_id")
     if explicit is not None:
         return identifier(explicit, error=HostedRoomError, label="authority_gateway_id")
     install_id = os.environ.get(INSTALL_ID_ENV, "").strip()
