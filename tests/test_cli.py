@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -270,3 +271,51 @@ def test_log_follow_prints_new_events_as_they_arrive(tmp_path: Path) -> None:
         follower.wait(timeout=10)
         engine.dispose()
     assert len(lines) == 2 and '"seq": 1' in lines[0] and '"seq": 2' in lines[1], lines
+
+
+def _reader(target: str, ready: Any, stop: Any, results: Any) -> None:
+    """Run ``current`` on ``target`` until told to stop; report each outcome (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    seen = []
+    while not stop.is_set() or len(seen) < 5:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = main(["current", "--url", target], out=out)
+        seen.append((code, out.getvalue(), err.getvalue()))
+        ready.set()
+    results.put(seen)
+
+
+def test_concurrent_readers_never_create_or_disturb_a_database_being_created(tmp_path: Path) -> None:
+    import multiprocessing
+
+    target = str(tmp_path / "state.db")
+    context = multiprocessing.get_context("spawn")
+    results, stop = context.Queue(), context.Event()
+    ready = [context.Event() for _ in range(3)]
+    readers = [context.Process(target=_reader, args=(target, flag, stop, results)) for flag in ready]
+    for reader in readers:
+        reader.start()
+    try:
+        for flag in ready:
+            assert flag.wait(timeout=120)  # every reader is polling the missing file
+        migrate.upgrade(target)  # this process creates and migrates the file while they poll
+    finally:
+        stop.set()
+    outcomes = [outcome for _ in readers for outcome in results.get(timeout=300)]
+    for reader in readers:
+        reader.join(timeout=60)
+        assert reader.exitcode == 0
+    head = migrate.head_revision()
+    for code, out, err in outcomes:
+        assert (code, out, err) in {(0, f"{head} (head)\n", ""), (0, "(none)\n", "")} or (
+            code == 1 and out == "" and err.count("\n") == 1
+            and ("does not exist" in err or "is unavailable" in err)), (code, out, err)
+    assert any("does not exist" in err for _, _, err in outcomes)  # they ran before the file existed ...
+    assert any(out == f"{head} (head)\n" for _, out, _ in outcomes)  # ... and after it was migrated
+    assert main(["verify", "--url", target]) == 0
+    assert {path.name for path in tmp_path.iterdir()} <= {"state.db", "state.db-wal", "state.db-shm"}
+    print("reader outcomes:", sorted({(code, (out or err).strip()[:40]) for code, out, err in outcomes}),
+          len(outcomes))
