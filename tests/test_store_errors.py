@@ -352,6 +352,12 @@ def _peers(engine: Any) -> Any:
     return peers.list_room_link_records(engine)
 
 
+def _probe(engine: Any) -> Any:
+    from hostedrooms import peers
+
+    return peers.probe_hosted_room(engine, room_id="r1")
+
+
 def _replicas(engine: Any) -> Any:
     from hostedrooms import replicas
 
@@ -365,7 +371,7 @@ def _verify(engine: Any) -> Any:
 
 
 @pytest.mark.parametrize("call", [
-    create_engine, migrate.upgrade, migrate.current_revision, UnitOfWork, rooms.list_rooms, _peers, _replicas,
+    create_engine, migrate.upgrade, migrate.current_revision, UnitOfWork, rooms.list_rooms, _peers, _probe, _replicas,
     _ledger, _verify, _compat_rooms, _compat_replicas, _compat_ledger,
 ], ids=lambda call: getattr(call, "__name__", str(call)).lstrip("_"))
 def test_an_async_engine_is_refused_clearly(call: Any) -> None:
