@@ -1,7 +1,8 @@
 """The ``hostedrooms`` console script: migrate, inspect, verify, and a demo of the whole story.
 
 Every command takes ``--url`` (default: ``$HOSTEDROOMS_DATABASE_URL``, else ``./state.db``). Errors are one
-line on stderr and a non-zero exit; progress is shown only when stderr is a terminal.
+line on stderr and a non-zero exit; progress is shown only when stderr is a terminal. Only ``upgrade`` and
+``demo`` create a SQLite file: every other command refuses a missing one and leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from sqlalchemy import Engine
 
 from . import migrate
 from .db import DATABASE_URL_ENV, create_engine
-from .errors import HostedRoomError, translate
+from .errors import UPGRADE_HINT, HostedRoomError, SchemaMissingError, describe_target, translate
 from .integrity import verify
 from .models import deliveries, events, replicas, rooms
 from .uow import UnitOfWork
@@ -57,8 +58,9 @@ def default_url() -> str:
 
 
 @contextmanager
-def _engine(args: argparse.Namespace) -> Iterator[Engine]:
-    engine = create_engine(args.url)
+def _engine(args: argparse.Namespace, *, create: bool = False) -> Iterator[Engine]:
+    """The engine of ``--url``; a SQLite file must already exist unless ``create`` (upgrade only)."""
+    engine = create_engine(args.url, create=create)
     try:
         yield engine
     finally:
@@ -67,8 +69,7 @@ def _engine(args: argparse.Namespace) -> Iterator[Engine]:
 
 def _require_schema(engine: Engine) -> None:
     if migrate.current_revision(engine) is None:
-        raise HostedRoomError(f"no hostedrooms schema in {engine.url.render_as_string(hide_password=True)}; "
-                              "run `hostedrooms upgrade` first")
+        raise SchemaMissingError(f"no hostedrooms schema in {describe_target(engine.url)}; {UPGRADE_HINT} first")
 
 
 def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) -> None:
@@ -87,7 +88,7 @@ def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) -
 def cmd_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     progress = Progress()
     progress(f"upgrading to {args.revision} ...")
-    with _engine(args) as engine:
+    with _engine(args, create=True) as engine:
         migrate.upgrade(engine, args.revision)
         progress.done()
         out.write(f"at {migrate.current_revision(engine)}\n")

@@ -3,22 +3,26 @@
 A filesystem path means a SQLite file (WAL, ``synchronous=FULL``, foreign keys, a busy timeout, and
 ``BEGIN IMMEDIATE`` for write transactions). A ``postgresql://`` URL uses psycopg 3. Bad targets raise
 :class:`~hostedrooms.errors.HostedRoomError` naming the target with its password masked.
+
+SQLite creates a database file (and hostedrooms its parent folders) on first use; ``create=False`` opens only
+a file that already exists, for tools that must never leave a stray file behind a typo.
 """
 
 from __future__ import annotations
 
 import os
+import urllib.parse
 import weakref
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy import URL, Engine, make_url
+from sqlalchemy import URL, Engine, event, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import StaticPool
 
 from .dialect import SUPPORTED_DIALECTS, dialect_for
-from .errors import HostedRoomError, describe_target
+from .errors import HostedRoomError, StoreConfigurationError, StoreMissingError, describe_target
 
 Target = str | os.PathLike[str] | URL | Engine
 
@@ -30,8 +34,19 @@ SYNCHRONOUS_MODES = frozenset({"FULL", "EXTRA", "NORMAL"})
 _configured: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
+def reject_async(target: object) -> None:
+    """Refuse an asyncio engine or connection: every hostedrooms call is synchronous and needs an Engine."""
+    if isinstance(target, Engine):
+        return
+    if getattr(target, "sync_engine", None) is not None or type(target).__module__.startswith("sqlalchemy.ext.asyncio"):
+        raise HostedRoomError(
+            f"hostedrooms needs a synchronous SQLAlchemy Engine, not {type(target).__name__}; "
+            "build one with hostedrooms.create_engine(url) (an async API is not available yet)")
+
+
 def resolve_url(target: str | os.PathLike[str] | URL) -> URL:
     """The SQLAlchemy URL for a target; a plain path becomes an absolute SQLite file URL."""
+    reject_async(target)
     if isinstance(target, URL):
         url = target
     elif isinstance(target, os.PathLike) or "://" not in str(target):
@@ -68,13 +83,19 @@ def create_engine(
     *,
     synchronous: str = "FULL",
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    create: bool = True,
     **engine_kwargs: Any,
 ) -> Engine:
     """Build (or adopt) an Engine configured for hostedrooms.
 
     ``synchronous`` applies to SQLite only; ``FULL`` (the default) makes every commit durable. ``NORMAL``
     is an explicit opt-in that may lose the last commits on power loss (never on a process crash).
+
+    ``create=False`` applies to SQLite file paths and URLs: a missing file raises
+    :class:`~hostedrooms.errors.StoreMissingError` and no connection of the engine ever creates one (nor
+    its folder). A database server never creates a database on connect, so PostgreSQL ignores it.
     """
+    reject_async(target)
     if synchronous not in SYNCHRONOUS_MODES:
         raise HostedRoomError(f"synchronous must be one of {', '.join(sorted(SYNCHRONOUS_MODES))}")
     if isinstance(target, Engine):
@@ -82,8 +103,9 @@ def create_engine(
     url = resolve_url(target)
     # Statement parameters carry user messages and private grants: keep them out of errors and logs.
     engine_kwargs.setdefault("hide_parameters", True)
+    existing_file: str | None = None
     if url.get_backend_name() == "sqlite":
-        _prepare_sqlite_file(url)
+        existing_file = _prepare_sqlite_file(url, create=create)
         if url.database in (None, "", ":memory:"):
             engine_kwargs.setdefault("poolclass", StaticPool)
         engine_kwargs.setdefault("connect_args", {}).setdefault("check_same_thread", False)
@@ -91,6 +113,8 @@ def create_engine(
         engine = sqlalchemy.create_engine(url, **engine_kwargs)
     except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ImportError) as exc:
         raise HostedRoomError(f"cannot use database {describe_target(url)}: {exc}") from exc
+    if existing_file is not None:
+        _open_existing_only(engine, existing_file)
     dialect_for(engine).configure_engine(engine, synchronous=synchronous, busy_timeout=busy_timeout)
     _configured.add(engine)
     return engine
@@ -108,14 +132,35 @@ def _adopt_engine(engine: Engine, *, synchronous: str, busy_timeout: float) -> E
     return engine
 
 
-def _prepare_sqlite_file(url: URL) -> None:
+def _prepare_sqlite_file(url: URL, *, create: bool) -> str | None:
+    """Check a SQLite file target (and make its folder when ``create``); return the file that must exist."""
     database = url.database
-    if database and database != ":memory:" and not database.startswith("file:"):
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None  # in memory, or a URI whose mode= the caller chose
+    path = Path(database)
+    if path.is_dir():
+        raise StoreConfigurationError(f"hosted room store {database} is a directory, not a SQLite file")
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return None
+    if not path.exists():
+        raise StoreMissingError(f"hosted room store {database} does not exist (no SQLite file there)")
+    return database
+
+
+def _open_existing_only(engine: Engine, database: str) -> None:
+    """Connect with SQLite's ``mode=rw`` URI, so a file removed after the check is never created again."""
+    uri = f"file:{urllib.parse.quote(database)}?mode=rw"
+
+    @event.listens_for(engine, "do_connect")
+    def _connect_existing(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
+        cargs[:] = [uri]
+        cparams["uri"] = True
 
 
 def sqlite_path(engine: Engine) -> Path | None:
     """The file behind a SQLite engine, or None (PostgreSQL, in-memory)."""
+    reject_async(engine)
     if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
         return None
     return Path(str(engine.url.database))

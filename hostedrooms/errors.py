@@ -4,6 +4,12 @@ The class names and bases are the reference implementation's, so callers that ca
 ``HostedRoomError`` (a ``ValueError``) or check ``exc.reason`` keep working. Storage failures that the
 seeds let escape raw (``sqlite3.OperationalError``, ``psycopg`` errors) become :class:`StorageError`
 subclasses here, with the driver error chained as ``__cause__``.
+
+Storage failures come in two kinds a caller must tell apart: :class:`StoreUnavailableError` is transient
+(retry later: unreachable, locked, full, restarting, a serialization failure), :class:`StoreConfigurationError`
+is not (an operator must act: wrong credentials, a missing database or host, a schema never migrated).
+They are classified by SQLSTATE on PostgreSQL, by result code on SQLite, and by the driver's message where
+it gives nothing else (libpq reports connection-time failures as text only).
 """
 
 from __future__ import annotations
@@ -65,11 +71,38 @@ class StorageError(HostedRoomError):
 
 
 class StoreUnavailableError(StorageError):
-    """The database could not be reached, or stayed locked past its timeout."""
+    """Transient: the database could not be reached, stayed locked past its timeout, is full, is restarting, or
+    aborted the transaction to resolve a conflict (serialization failure, deadlock). Nothing was committed; the
+    same call may succeed later."""
 
 
 class StoreIntegrityError(StorageError):
     """The database refused a write on a constraint: a concurrent writer or a corrupted store."""
+
+
+class StoreConfigurationError(StorageError):
+    """Not transient: the target is misconfigured (or cannot be opened), and retrying cannot help until someone
+    fixes it. The subclasses name the usual causes; this class covers the rest (permissions, not a database)."""
+
+
+class StoreAuthenticationError(StoreConfigurationError):
+    """The database server refused the credentials (wrong password, unknown role, no ``pg_hba.conf`` entry)."""
+
+
+class StoreMissingError(StoreConfigurationError):
+    """The named database does not exist (a PostgreSQL database, or a SQLite file opened with ``create=False``)."""
+
+
+class StoreHostNotFoundError(StoreConfigurationError):
+    """The database host name does not resolve (a temporary DNS failure is a :class:`StoreUnavailableError`)."""
+
+
+class SchemaMissingError(StoreConfigurationError):
+    """The database has no hostedrooms schema, or an older one: run ``hostedrooms upgrade``."""
+
+
+#: How to install or update the schema; every SchemaMissingError says so.
+UPGRADE_HINT = "run `hostedrooms upgrade`"
 
 
 def describe_target(url: URL | str) -> str:
@@ -85,16 +118,116 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(original).__name__
 
 
+# --- classification ------------------------------------------------------------------------------------------
+
+# PostgreSQL SQLSTATEs (appendix A of its manual), by class (first two characters) or in full.
+_PG_TRANSIENT_CLASSES = frozenset({
+    "08",  # connection exception
+    "53",  # insufficient resources: disk full, out of memory, too many connections
+    "40",  # transaction rollback: serialization failure, deadlock
+})
+_PG_TRANSIENT = frozenset({
+    "55P03",  # lock_not_available (lock_timeout)
+    "57014",  # query_canceled (statement_timeout)
+    "57P01", "57P02", "57P03",  # admin_shutdown, crash_shutdown, cannot_connect_now (starting or stopping)
+    "57P05",  # idle_session_timeout
+})
+_PG_AUTHENTICATION_CLASSES = frozenset({"28"})  # invalid authorization specification / password
+_PG_MISSING = frozenset({"3D000"})  # invalid_catalog_name: no such database
+_PG_SCHEMA = frozenset({"42P01", "42703", "3F000"})  # undefined table / column, invalid schema name
+_PG_CONFIGURATION = frozenset({"42501"})  # insufficient_privilege
+
+# SQLite primary result codes (the low byte of an extended code).
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_FULL = 5, 6, 13
+_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_AUTH, _SQLITE_NOTADB = 3, 8, 14, 23, 26
+# Read-only because another connection is recovering the WAL or its shared memory is not ready yet: transient.
+_SQLITE_READONLY_TRANSIENT = frozenset({8 | 1 << 8, 8 | 2 << 8, 8 | 5 << 8})  # RECOVERY, CANTLOCK, CANTINIT
+
+# libpq reports connection-time failures without a SQLSTATE: only the (English) server text says why.
+_AUTHENTICATION_TEXT = ("password authentication failed", "no password supplied", "no pg_hba.conf entry",
+                        "authentication failed", "peer authentication failed")
+_HOST_TEXT = ("could not translate host name", "failed to resolve host")
+_HOST_PERMANENT_TEXT = ("name or service not known", "no address associated", "nodename nor servname",
+                        "non-recoverable failure", "host not found")
+_SCHEMA_TEXT = ("no such table", "no such column")
+
+
+def _classify(exc: sa_exc.SQLAlchemyError) -> type[StorageError] | None:
+    """The class a driver error belongs to, or None to fall back on the SQLAlchemy exception's kind."""
+    original = getattr(exc, "orig", None)
+    sqlstate = getattr(original, "sqlstate", None)
+    if isinstance(sqlstate, str) and len(sqlstate) == 5:
+        return _classify_sqlstate(sqlstate)
+    code = getattr(original, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        found = _classify_sqlite(code)
+        if found is not None:
+            return found
+    return _classify_text(str(original if original is not None else exc).lower())
+
+
+def _classify_sqlstate(sqlstate: str) -> type[StorageError] | None:
+    sqlclass = sqlstate[:2]
+    if sqlstate in _PG_TRANSIENT or sqlclass in _PG_TRANSIENT_CLASSES:
+        return StoreUnavailableError
+    if sqlclass in _PG_AUTHENTICATION_CLASSES:
+        return StoreAuthenticationError
+    if sqlstate in _PG_MISSING:
+        return StoreMissingError
+    if sqlstate in _PG_SCHEMA:
+        return SchemaMissingError
+    if sqlstate in _PG_CONFIGURATION:
+        return StoreConfigurationError
+    return None
+
+
+def _classify_sqlite(extended: int) -> type[StorageError] | None:
+    code = extended & 0xFF
+    if code in (_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_FULL) or extended in _SQLITE_READONLY_TRANSIENT:
+        return StoreUnavailableError
+    if code in (_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_AUTH, _SQLITE_NOTADB):
+        return StoreConfigurationError
+    return None  # SQLITE_ERROR and the rest: the message says more ("no such table: ...")
+
+
+def _classify_text(text: str) -> type[StorageError] | None:
+    if any(marker in text for marker in _SCHEMA_TEXT):
+        return SchemaMissingError
+    if any(marker in text for marker in _AUTHENTICATION_TEXT) or ("role" in text and "does not exist" in text):
+        return StoreAuthenticationError
+    if "database" in text and "does not exist" in text:
+        return StoreMissingError
+    if any(marker in text for marker in _HOST_TEXT) and any(marker in text for marker in _HOST_PERMANENT_TEXT):
+        return StoreHostNotFoundError
+    return None
+
+
+_MESSAGES: dict[type[StorageError], str] = {
+    StoreUnavailableError: "hosted room store {where} is unavailable: {detail}",
+    StoreConfigurationError: "hosted room store {where} cannot be used as configured: {detail}",
+    StoreAuthenticationError: "hosted room store {where} refused the credentials: {detail}",
+    StoreMissingError: "hosted room store {where} does not exist: {detail}",
+    StoreHostNotFoundError: "hosted room store {where} names a host that does not resolve: {detail}",
+    SchemaMissingError: "hosted room store {where} has no hostedrooms schema or an outdated one ({detail}); "
+                        + UPGRADE_HINT,
+}
+
+
 def translate(exc: BaseException, target: URL | str) -> BaseException:
     """Map a SQLAlchemy/driver exception to the hierarchy; anything else is returned unchanged.
 
     Callers ``raise translate(exc, url) from exc`` so the driver error stays available as ``__cause__``.
+    Integrity violations become :class:`StoreIntegrityError`; transient failures :class:`StoreUnavailableError`;
+    configuration problems a :class:`StoreConfigurationError` subclass; anything else :class:`StorageError`.
     """
     if isinstance(exc, HostedRoomError) or not isinstance(exc, sa_exc.SQLAlchemyError):
         return exc
-    where = describe_target(target)
+    where, detail = describe_target(target), _first_line(exc)
     if isinstance(exc, sa_exc.IntegrityError):
-        return StoreIntegrityError(f"hosted room store {where} refused a write: {_first_line(exc)}")
-    if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError)):
-        return StoreUnavailableError(f"hosted room store {where} is unavailable: {_first_line(exc)}")
-    return StorageError(f"hosted room store {where} failed: {_first_line(exc)}")
+        return StoreIntegrityError(f"hosted room store {where} refused a write: {detail}")
+    kind = _classify(exc)
+    if kind is None and isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError)):
+        kind = StoreUnavailableError  # unreachable, dropped connections, pool timeouts and the unrecognised
+    if kind is None:
+        return StorageError(f"hosted room store {where} failed: {detail}")
+    return kind(_MESSAGES[kind].format(where=where, detail=detail))

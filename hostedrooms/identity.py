@@ -13,7 +13,14 @@ INSTALL_ID_ENV = "HOSTEDROOMS_INSTALL_ID"
 
 
 def local_gateway_id(explicit: Any = None) -> str:
-    """The local authority gateway id: ``explicit`` if given, else ``install:$HOSTEDROOMS_INSTALL_ID``."""
+    """The local authority gateway id: ``explicit`` if given, else ``install:$HOSTEDROOMS_INSTALL_ID``.
+
+    ``explicit`` may also be a zero-argument callable returning the id; it is called here, so a service that
+    resolves its identity after validating its arguments looks the provider up no earlier than the reference
+    did (the replicas facade passes its module's ``local_authority_gateway_id`` this way).
+    """
+    if callable(explicit):
+        return identifier(explicit(), error=HostedRoomError, label="authority_gateway_id")
     if explicit is not None:
         return identifier(explicit, error=HostedRoomError, label="authority_gateway_id")
     install_id = os.environ.get(INSTALL_ID_ENV, "").strip()

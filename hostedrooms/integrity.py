@@ -156,9 +156,10 @@ CHECKS: tuple[Check, ...] = (
 def verify(target: Target, *, progress: Callable[[str], Any] | None = None) -> list[Violation]:
     """Check every invariant of the hostedrooms store in ``target``; return the violations (empty: clean).
 
-    ``progress`` (optional) is called with each check's name before it runs.
+    ``progress`` (optional) is called with each check's name before it runs. A path or URL naming a SQLite
+    file that does not exist raises :class:`~hostedrooms.errors.StoreMissingError`; nothing is created.
     """
-    engine = create_engine(target)
+    engine = create_engine(target, create=False)
     try:
         with UnitOfWork(engine, write=False) as uow:
             dialect = dialect_for(uow.connection)

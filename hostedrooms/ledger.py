@@ -449,11 +449,15 @@ class DeliveryLedger:
         self.file: Path | None = guarded
         self._identity: FileIdentity | None = None
         if guarded is not None:
-            ensure_private_directory(guarded.parent)
+            self._prepare_directory(guarded.parent)
             self._identity = secure_ledger_file(guarded, create=True)
         self._require_crash_safe()
 
     # -- plumbing
+
+    def _prepare_directory(self, directory: Path) -> None:
+        """Make the ledger's folder owner-private (the facade substitutes its module's patchable function)."""
+        ensure_private_directory(directory)
 
     def _capacity(self) -> int:
         """MAX_NONTERMINAL_DELIVERIES, read at call time (the facade reads its own module's value)."""

@@ -26,7 +26,7 @@ from . import models
 from .db import Target, resolve_url
 from .dialect import dialect_for_url
 from .errors import AuthorityConflictError, HostedRoomError, RoomProbeUnavailableError, StorageError
-from .uow import UnitOfWork
+from .uow import UnitOfWork, resolve_engine
 from .validation import INT64_MAX, clock, compact_json, identifier
 
 __all__ = [
@@ -83,7 +83,7 @@ _RESERVATIONS_LOCK = int.from_bytes(
 
 
 def _resolve(engine: EngineSource) -> Engine:
-    return engine if isinstance(engine, Engine) else engine()
+    return resolve_engine(engine)
 
 
 # --- argument validation (pure) ----------------------------------------------------------------------

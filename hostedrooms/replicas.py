@@ -55,7 +55,7 @@ from .rooms import (
     validate_room_id,
     validate_room_name,
 )
-from .uow import UnitOfWork
+from .uow import UnitOfWork, resolve_engine
 from .validation import bounded_int, canonical_json, clock, identifier
 
 __all__ = [
@@ -83,7 +83,7 @@ def _lim(limits: Limits | None) -> Limits:
 
 
 def _resolve(engine: EngineSource) -> Engine:
-    return engine if isinstance(engine, Engine) else engine()
+    return resolve_engine(engine)
 
 
 def _positive_int64(value: Any, message: str) -> int:

@@ -59,7 +59,7 @@ from .errors import (
     RoomNotFoundError,
 )
 from .statements import HotStatement
-from .uow import UnitOfWork
+from .uow import UnitOfWork, resolve_engine
 from .validation import INT64_MAX, bounded_int, canonical_json, canonical_json_sized, clock, identifier, utf8_len
 
 __all__ = [
@@ -85,6 +85,7 @@ __all__ = [
     "rename_room",
     "request_room_stop",
     "room_state",
+    "room_stop_event",
     "room_to_dict",
     "run_room_write",
     "system_actor_json",
@@ -676,7 +677,7 @@ def _require_room(
 
 
 def _resolve(engine: EngineSource) -> Engine:
-    return engine if isinstance(engine, Engine) else engine()
+    return resolve_engine(engine)
 
 
 def run_room_write(
@@ -1117,12 +1118,23 @@ def request_room_stop(
 ) -> dict[str, Any]:
     """Append an idempotent ``room.stop_requested`` fence that supersedes earlier user turns (wall clock)."""
     lim = _lim(limits)
-    cancel = _identifier(cancel_id, "cancel_id", lim.MAX_EVENT_ID_CHARS)
-    return append_event(
-        engine, room_id=room_id, event_id=f"room-stop:{hashlib.sha256(cancel.encode()).hexdigest()[:32]}",
-        kind="room.stop_requested", actor={"kind": "gateway", "id": expected_gateway_id},
-        payload={"cancel_id": cancel}, authority_gateway_id=expected_gateway_id, authority_epoch=expected_epoch,
-        limits=lim)
+    stop = room_stop_event(cancel_id=cancel_id, expected_gateway_id=expected_gateway_id,
+                           expected_epoch=expected_epoch, limits=lim)
+    return append_event(engine, room_id=room_id, **stop, limits=lim)
+
+
+def room_stop_event(
+    *, cancel_id: Any, expected_gateway_id: Any, expected_epoch: Any, limits: Limits | None = None
+) -> dict[str, Any]:
+    """The :func:`append_event` keyword arguments (but ``room_id``) of a stop request; validates ``cancel_id``.
+
+    The seed-compatible facade passes them to its module's ``append_event``, looked up at call time.
+    """
+    cancel = _identifier(cancel_id, "cancel_id", _lim(limits).MAX_EVENT_ID_CHARS)
+    return {"event_id": f"room-stop:{hashlib.sha256(cancel.encode()).hexdigest()[:32]}",
+            "kind": "room.stop_requested", "actor": {"kind": "gateway", "id": expected_gateway_id},
+            "payload": {"cancel_id": cancel}, "authority_gateway_id": expected_gateway_id,
+            "authority_epoch": expected_epoch}
 
 
 # --- authority and lifecycle -----------------------------------------------------------------------------------

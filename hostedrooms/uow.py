@@ -14,6 +14,7 @@ errors raised inside the block, on commit or on connect are translated here, in 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
@@ -21,14 +22,16 @@ from sqlalchemy import Connection, Engine, Executable, Result
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
+from .db import reject_async
 from .dialect import StoreDialect, dialect_for
-from .errors import translate
+from .errors import HostedRoomError, translate
 
 
 class UnitOfWork:
     """A context manager around one transaction on ``engine``; exposes ``connection`` and ``session``."""
 
     def __init__(self, engine: Engine, *, write: bool = True) -> None:
+        reject_async(engine)
         self.engine = engine
         self.write = write
         self.dialect: StoreDialect = dialect_for(engine)
@@ -114,3 +117,16 @@ class UnitOfWork:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+def resolve_engine(source: Engine | Callable[[], Engine]) -> Engine:
+    """The Engine a service runs on: ``source`` itself, or what a zero-argument factory returns.
+
+    An asyncio engine passed by mistake is refused with a HostedRoomError (not a TypeError from calling it).
+    """
+    reject_async(source)
+    if isinstance(source, Engine):
+        return source
+    if not callable(source):
+        raise HostedRoomError(f"hostedrooms needs a SQLAlchemy Engine, not {type(source).__name__}")
+    return source()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -84,7 +85,8 @@ def test_verify_exits_non_zero_on_violations(target: str, capsys: pytest.Capture
 @pytest.mark.parametrize(("argv", "message"), [
     (["rooms", "--url", "mysql://u:secret@h/db"], "unsupported database dialect"),
     (["log", "nope"], "hosted room not found"),
-    (["rooms"], "no hostedrooms schema"),
+    (["rooms"], "does not exist"),
+    (["rooms", "--url", "empty.db"], "no hostedrooms schema"),
     (["upgrade", "not-a-revision"], "not-a-revision"),
 ])
 def test_errors_are_one_line(argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -92,6 +94,7 @@ def test_errors_are_one_line(argv: list[str], message: str, tmp_path: Path, caps
     monkeypatch.chdir(tmp_path)
     if argv[0] == "log":
         migrate.upgrade(tmp_path / "state.db")
+    (tmp_path / "empty.db").touch()  # an existing file that was never migrated
     code, _out, err = _run(capsys, *argv)
     assert code == 1
     assert err.startswith("hostedrooms: error: ") and message in err and err.count("\n") == 1
@@ -99,10 +102,104 @@ def test_errors_are_one_line(argv: list[str], message: str, tmp_path: Path, caps
 
 
 def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
+    (tmp_path / "x.db").touch()
     result = subprocess.run([sys.executable, "-m", "hostedrooms.cli", "rooms", "--url", str(tmp_path / "x.db")],
                             capture_output=True, text=True, check=False)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and "no hostedrooms schema" in result.stderr
+
+
+# --- the CLI never creates what it was asked to read ---------------------------------------------------------
+
+READ_COMMANDS = [["current"], ["check"], ["rooms"], ["log", "r1"], ["replicas"], ["deliveries"], ["verify"]]
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*"))
+
+
+@pytest.mark.parametrize("command", READ_COMMANDS, ids=lambda argv: argv[0])
+@pytest.mark.parametrize("where", ["typo.db", "missing/folder/typo.db"])
+def test_read_commands_refuse_a_missing_sqlite_file(command: list[str], where: str, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    before = _tree(tmp_path)
+    code, out, err = _run(capsys, *command, "--url", str(tmp_path / where))
+    assert code == 1 and out == ""
+    assert err == f"hostedrooms: error: hosted room store {tmp_path / where} does not exist (no SQLite file there)\n"
+    assert _tree(tmp_path) == before  # no file, no -wal/-shm, no folder
+
+
+@pytest.mark.parametrize("command", READ_COMMANDS, ids=lambda argv: argv[0])
+def test_read_commands_refuse_the_default_database_when_it_is_missing(
+        command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HOSTEDROOMS_DATABASE_URL", raising=False)
+    code, _out, err = _run(capsys, *command)
+    assert code == 1 and "state.db does not exist" in err and err.count("\n") == 1
+    assert _tree(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", [*READ_COMMANDS, ["upgrade"]], ids=lambda argv: argv[0])
+def test_a_directory_is_refused_as_a_directory(command: list[str], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    code, _out, err = _run(capsys, *command, "--url", str(folder))
+    assert code == 1
+    assert err == f"hostedrooms: error: hosted room store {folder} is a directory, not a SQLite file\n"
+    assert _tree(tmp_path) == ["data"]
+
+
+def test_upgrade_creates_the_file_and_its_folders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "new" / "folder" / "state.db"
+    code, _out, _err = _run(capsys, "upgrade", "--url", str(target))
+    assert code == 0 and target.is_file()
+    for command in READ_COMMANDS[:3]:  # and the read commands then open it
+        assert _run(capsys, *command, "--url", str(target))[0] == 0
+
+
+def test_console_script_current_on_a_typo_leaves_nothing_behind(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "hostedrooms.cli", "current", "--url", "typo.db"],
+                            capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == f"hostedrooms: error: hosted room store {tmp_path / 'typo.db'} does not exist " \
+                            "(no SQLite file there)\n"
+    assert _tree(tmp_path) == []
+
+
+def test_verify_api_refuses_a_missing_path(tmp_path: Path) -> None:
+    from hostedrooms import StoreMissingError, verify
+
+    with pytest.raises(StoreMissingError, match="does not exist"):
+        verify(tmp_path / "sub" / "typo.db")
+    with pytest.raises(StoreMissingError, match="does not exist"):
+        verify(f"sqlite:///{tmp_path / 'typo.db'}")
+    assert _tree(tmp_path) == []
+
+
+def test_an_existing_only_engine_never_recreates_a_file_removed_after_the_check(tmp_path: Path) -> None:
+    from hostedrooms import StoreConfigurationError
+
+    path = tmp_path / "state.db"
+    migrate.upgrade(path)
+    engine = create_engine(path, create=False)
+    try:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        with pytest.raises(StoreConfigurationError, match="unable to open"), UnitOfWork(engine, write=False):
+            pass
+    finally:
+        engine.dispose()
+    assert _tree(tmp_path) == []
+
+
+def test_the_library_still_creates_on_first_use(tmp_path: Path) -> None:
+    from hostedrooms.compat import hosted_rooms
+
+    target = tmp_path / "lib" / "state.db"
+    assert hosted_rooms.list_rooms(str(target)) == []  # the facade creates and migrates, like the reference
+    assert target.is_file()
 
 
 def test_progress_only_on_a_terminal() -> None:
@@ -174,3 +271,51 @@ def test_log_follow_prints_new_events_as_they_arrive(tmp_path: Path) -> None:
         follower.wait(timeout=10)
         engine.dispose()
     assert len(lines) == 2 and '"seq": 1' in lines[0] and '"seq": 2' in lines[1], lines
+
+
+def _reader(target: str, ready: Any, stop: Any, results: Any) -> None:
+    """Run ``current`` on ``target`` until told to stop; report each outcome (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    seen = []
+    while not stop.is_set() or len(seen) < 5:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = main(["current", "--url", target], out=out)
+        seen.append((code, out.getvalue(), err.getvalue()))
+        ready.set()
+    results.put(seen)
+
+
+def test_concurrent_readers_never_create_or_disturb_a_database_being_created(tmp_path: Path) -> None:
+    import multiprocessing
+
+    target = str(tmp_path / "state.db")
+    context = multiprocessing.get_context("spawn")
+    results, stop = context.Queue(), context.Event()
+    ready = [context.Event() for _ in range(3)]
+    readers = [context.Process(target=_reader, args=(target, flag, stop, results)) for flag in ready]
+    for reader in readers:
+        reader.start()
+    try:
+        for flag in ready:
+            assert flag.wait(timeout=120)  # every reader is polling the missing file
+        migrate.upgrade(target)  # this process creates and migrates the file while they poll
+    finally:
+        stop.set()
+    outcomes = [outcome for _ in readers for outcome in results.get(timeout=300)]
+    for reader in readers:
+        reader.join(timeout=60)
+        assert reader.exitcode == 0
+    head = migrate.head_revision()
+    for code, out, err in outcomes:
+        assert (code, out, err) in {(0, f"{head} (head)\n", ""), (0, "(none)\n", "")} or (
+            code == 1 and out == "" and err.count("\n") == 1
+            and ("does not exist" in err or "is unavailable" in err)), (code, out, err)
+    assert any("does not exist" in err for _, _, err in outcomes)  # they ran before the file existed ...
+    assert any(out == f"{head} (head)\n" for _, out, _ in outcomes)  # ... and after it was migrated
+    assert main(["verify", "--url", target]) == 0
+    assert {path.name for path in tmp_path.iterdir()} <= {"state.db", "state.db-wal", "state.db-shm"}
+    print("reader outcomes:", sorted({(code, (out or err).strip()[:40]) for code, out, err in outcomes}),
+          len(outcomes))

@@ -183,10 +183,17 @@ def room_state(db_path: DbPath, *, room_id: Any, include_disbanded: bool = False
 def request_room_stop(
     db_path: DbPath, *, room_id: Any, cancel_id: Any, expected_gateway_id: Any, expected_epoch: Any
 ) -> dict[str, Any]:
-    """Append an idempotent fence that supersedes earlier user turns."""
-    return _rooms.request_room_stop(
-        _engine(db_path), room_id=room_id, cancel_id=cancel_id, expected_gateway_id=expected_gateway_id,
-        expected_epoch=expected_epoch, limits=_limits())
+    """Append an idempotent fence that supersedes earlier user turns.
+
+    Like the reference, this goes through the module's ``append_event``, looked up at call time, so a caller
+    that replaces ``hosted_rooms.append_event`` sees stop requests too.
+    """
+    module = _limits()
+    stop = _rooms.room_stop_event(cancel_id=cancel_id, expected_gateway_id=expected_gateway_id,
+                                  expected_epoch=expected_epoch, limits=module)
+    append: Any = getattr(module, "append_event", append_event)
+    result: dict[str, Any] = append(db_path, room_id=room_id, **stop)
+    return result
 
 
 def claim_authority(

@@ -5,18 +5,25 @@ SecurePeerDeliveryLedger``). ``SecurePeerDeliveryLedger(path)`` takes a filesyst
 owner-private SQLite file: the parent directory is made ``0700``, the file ``0600``, and the file is checked
 before every transaction); a SQLAlchemy URL string or an Engine works too (PostgreSQL: no file checks).
 ``MAX_NONTERMINAL_DELIVERIES`` below is read at call time, so lowering it on this module takes effect.
+
+As in the reference, the ledger's clock is this module's ``time.time()`` and its folder is prepared by this
+module's ``ensure_private_directory``, both looked up at call time: replacing ``secure_peer_delivery.time`` or
+``secure_peer_delivery.ensure_private_directory`` (a test suite's monkeypatch) takes effect. ``os`` is the
+standard module (the owner checks call ``os.getuid()`` at call time); ``canonical_json`` keeps the reference's
+contract (UTF-8 bytes).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import URL, Engine, make_url
 
 from .. import migrate
-from ..db import create_engine
+from ..db import create_engine, reject_async
 from ..ledger import (
     DELIVERY_STATES,
     TERMINAL_DELIVERY_STATES,
@@ -24,6 +31,7 @@ from ..ledger import (
     ensure_private_directory,
     secure_ledger_file,
 )
+from ..validation import canonical_json_bytes as canonical_json
 from ._engine import engine_for
 
 __all__ = [
@@ -31,6 +39,8 @@ __all__ = [
     "MAX_NONTERMINAL_DELIVERIES",
     "TERMINAL_DELIVERY_STATES",
     "SecurePeerDeliveryLedger",
+    "canonical_json",
+    "ensure_private_directory",
 ]
 
 MAX_NONTERMINAL_DELIVERIES = 2_048
@@ -54,12 +64,14 @@ class SecurePeerDeliveryLedger(DeliveryLedger):
     """Owner-private, crash-safe mapping from a relay envelope to one turn (the reference's API)."""
 
     def __init__(self, path: Path | str | URL | Engine) -> None:
+        reject_async(path)
         file = _ledger_file(path)
+        self._prepared: Path | None = None
         if file is None:
             engine, owned = engine_for(path), False
         else:
             # Private directory and 0600 file first, so SQLite never creates the ledger with the umask's mode.
-            ensure_private_directory(file.parent)
+            self._prepare_directory(file.parent)
             secure_ledger_file(file, create=True)
             engine, owned = create_engine(file), True
             try:
@@ -70,7 +82,7 @@ class SecurePeerDeliveryLedger(DeliveryLedger):
                 raise
         self._owns_engine = owned
         try:
-            super().__init__(engine, path=file)
+            super().__init__(engine, path=file, clock=_clock)
         except BaseException:
             self.close()
             raise
@@ -78,5 +90,16 @@ class SecurePeerDeliveryLedger(DeliveryLedger):
         if isinstance(path, (str, Path)) and "://" not in str(path):
             self.path = Path(path)  # as given, like the reference
 
+    def _prepare_directory(self, directory: Path) -> None:
+        # This module's global, read at call time; once per ledger, as the reference calls it once.
+        if self._prepared != directory:
+            ensure_private_directory(directory)
+            self._prepared = directory
+
     def _capacity(self) -> int:
         return int(MAX_NONTERMINAL_DELIVERIES)  # this module's global, read at call time
+
+
+def _clock() -> float:
+    """This module's ``time.time()``, read at call time (callers and test suites replace ``time``)."""
+    return float(time.time())
