@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import sqlalchemy as sa
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
 
-from hostedrooms import UnitOfWork
+from hostedrooms import UnitOfWork, migrate
+from hostedrooms.db import create_engine
 from hostedrooms.integrity import verify
 from hostedrooms.models import deliveries, events, replica_events, replicas, retired_ids, rooms
 from hostedrooms.validation import utf8_len
@@ -162,9 +163,34 @@ def test_a_consistent_store_verifies_clean(engine: sa.Engine) -> None:
     assert "room_seqs" in seen and "storage" in seen
 
 
+#: Corruptions that drop a constraint or an index: on PostgreSQL they get a database of their own, since the
+#: worker's shared database would keep the weakened schema for every later test.
+SCHEMA_ALTERING = frozenset({"duplicate event id", "orphan event", "two deliveries share a run owner"})
+
+
+@pytest.fixture
+def corruptible(request: pytest.FixtureRequest, backend: str) -> Iterator[Callable[[str], sa.Engine]]:
+    """``corruptible(corruption)``: the test's engine, or a private migrated database for schema-altering ones."""
+    engines: list[sa.Engine] = []
+
+    def open_for(corruption: str) -> sa.Engine:
+        if corruption in SCHEMA_ALTERING and backend == "postgresql":
+            target = request.getfixturevalue("empty_target")
+            migrate.upgrade(target)
+            engines.append(create_engine(target))
+            return engines[-1]
+        engine: sa.Engine = request.getfixturevalue("engine")
+        return engine
+
+    yield open_for
+    for engine in engines:
+        engine.dispose()
+
+
 @pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
-def test_each_broken_invariant_is_reported(engine: sa.Engine, corruption: str) -> None:
+def test_each_broken_invariant_is_reported(corruptible: Callable[[str], sa.Engine], corruption: str) -> None:
     corrupt, check, subject = CORRUPTIONS[corruption]
+    engine = corruptible(corruption)
     _populate(engine)
     corrupt(engine)
     found = verify(engine)
@@ -173,9 +199,6 @@ def test_each_broken_invariant_is_reported(engine: sa.Engine, corruption: str) -
 
 def test_sqlite_page_corruption_is_reported(tmp_path: object) -> None:
     from pathlib import Path
-
-    from hostedrooms import migrate
-    from hostedrooms.db import create_engine
 
     path = Path(str(tmp_path)) / "corrupt.db"
     migrate.upgrade(path)
