@@ -21,7 +21,7 @@ from sqlalchemy import Engine
 
 from . import migrate
 from .db import DATABASE_URL_ENV, create_engine
-from .errors import HostedRoomError, translate
+from .errors import HostedRoomError, describe_target, translate
 from .integrity import verify
 from .models import deliveries, events, replicas, rooms
 from .uow import UnitOfWork
@@ -67,7 +67,7 @@ def _engine(args: argparse.Namespace) -> Iterator[Engine]:
 
 def _require_schema(engine: Engine) -> None:
     if migrate.current_revision(engine) is None:
-        raise HostedRoomError(f"no hostedrooms schema in {engine.url.render_as_string(hide_password=True)}; "
+        raise HostedRoomError(f"no hostedrooms schema in {describe_target(engine.url)}; "
                               "run `hostedrooms upgrade` first")
 
 
