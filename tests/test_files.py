@@ -167,18 +167,20 @@ class DescriptorWatch:
 
 
 _WATCHES: list[DescriptorWatch] = []
+_AUDITING: list[bool] = []  # non-empty once the audit hook is installed (once per process)
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
-    for watch in _WATCHES:
-        watch.audit(event, args)
-
-
-sys.addaudithook(_audit)  # audit hooks cannot be removed: this one only records while a watch is active
+    if event == "open":
+        for watch in _WATCHES:
+            watch.audit(event, args)
 
 
 @pytest.fixture
 def watch(store: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DescriptorWatch]:
+    if not _AUDITING:
+        sys.addaudithook(_audit)  # cannot be removed: it only records while a watch is active
+        _AUDITING.append(True)
     watching = DescriptorWatch(store)
     original = os.close
     monkeypatch.setattr(os, "close", lambda fd: watching.close(original, fd))
