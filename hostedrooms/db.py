@@ -19,10 +19,11 @@ from typing import Any
 import sqlalchemy
 from sqlalchemy import URL, Engine, event, make_url
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine.base import OptionEngine
 from sqlalchemy.pool import StaticPool
 
 from .dialect import SUPPORTED_DIALECTS, dialect_for
-from .errors import HostedRoomError, StoreConfigurationError, StoreMissingError, describe_target
+from .errors import HostedRoomError, StoreConfigurationError, StoreMissingError, describe_target, mask_url_text
 
 Target = str | os.PathLike[str] | URL | Engine
 
@@ -69,13 +70,8 @@ def resolve_url(target: str | os.PathLike[str] | URL) -> URL:
 
 
 def _mask_raw(text: str) -> str:
-    """Mask ``user:password@`` in a string that did not parse as a URL."""
-    scheme, sep, rest = text.partition("://")
-    if not sep or "@" not in rest:
-        return text
-    credentials, _, host = rest.rpartition("@")
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in credentials else text
+    """Mask ``user:password@`` and secret query parameters (``?password=``) in a string that did not parse."""
+    return mask_url_text(text)
 
 
 def create_engine(
@@ -94,6 +90,9 @@ def create_engine(
     ``create=False`` applies to SQLite file paths and URLs: a missing file raises
     :class:`~hostedrooms.errors.StoreMissingError` and no connection of the engine ever creates one (nor
     its folder). A database server never creates a database on connect, so PostgreSQL ignores it.
+
+    Secrets stay out of logs and errors on every engine built or adopted here: bound parameters are hidden and
+    fetched rows are never logged, whatever the echo flag or logging level (statements still are, at INFO).
     """
     reject_async(target)
     if synchronous not in SYNCHRONOUS_MODES:
@@ -101,8 +100,6 @@ def create_engine(
     if isinstance(target, Engine):
         return _adopt_engine(target, synchronous=synchronous, busy_timeout=busy_timeout)
     url = resolve_url(target)
-    # Statement parameters carry user messages and private grants: keep them out of errors and logs.
-    engine_kwargs.setdefault("hide_parameters", True)
     existing_file: str | None = None
     if url.get_backend_name() == "sqlite":
         existing_file = _prepare_sqlite_file(url, create=create)
@@ -116,8 +113,37 @@ def create_engine(
     if existing_file is not None:
         _open_existing_only(engine, existing_file)
     dialect_for(engine).configure_engine(engine, synchronous=synchronous, busy_timeout=busy_timeout)
+    _keep_secrets_out_of_logs(engine)
     _configured.add(engine)
     return engine
+
+
+def _never() -> bool:
+    return False
+
+
+class _RowQuietOptionEngine(OptionEngine):
+    """What ``execution_options()`` derives from an engine of ours: it never logs rows either."""
+
+    def _should_log_debug(self) -> bool:
+        return False
+
+
+_RowQuietOptionEngine._option_cls = _RowQuietOptionEngine
+
+
+def _keep_secrets_out_of_logs(engine: Engine) -> None:
+    """Rows and bound parameters of ``engine`` never reach a log or an error message, at any level.
+
+    Rows carry chat messages, lease tokens, grants and peer message bodies; SQLAlchemy logs every fetched row
+    when its engine logger is at DEBUG (``echo="debug"``, or the ``sqlalchemy.engine`` logger at DEBUG). It asks
+    the engine once per result whether to (``_should_log_debug``): answering no here costs nothing per
+    statement, and engines derived with ``execution_options()`` answer no too. Statements themselves are still
+    logged at INFO, with their parameters hidden.
+    """
+    engine.hide_parameters = True
+    engine._should_log_debug = _never  # type: ignore[method-assign]
+    engine._option_cls = _RowQuietOptionEngine
 
 
 def _adopt_engine(engine: Engine, *, synchronous: str, busy_timeout: float) -> Engine:
@@ -127,6 +153,7 @@ def _adopt_engine(engine: Engine, *, synchronous: str, busy_timeout: float) -> E
             f"unsupported database dialect {engine.dialect.name!r} in {describe_target(engine.url)}")
     if engine not in _configured:
         dialect_for(engine).configure_engine(engine, synchronous=synchronous, busy_timeout=busy_timeout)
+        _keep_secrets_out_of_logs(engine)
         engine.pool.dispose()  # pooled connections predate the hooks
         _configured.add(engine)
     return engine

@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 
 from . import migrate, replicas, rooms
 from .db import create_engine
-from .errors import AuthorityConflictError, HostedRoomError
+from .errors import AuthorityConflictError, HostedRoomError, describe_target
 from .integrity import verify
 
 GATEWAY_A = "install:gateway-a"
@@ -186,8 +186,8 @@ def run_demo(*, directory: str | None, url_a: str | None, url_b: str | None, out
         for engine in (a, b):
             if rooms.list_rooms(engine, include_disbanded=True) or _has_demo_replica(engine):
                 raise HostedRoomError("the demo needs empty databases")
-        out.write(f"hostedrooms demo: gateway A on {a.url.render_as_string(hide_password=True)}, "
-                  f"gateway B on {b.url.render_as_string(hide_password=True)}\n")
+        out.write(f"hostedrooms demo: gateway A on {describe_target(a.url)}, "
+                  f"gateway B on {describe_target(b.url)}\n")
         code = _run(Story(a, b, out))
     out.write("\ndemo finished: " + ("every step held\n" if code == 0 else "a step FAILED\n"))
     return code

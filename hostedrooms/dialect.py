@@ -34,6 +34,7 @@ from sqlalchemy import (
 from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy.dialects import postgresql, sqlite
 
+from .files import PRIVATE_FILE_MODE, SQLITE_SIDECARS, restrict_file
 from .statements import HotStatement
 
 #: Key in a pooled connection's ``info``: the next SQLite transaction on it begins deferred (a read unit).
@@ -125,7 +126,8 @@ class StoreDialect:
     def restrict_to_owner(self, connection: Connection) -> None:
         """Make the files holding the store owner-only (SQLite: ``0600``); nothing for a database server.
 
-        Raises ``OSError`` when the mode cannot be changed (for example a file owned by another user).
+        Raises ``OSError`` when the mode cannot be changed safely: a file owned by another user, or a symlink
+        (never followed).
         """
 
     def store_absent(self, url: URL) -> bool:
@@ -205,11 +207,12 @@ class SQLiteDialect(StoreDialect):
         database = connection.engine.url.database
         if not database or database == ":memory:" or database.startswith("file:"):
             return
-        # The WAL and shared-memory files hold the same rows as the database file until a checkpoint.
-        for suffix in ("", "-wal", "-shm", "-journal"):
+        # The WAL and shared-memory files hold the same rows as the database file until a checkpoint. This runs
+        # inside a transaction: restrict_file never opens a descriptor whose closing would release our locks,
+        # never follows a symlink, and refuses (PermissionError) a file that is not our own regular file.
+        for suffix in ("", *SQLITE_SIDECARS):
             with contextlib.suppress(FileNotFoundError):
-                if os.stat(database + suffix).st_mode & 0o777 != 0o600:
-                    os.chmod(database + suffix, 0o600)
+                restrict_file(database + suffix, PRIVATE_FILE_MODE)
 
     def store_absent(self, url: URL) -> bool:
         database = url.database

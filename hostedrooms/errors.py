@@ -14,8 +14,11 @@ it gives nothing else (libpq reports connection-time failures as text only).
 
 from __future__ import annotations
 
+import re
+from urllib.parse import quote_plus
+
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
 
 
 class HostedRoomError(ValueError):
@@ -105,11 +108,51 @@ class SchemaMissingError(StoreConfigurationError):
 UPGRADE_HINT = "run `hostedrooms upgrade`"
 
 
+#: Words that make a URL query parameter secret (``?password=``, ``sslpassword``, a token): masked in messages.
+_SECRET_PARAMETER_WORDS = ("pass", "pwd", "secret", "token", "key")
+_MASK = "***"
+_SECRET_QUERY = re.compile(r"([?&;]([^=&;#]*)=)([^&;#]*)")
+
+
+def _secret_parameter(name: str) -> bool:
+    lowered = name.lower()
+    return any(word in lowered for word in _SECRET_PARAMETER_WORDS)
+
+
 def describe_target(url: URL | str) -> str:
-    """Render a database target for messages, with any password masked."""
-    if isinstance(url, URL):
-        return url.render_as_string(hide_password=True)
-    return str(url)
+    """Render a database target for messages, with any password masked: the ``user:***@`` of a URL and every
+    secret query parameter (``?password=***``). A string is parsed as a URL when it looks like one; a plain
+    path is returned as it is."""
+    if isinstance(url, str):
+        text = url
+        if "://" not in text:
+            return text
+        try:
+            url = make_url(text)
+        except (sa_exc.ArgumentError, ValueError):
+            return mask_url_text(text)
+    base = url.set(query={}).render_as_string(hide_password=True)
+    pairs = [(name, value) for name, values in url.query.items()
+             for value in ((values,) if isinstance(values, str) else values)]
+    if not pairs:
+        return base
+    return base + "?" + "&".join(
+        f"{quote_plus(name)}={_MASK if _secret_parameter(name) else quote_plus(value)}" for name, value in pairs)
+
+
+def mask_url_text(text: str) -> str:
+    """Mask ``user:password@`` and secret query parameters in a string that did not parse as a URL."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return text
+    # The credentials end at the last "@" before the query (a sloppy password may hold "/" or "@").
+    query = rest.find("?")
+    at = (rest if query < 0 else rest[:query]).rfind("@")
+    if at >= 0 and ":" in rest[:at]:
+        rest = f"{rest[:at].split(':', 1)[0]}:{_MASK}{rest[at:]}"
+    masked = _SECRET_QUERY.sub(
+        lambda match: match.group(1) + (_MASK if _secret_parameter(match.group(2)) else match.group(3)), rest)
+    return f"{scheme}://{masked}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -10,15 +10,16 @@ Each transition is one guarded ``UPDATE ... WHERE state IN (...)``; a transition
 nothing. Response intents (a reply owed to the Hub) and outbound intents (a request this side sends) are
 bound to a SHA-256 digest before they leave, and retried with :func:`retry_delay` backoff.
 
-When the ledger is a SQLite file it is owner-private: its directory is ``0700``; the file must be a regular
-``0600`` file owned by this user with a single link, and it is checked before every transaction (the
-reference reconnects, and re-checks, for every operation). Commits must be crash-safe (WAL with
-``synchronous=FULL``). Timestamps are integer seconds: ``int(clock())``.
+When the ledger is a SQLite file it is owner-private: its directory is ``0700`` (a shared directory, such as
+``/tmp``, is refused, never changed); the file must be a regular ``0600`` file owned by this user with a single
+link, and before every transaction its path is checked with ``os.lstat`` to still name that same file (the
+reference reconnects, and re-checks, for every operation). The file is never opened for these checks: closing
+any descriptor of it would release this process's SQLite locks (see :mod:`hostedrooms.files`). Commits must be
+crash-safe (WAL with ``synchronous=FULL``). Timestamps are integer seconds: ``int(clock())``.
 """
 
 from __future__ import annotations
 
-import errno
 import functools
 import hashlib
 import json
@@ -46,6 +47,7 @@ from sqlalchemy import (
 from . import limits
 from .db import sqlite_path
 from .errors import StorageError, StoreUnavailableError
+from .files import SQLITE_SIDECARS, create_private_file, ensure_private_directory, restrict_file
 from .models import deliveries, outbound_intents
 from .uow import UnitOfWork
 from .validation import canonical_json_bytes
@@ -57,6 +59,7 @@ __all__ = [
     "TERMINAL_DELIVERY_STATES",
     "DeliveryLedger",
     "ensure_private_directory",
+    "prepare_ledger_file",
     "retry_delay",
     "secure_ledger_file",
 ]
@@ -274,60 +277,65 @@ def _response_text(response: Any) -> str:
 # --- owner-private files ---------------------------------------------------------------------------------
 
 
-def ensure_private_directory(path: str | os.PathLike[str]) -> Path:
-    """Create ``path`` (with parents) restricted to its owner (``0700``); refuse symlinks and foreign owners."""
-    directory = Path(path)
-    if directory.is_symlink():
-        raise PermissionError(f"private directory must not be a symlink: {directory}")
-    if directory.exists() and not directory.is_dir():
-        raise PermissionError(f"private directory is not a directory: {directory}")
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(directory)
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise PermissionError(f"private directory is not a directory: {directory}")
-    if info.st_uid != os.getuid():
-        raise PermissionError(f"private directory is owned by another user: {directory}")
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(directory, 0o700)
-    return directory
-
-
 def secure_ledger_file(
     path: str | os.PathLike[str], *, create: bool = False, expected: FileIdentity | None = None
 ) -> FileIdentity:
     """Refuse the ledger file unless it is a private regular file; return its (device, inode) identity.
 
-    The file is opened without following symlinks (so the checks and the mode fix apply to the file itself,
-    never to a link target), created ``0600`` when ``create``, and its mode is set to ``0600`` like the
-    reference does on every connect. Refusals are ``PermissionError`` with the reference's messages; a file
-    that is no longer the one the ledger opened (``expected``) is refused as unsafe too.
+    With ``create`` a missing file is created ``0600`` (``O_EXCL``, never through a symlink). The file is then
+    examined with ``os.lstat`` only (never followed, never opened: closing a descriptor of it would release
+    this process's SQLite locks, see :mod:`hostedrooms.files`); a mode other than ``0600`` is repaired without
+    following links, like the reference does on every connect. Refusals are ``PermissionError`` with the
+    reference's messages; a file that is no longer the one the ledger opened (``expected``) is refused as unsafe.
     """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     try:
-        fd = os.open(path, flags, _PRIVATE_MODE)
+        if create:
+            create_private_file(path)
+        info = os.lstat(path)
     except FileNotFoundError as exc:
         raise StoreUnavailableError(f"secure peer delivery ledger {os.fspath(path)} is missing") from exc
-    except OSError as exc:
-        if exc.errno == errno.ELOOP or os.path.islink(path):
-            raise PermissionError(_SYMLINK_MESSAGE) from exc
-        raise
-    try:
-        info = os.fstat(fd)
-        owned = info.st_uid == os.getuid()
-        if owned and stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) != _PRIVATE_MODE:
-            os.fchmod(fd, _PRIVATE_MODE)
-            info = os.fstat(fd)
-    finally:
-        os.close(fd)
+    if stat.S_ISLNK(info.st_mode):
+        raise PermissionError(_SYMLINK_MESSAGE)
+    identity = (info.st_dev, info.st_ino)
     if (
         not stat.S_ISREG(info.st_mode)
         or info.st_nlink != 1
-        or not owned
-        or stat.S_IMODE(info.st_mode) != _PRIVATE_MODE
-        or (expected is not None and (info.st_dev, info.st_ino) != expected)
+        or info.st_uid != os.getuid()
+        or (expected is not None and identity != expected)
     ):
         raise PermissionError(_UNSAFE_MESSAGE)
-    return info.st_dev, info.st_ino
+    if stat.S_IMODE(info.st_mode) != _PRIVATE_MODE:
+        try:
+            info = restrict_file(path, _PRIVATE_MODE)
+        except OSError as exc:
+            raise PermissionError(_UNSAFE_MESSAGE) from exc
+        if (info.st_dev, info.st_ino) != identity or stat.S_IMODE(info.st_mode) != _PRIVATE_MODE:
+            raise PermissionError(_UNSAFE_MESSAGE)
+    return identity
+
+
+def prepare_ledger_file(
+    path: str | os.PathLike[str], *, prepare_directory: Callable[[Path], Any] = ensure_private_directory
+) -> FileIdentity:
+    """Make the ledger's files private once, before the first connection; return the file's identity.
+
+    The directory becomes ``0700`` through ``prepare_directory`` (a shared one is refused), the file is created
+    ``0600`` or checked (and its mode repaired) by :func:`secure_ledger_file`, and existing
+    ``-wal``/``-shm``/``-journal`` files become ``0600`` (a symlink, or one that is not ours, is refused as
+    unsafe). SQLite gives the sidecars it creates later the database file's mode. Nothing here opens a
+    descriptor that could release a SQLite lock.
+    """
+    file = Path(path)
+    prepare_directory(file.parent)
+    identity = secure_ledger_file(file, create=True)
+    for suffix in SQLITE_SIDECARS:
+        try:
+            restrict_file(os.fspath(path) + suffix, _PRIVATE_MODE)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise PermissionError(_UNSAFE_MESSAGE) from exc
+    return identity
 
 
 # --- rows ------------------------------------------------------------------------------------------------
@@ -449,8 +457,9 @@ class DeliveryLedger:
         self.file: Path | None = guarded
         self._identity: FileIdentity | None = None
         if guarded is not None:
-            self._prepare_directory(guarded.parent)
-            self._identity = secure_ledger_file(guarded, create=True)
+            # Once, before this ledger's first transaction; from then on only the path is examined (os.lstat),
+            # never opened: see hostedrooms.files.
+            self._identity = prepare_ledger_file(guarded, prepare_directory=self._prepare_directory)
         self._require_crash_safe()
 
     # -- plumbing

@@ -445,7 +445,7 @@ def test_ledger_prepares_its_folder_through_the_modules_ensure_private_directory
 
 
 def test_ledger_default_folder_preparation_is_private(tmp_path: Path) -> None:
-    assert spd.ensure_private_directory.__module__ == "hostedrooms.ledger"
+    assert spd.ensure_private_directory.__module__ == "hostedrooms.files"
     ledger = spd.SecurePeerDeliveryLedger(tmp_path / "new" / "ledger.db")
     ledger.close()
     assert stat.S_IMODE(os.stat(tmp_path / "new").st_mode) == 0o700

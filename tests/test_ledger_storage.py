@@ -145,7 +145,7 @@ def test_a_replaced_or_swapped_file_is_refused(opened: SecurePeerDeliveryLedger,
 def test_mode_that_cannot_be_fixed_is_refused(ledger_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     SecurePeerDeliveryLedger(ledger_path).close()
     os.chmod(ledger_path, 0o640)
-    monkeypatch.setattr(os, "fchmod", lambda fd, mode: None)  # e.g. a filesystem that ignores chmod
+    monkeypatch.setattr(os, "chmod", lambda *args, **kwargs: None)  # e.g. a filesystem that ignores chmod
     with pytest.raises(PermissionError, match="^secure peer delivery ledger is unsafe$"):
         SecurePeerDeliveryLedger(ledger_path)
 

@@ -4,9 +4,11 @@
   flag a string-built statement (so it would catch one).
 * Grants never reach logs: with SQLAlchemy's echo at DEBUG (statements, parameters and result rows) and every
   ``sqlalchemy`` logger at DEBUG, writing, replacing, listing, updating and deleting room links, and a failing
-  link write, never print a grant; the same capture does show a grant that an ordinary query returns.
+  link write, never print a grant; the same capture does show a grant that an ordinary query on a plain
+  SQLAlchemy engine returns. (Every other secret is covered by tests/test_reliability_secrets.py.)
 * Owner-private ledger files are covered by tests/test_ledger_storage.py (0700 directory, 0600 regular file with
-  one link, refused symlinks/hard links/foreign owners, re-checked before every transaction).
+  one link, refused symlinks/hard links/foreign owners, re-checked before every transaction) and
+  tests/test_files.py (no lock-dropping descriptors, symlinks never followed, shared directories never changed).
 """
 
 from __future__ import annotations
@@ -122,10 +124,15 @@ def test_a_failing_link_write_never_logs_or_raises_a_grant(
 
 
 def test_the_log_capture_would_show_a_grant(
-    echoing: sa.Engine, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+    echoing: sa.Engine, target: str, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Control: an ordinary query of the links table on the same echoing engine does log the grant row."""
+    """Control: an ordinary query of the links table on a plain SQLAlchemy engine (one hostedrooms never built
+    nor adopted, so its rows are logged at DEBUG) does log the grant row."""
     peers.upsert_room_link_record(echoing, record=link(), max_links=5)
-    with echoing.connect() as connection:
-        assert connection.execute(sa.select(models.links.c.grant)).scalar_one() == GRANT
+    plain = sa.create_engine(hostedrooms.db.resolve_url(target), echo="debug")
+    try:
+        with plain.connect() as connection:
+            assert connection.execute(sa.select(models.links.c.grant)).scalar_one() == GRANT
+    finally:
+        plain.dispose()
     assert GRANT in captured(capfd, caplog)

@@ -2,8 +2,9 @@
 
 Switch with one import change (``from hostedrooms.compat.secure_peer_delivery import
 SecurePeerDeliveryLedger``). ``SecurePeerDeliveryLedger(path)`` takes a filesystem path like the reference (an
-owner-private SQLite file: the parent directory is made ``0700``, the file ``0600``, and the file is checked
-before every transaction); a SQLAlchemy URL string or an Engine works too (PostgreSQL: no file checks).
+owner-private SQLite file: the parent directory is made ``0700`` (a shared one is refused), the file is created
+``0600`` before the first connection, and its path is checked with ``os.lstat`` before every transaction); a
+SQLAlchemy URL string or an Engine works too (PostgreSQL: no file checks).
 ``MAX_NONTERMINAL_DELIVERIES`` below is read at call time, so lowering it on this module takes effect.
 
 As in the reference, the ledger's clock is this module's ``time.time()`` and its folder is prepared by this
@@ -29,7 +30,7 @@ from ..ledger import (
     TERMINAL_DELIVERY_STATES,
     DeliveryLedger,
     ensure_private_directory,
-    secure_ledger_file,
+    prepare_ledger_file,
 )
 from ..validation import canonical_json_bytes as canonical_json
 from ._engine import engine_for
@@ -70,9 +71,9 @@ class SecurePeerDeliveryLedger(DeliveryLedger):
         if file is None:
             engine, owned = engine_for(path), False
         else:
-            # Private directory and 0600 file first, so SQLite never creates the ledger with the umask's mode.
-            self._prepare_directory(file.parent)
-            secure_ledger_file(file, create=True)
+            # Private directory, 0600 file and sidecars first, so SQLite never creates the ledger with the umask's
+            # mode nor opens a sidecar that is not ours.
+            prepare_ledger_file(file, prepare_directory=self._prepare_directory)
             engine, owned = create_engine(file), True
             try:
                 if not migrate.is_at_head(engine):
