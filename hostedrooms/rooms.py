@@ -333,7 +333,7 @@ def _legacy_members_match(existing_json: str, proposed: list[dict[str, Any]]) ->
     """Adoption may add routing metadata (``target``) that an older room could not store."""
     try:
         existing = json.loads(existing_json)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # undecodable stored members match nothing
         return False
     if not isinstance(existing, list) or len(existing) != len(proposed):
         return False

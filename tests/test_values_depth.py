@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 
 import hostedrooms
 from hostedrooms import limits, models, replicas, rooms
-from hostedrooms.errors import HostedRoomError, ReplicaError, StorageError
+from hostedrooms.errors import HostedRoomError, ReplicaError, RoomConflictError, StorageError
 from hostedrooms.ledger import DeliveryLedger
 
 GATEWAY = "install:gw-a"
@@ -322,3 +322,13 @@ def test_verify_is_clean_on_what_the_api_accepts(engine: Engine) -> None:
     _append(engine, "e2", {"text": "nul \x00 and escape \x1b and é"})
     assert hostedrooms.verify(engine) == []
     assert json.loads(json.dumps(rooms.read_events(engine, room_id="r1")))["latest_seq"] == 2
+
+
+def test_adopting_a_legacy_room_with_undecodable_members_is_a_conflict(engine: Engine) -> None:
+    rooms.create_room(engine, room_id="r1", name="Team", members=[], authority_gateway_id="legacy", now=1.0)
+    with engine.begin() as connection:
+        connection.execute(sa.update(models.rooms).values(members_json=f"[{nested_text(5000)}]"))
+    before = snapshot(engine)
+    with pytest.raises(RoomConflictError, match="^room_id already exists with different state$"):
+        rooms.create_room(engine, room_id="r1", name="Team", members=[{"id": "m1"}], authority_gateway_id=GATEWAY)
+    assert snapshot(engine) == before
