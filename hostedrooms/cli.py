@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -157,8 +158,13 @@ def _event_json(row: Any) -> str:
 def cmd_log(args: argparse.Namespace, out: TextIO) -> int:
     render: Callable[[Any], str] = _event_json if args.json else _event_line
     since = args.since
-    if not 0 <= since <= INT64_MAX:  # seqs are 64-bit: a larger value cannot even be compared by the driver
+    # Seqs and limits are 64-bit: a larger value cannot even be bound by the driver.
+    if not 0 <= since <= INT64_MAX:
         raise HostedRoomError(f"--since must be between 0 and {INT64_MAX}")
+    if args.limit > INT64_MAX:
+        raise HostedRoomError(f"--limit must be between 1 and {INT64_MAX}")
+    if not math.isfinite(args.interval) or args.interval < 0:
+        raise HostedRoomError("--interval must be a finite number of seconds, 0 or more")
     with _engine(args) as engine:
         _require_schema(engine)
         while True:

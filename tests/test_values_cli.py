@@ -171,3 +171,16 @@ def test_log_prints_a_deep_payload_as_text(engine: Engine, target: str, capsys: 
     _deep_event(engine, "payload_json")
     code, out, _ = _run(capsys, "log", "r1", "--url", target)
     assert code == 0 and len(out.splitlines()) == 2
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--limit", str(2**64)], f"--limit must be between 1 and {2**63 - 1}"),
+    (["--interval", "nan", "--follow"], "--interval must be a finite number of seconds, 0 or more"),
+    (["--interval", "-1", "--follow"], "--interval must be a finite number of seconds, 0 or more"),
+])
+def test_other_log_arguments_out_of_range_are_one_line_errors(engine: Engine, target: str, argv: list[str],
+                                                               message: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    _room(engine)
+    code, out, err = _run(capsys, "log", "r1", *argv, "--url", target)
+    assert (code, out, err) == (1, "", f"hostedrooms: error: {message}\n")
