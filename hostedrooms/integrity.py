@@ -27,7 +27,7 @@ from .models import (
     retired_ids,
     rooms,
 )
-from .rooms import event_page_problem
+from .rooms import event_page_checker
 from .uow import UnitOfWork
 from .validation import json_depth_within, max_json_depth
 
@@ -146,10 +146,11 @@ def _scan(connection: Connection, query: sa.Select[Any]) -> Iterator[sa.RowMappi
 def check_readable_events(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
     """Every event of a room log or a replica log could be returned by a replay page and ingested by a replica:
     its id and kind pass the append rules, its actor and payload decode within MAX_JSON_DEPTH, and it fits a
-    page alone (see :func:`hostedrooms.rooms.event_page_problem`)."""
+    page alone (see :func:`hostedrooms.rooms.event_page_checker`)."""
+    problem_of = event_page_checker()
     for table, name in ((events, "readable_events"), (replica_events, "readable_replica_events")):
         for row in _scan(connection, sa.select(table).order_by(table.c.room_id, table.c.seq)):
-            problem = event_page_problem(row)
+            problem = problem_of(row)
             if problem is not None:
                 yield Violation(name, row["room_id"], f"seq {row['seq']}: {problem}")
 
