@@ -177,7 +177,9 @@ def canonical_json_sized(
         raise error(f"{label} must be JSON-serializable") from exc
     if size > max_bytes:
         raise error(f"{label} is too large")
-    if not json_depth_within(text, max_json_depth()):
+    # Nesting d deep takes 2d characters at least: a short text (most events) needs no look.
+    depth = limits.MAX_JSON_DEPTH
+    if len(text) > 2 * depth and not json_depth_within(text, depth):
         raise error(f"{label} is nested too deeply")
     return text, size
 
