@@ -18,12 +18,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import Engine
 
 import hostedrooms
 from hostedrooms import limits, models, replicas, rooms
 from hostedrooms.errors import HostedRoomError, ReplicaError, RoomConflictError, StorageError
 from hostedrooms.ledger import DeliveryLedger
+from hostedrooms.validation import json_depth_within
 
 GATEWAY = "install:gw-a"
 USER = {"kind": "user", "id": "u1"}
@@ -332,3 +335,25 @@ def test_adopting_a_legacy_room_with_undecodable_members_is_a_conflict(engine: E
     with pytest.raises(RoomConflictError, match="^room_id already exists with different state$"):
         rooms.create_room(engine, room_id="r1", name="Team", members=[{"id": "m1"}], authority_gateway_id=GATEWAY)
     assert snapshot(engine) == before
+
+
+_TRICKY_TEXT = st.text(alphabet='[]{}"\\\\ax\u00e9\u2028,:', max_size=6)
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | _TRICKY_TEXT,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(_TRICKY_TEXT, children, max_size=3),
+    max_leaves=30)
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+@given(_JSON_VALUES, st.integers(min_value=0, max_value=8), st.booleans())
+def test_json_depth_is_read_from_the_text(value: Any, limit: int, ascii_only: bool) -> None:
+    """The text-based depth check agrees with the structure, whatever brackets, quotes or escapes strings hold."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=ascii_only)
+    assert json_depth_within(text, limit) is (_depth(value) <= limit)
