@@ -532,6 +532,11 @@ class DeliveryLedger:
     own (the seed-compatible facade passes the path it was given, before symlink resolution). Every method
     is one transaction and returns the reference's shapes: a delivery row with ``body`` decoded, an outbound
     row with ``snapshot`` and ``response`` decoded, or None.
+
+    Stored values follow the store's rules (README, "Limits on stored values"): text with a NUL character or a
+    lone surrogate is refused with ``ValueError`` (a caller's error text is recorded escaped instead), and
+    snapshots and responses nest at most MAX_JSON_DEPTH deep. A row whose stored JSON cannot be decoded (left by
+    the reference) is skipped by the listings and raises ``StorageError`` in a call about that row.
     """
 
     def __init__(

@@ -104,7 +104,6 @@ __all__ = [
     "system_actor_json",
     "user_event_id",
     "validate_actor_id",
-    "validate_epoch",
     "validate_event_id",
     "validate_event_kind",
     "validate_members",
@@ -354,7 +353,6 @@ validate_members = _members
 validate_actor_id = _actor_id
 validate_event_id = _event_id
 validate_event_kind = _event_kind
-validate_epoch = _epoch
 system_actor_json = _system_actor_json
 payload_json = _payload_json
 
@@ -1111,7 +1109,11 @@ def read_events(
     engine: EngineSource, *, room_id: Any, since_seq: Any = 0, limit: Any = 100, include_disbanded: bool = False,
     limits: Limits | None = None,
 ) -> dict[str, Any]:
-    """A monotonic page of the room log after ``since_seq`` whose whole serialized form fits MAX_LOG_PAGE_BYTES."""
+    """A monotonic page of the room log after ``since_seq`` whose whole serialized form fits MAX_LOG_PAGE_BYTES.
+
+    A stored event that cannot be decoded (written before MAX_JSON_DEPTH, by the reference or by hand) raises
+    StorageError naming the room and seq; a room purged while it is read raises RoomHistoryExpiredError.
+    """
     lim = _lim(limits)
     room_id = _room_id(room_id, lim)
     since = _non_negative(since_seq, "since_seq")
