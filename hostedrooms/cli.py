@@ -2,13 +2,16 @@
 
 Every command takes ``--url`` (default: ``$HOSTEDROOMS_DATABASE_URL``, else ``./state.db``). Errors are one
 line on stderr and a non-zero exit; progress is shown only when stderr is a terminal. Only ``upgrade`` and
-``demo`` create a SQLite file: every other command refuses a missing one and leaves nothing behind.
+``demo`` create a SQLite file: every other command refuses a missing one and leaves nothing behind. Stored
+values (names, ids and messages that may come from peers) are printed with control characters escaped
+(:func:`hostedrooms.display.terminal_text`), so they cannot move the cursor, recolour the terminal or fake rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -22,10 +25,12 @@ from sqlalchemy import Engine
 
 from . import migrate
 from .db import DATABASE_URL_ENV, create_engine
-from .errors import UPGRADE_HINT, HostedRoomError, SchemaMissingError, describe_target, translate
+from .display import terminal_text
+from .errors import UPGRADE_HINT, HostedRoomError, SchemaMissingError, StorageError, describe_target, translate
 from .integrity import verify
 from .models import deliveries, events, replicas, rooms
 from .uow import UnitOfWork
+from .validation import INT64_MAX, stored_json
 
 DEFAULT_DATABASE = "state.db"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -73,7 +78,7 @@ def _require_schema(engine: Engine) -> None:
 
 
 def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) -> None:
-    cells = [[str(value) for value in row] for row in rows]
+    cells = [[terminal_text(value) for value in row] for row in rows]
     widths = [max([len(header), *(len(row[index]) for row in cells)]) for index, header in enumerate(headers)]
     out.write("  ".join(header.ljust(width) for header, width in zip(headers, widths, strict=True)).rstrip() + "\n")
     for row in cells:
@@ -127,30 +132,47 @@ def cmd_rooms(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _decoded(row: Any, text: str) -> Any:
+    return stored_json(text, lambda: f"hosted room {row.room_id!r} event seq {row.seq}")
+
+
 def _event_line(row: Any) -> str:
-    actor = json.loads(row.actor_json)
+    actor = _decoded(row, row.actor_json)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row.created_at))
-    who = f"{actor.get('kind')}:{actor.get('id')}"
-    return f"{row.seq:>6}  {stamp}  e{row.authority_epoch or '-'}  {row.kind:<20} {who:<24} {row.payload_json}"
+    who = f"{actor.get('kind')}:{actor.get('id')}" if isinstance(actor, dict) else str(actor)
+    line = f"{row.seq:>6}  {stamp}  e{row.authority_epoch or '-'}  {row.kind:<20} {who:<24} {row.payload_json}"
+    return terminal_text(line)
 
 
 def _event_json(row: Any) -> str:
-    return json.dumps({
+    event = {
         "room_id": row.room_id, "seq": row.seq, "event_id": row.event_id, "kind": row.kind,
-        "actor": json.loads(row.actor_json), "authority_epoch": row.authority_epoch,
-        "payload": json.loads(row.payload_json), "created_at": row.created_at}, ensure_ascii=False)
+        "actor": _decoded(row, row.actor_json), "authority_epoch": row.authority_epoch,
+        "payload": _decoded(row, row.payload_json), "created_at": row.created_at}
+    try:
+        return terminal_text(json.dumps(event, ensure_ascii=False))
+    except RecursionError:  # decodable, but too deep to encode again here
+        raise StorageError(f"hosted room {row.room_id!r} event seq {row.seq} holds a stored value that cannot "
+                           "be decoded (RecursionError)") from None
 
 
 def cmd_log(args: argparse.Namespace, out: TextIO) -> int:
     render: Callable[[Any], str] = _event_json if args.json else _event_line
     since = args.since
+    # Seqs and limits are 64-bit: a larger value cannot even be bound by the driver.
+    if not 0 <= since <= INT64_MAX:
+        raise HostedRoomError(f"--since must be between 0 and {INT64_MAX}")
+    if args.limit > INT64_MAX:
+        raise HostedRoomError(f"--limit must be between 1 and {INT64_MAX}")
+    if not math.isfinite(args.interval) or args.interval < 0:
+        raise HostedRoomError("--interval must be a finite number of seconds, 0 or more")
     with _engine(args) as engine:
         _require_schema(engine)
         while True:
             with UnitOfWork(engine, write=False) as uow:
                 exists = uow.execute(sa.select(rooms.c.room_id).where(rooms.c.room_id == args.room)).first()
                 if exists is None:
-                    raise HostedRoomError(f"hosted room not found: {args.room}")
+                    raise HostedRoomError(f"hosted room not found: {terminal_text(args.room)}")
                 page = uow.execute(sa.select(events).where(events.c.room_id == args.room, events.c.seq > since)
                                    .order_by(events.c.seq).limit(args.limit)).all()
             for row in page:
@@ -198,7 +220,7 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
         found = verify(engine, progress=lambda name: progress(f"verifying {name} ..."))
     progress.done()
     for violation in found:
-        out.write(f"{violation}\n")
+        out.write(f"{terminal_text(violation)}\n")
     out.write("verify: clean\n" if not found else f"verify: {len(found)} violation(s)\n")
     return EXIT_OK if not found else EXIT_FAILED
 
@@ -288,10 +310,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (HostedRoomError, OSError, CommandError) as exc:
-        sys.stderr.write(f"hostedrooms: error: {exc}\n")
+        sys.stderr.write(f"hostedrooms: error: {terminal_text(exc)}\n")
         return EXIT_FAILED
     except sa.exc.SQLAlchemyError as exc:
-        sys.stderr.write(f"hostedrooms: error: {translate(exc, getattr(args, 'url', '?'))}\n")
+        sys.stderr.write(f"hostedrooms: error: {terminal_text(translate(exc, getattr(args, 'url', '?')))}\n")
         return EXIT_FAILED
 
 

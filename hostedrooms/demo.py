@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 
 from . import migrate, replicas, rooms
 from .db import create_engine
+from .display import terminal_text
 from .errors import AuthorityConflictError, HostedRoomError, describe_target
 from .integrity import verify
 
@@ -42,10 +43,10 @@ class Story:
 
     def say(self, text: str) -> None:
         self.step += 1
-        self.out.write(f"\n{self.step}. {text}\n")
+        self.out.write(f"\n{self.step}. {terminal_text(text)}\n")
 
     def note(self, text: str) -> None:
-        self.out.write(textwrap.indent(text, "   ") + "\n")
+        self.out.write(textwrap.indent("\n".join(map(terminal_text, text.split("\n"))), "   ") + "\n")
 
     def authority(self, engine: Engine, label: str) -> None:
         state = rooms.room_state(engine, room_id=ROOM)
@@ -77,7 +78,8 @@ def _cell(event: dict[str, Any] | None) -> str:
     payload = event["payload"]
     detail = payload.get("text") or payload.get("authority_gateway_id") or payload.get("reason") or ""
     text = str(detail)
-    return f"e{event['authority_epoch'] or '-'} {event['kind']:<19} {text if len(text) <= 26 else text[:25] + '~'}"
+    cell = f"e{event['authority_epoch'] or '-'} {event['kind']:<19} {text if len(text) <= 26 else text[:25] + '~'}"
+    return terminal_text(cell)
 
 
 def _side_by_side(story: Story) -> None:
@@ -186,8 +188,8 @@ def run_demo(*, directory: str | None, url_a: str | None, url_b: str | None, out
         for engine in (a, b):
             if rooms.list_rooms(engine, include_disbanded=True) or _has_demo_replica(engine):
                 raise HostedRoomError("the demo needs empty databases")
-        out.write(f"hostedrooms demo: gateway A on {describe_target(a.url)}, "
-                  f"gateway B on {describe_target(b.url)}\n")
+        out.write(terminal_text(f"hostedrooms demo: gateway A on {describe_target(a.url)}, "
+                                f"gateway B on {describe_target(b.url)}") + "\n")
         code = _run(Story(a, b, out))
     out.write("\ndemo finished: " + ("every step held\n" if code == 0 else "a step FAILED\n"))
     return code

@@ -1,11 +1,13 @@
 """Integrity verifier: checks every invariant the store relies on and reports the violations found.
 
-Each check is one aggregate query (nothing is loaded whole), run in one read-only transaction, so a large
-database is verified in bounded memory and without taking the write lock. ``verify`` changes nothing.
+Each check is one aggregate query, or one streamed scan where a rule needs Python (decoding stored JSON): nothing
+is loaded whole, and everything runs in one read-only transaction, so a large database is verified in bounded
+memory and without taking the write lock. ``verify`` changes nothing.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,8 +17,22 @@ from sqlalchemy import Connection, Engine
 
 from .db import Target, create_engine
 from .dialect import StoreDialect, dialect_for
-from .models import DELIVERY_STATES, deliveries, events, replica_events, replicas, retired_ids, rooms
+from .models import (
+    DELIVERY_STATES,
+    deliveries,
+    events,
+    outbound_intents,
+    replica_events,
+    replicas,
+    retired_ids,
+    rooms,
+)
+from .rooms import event_page_checker
 from .uow import UnitOfWork
+from .validation import json_depth_within, max_json_depth
+
+#: Rows fetched at a time by the streamed scans.
+_SCAN_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -121,6 +137,51 @@ def check_replica_logs(connection: Connection, _dialect: StoreDialect) -> Iterat
         yield Violation("replica_log", room_id, f"{n} replica events without a replica")
 
 
+def _scan(connection: Connection, query: sa.Select[Any]) -> Iterator[sa.RowMapping]:
+    """The rows of ``query``, streamed (a server-side cursor where the driver has one)."""
+    result = connection.execution_options(stream_results=True, yield_per=_SCAN_BATCH).execute(query)
+    yield from result.mappings()
+
+
+def check_readable_events(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+    """Every event of a room log or a replica log could be returned by a replay page and ingested by a replica:
+    its id and kind pass the append rules, its actor and payload decode within MAX_JSON_DEPTH, and it fits a
+    page alone (see :func:`hostedrooms.rooms.event_page_checker`)."""
+    problem_of = event_page_checker()
+    for table, name in ((events, "readable_events"), (replica_events, "readable_replica_events")):
+        for row in _scan(connection, sa.select(table).order_by(table.c.room_id, table.c.seq)):
+            problem = problem_of(row)
+            if problem is not None:
+                yield Violation(name, row["room_id"], f"seq {row['seq']}: {problem}")
+
+
+def _readable_json(text: Any, depth: int) -> bool:
+    if not isinstance(text, str) or not json_depth_within(text, depth):
+        return False
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def check_ledger_json(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+    """Every unfinished delivery's body and pending outbound intent's snapshot decodes within MAX_JSON_DEPTH: the
+    ledger's queues skip rows that do not (finished rows are in no queue; the reference's own legacy repair fails
+    undecodable intents), so they would otherwise wait unnoticed until they expire."""
+    depth = max_json_depth()
+    query = (sa.select(deliveries.c.envelope_id, deliveries.c.body_json)
+             .where(deliveries.c.state.not_in(("completed", "failed"))).order_by(deliveries.c.envelope_id))
+    for row in _scan(connection, query):
+        if not _readable_json(row["body_json"], depth):
+            yield Violation("ledger_json", row["envelope_id"], f"delivery body is not JSON within {depth} levels")
+    query = (sa.select(outbound_intents.c.request_id, outbound_intents.c.snapshot_json)
+             .where(outbound_intents.c.state == "pending").order_by(outbound_intents.c.request_id))
+    for row in _scan(connection, query):
+        if not _readable_json(row["snapshot_json"], depth):
+            yield Violation("ledger_json", row["request_id"], f"outbound snapshot is not JSON within {depth} levels")
+
+
 def check_delivery_owners(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
     """A queued id and a run id each own at most one delivery."""
     for column in (deliveries.c.queued_id, deliveries.c.run_id):
@@ -150,7 +211,8 @@ def check_storage(connection: Connection, dialect: StoreDialect) -> Iterator[Vio
 
 CHECKS: tuple[Check, ...] = (
     check_room_seqs, check_orphan_events, check_event_bytes, check_event_ids_unique, check_event_epochs,
-    check_disbanded_retired, check_replica_logs, check_delivery_owners, check_delivery_states, check_storage)
+    check_readable_events, check_disbanded_retired, check_replica_logs, check_delivery_owners,
+    check_delivery_states, check_ledger_json, check_storage)
 
 
 def verify(target: Target, *, progress: Callable[[str], Any] | None = None) -> list[Violation]:

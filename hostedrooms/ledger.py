@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
+import logging
 import os
 import stat
 import time
@@ -50,7 +50,14 @@ from .errors import StorageError, StoreUnavailableError
 from .files import SQLITE_SIDECARS, create_private_file, ensure_private_directory, restrict_file
 from .models import deliveries, outbound_intents
 from .uow import UnitOfWork
-from .validation import canonical_json_bytes
+from .validation import (
+    canonical_json_bytes,
+    json_depth_within,
+    max_json_depth,
+    storable_copy,
+    storable_text,
+    stored_json,
+)
 
 __all__ = [
     "ACTIVE_DELIVERY_STATES",
@@ -96,6 +103,7 @@ _T = TypeVar("_T")
 
 D = deliveries
 OUT = outbound_intents
+_log = logging.getLogger("hostedrooms.ledger")
 
 
 # --- pure helpers ----------------------------------------------------------------------------------------
@@ -123,10 +131,25 @@ def _integer(value: Any, message: str) -> int:
 
 
 def _key(value: Any, label: str) -> str:
-    """A lookup identifier: strings only (PostgreSQL would refuse other types in the driver)."""
+    """A lookup identifier: strings only (PostgreSQL would refuse other types in the driver), and only text both
+    backends can store and compare (no NUL character, no lone surrogate)."""
     if not isinstance(value, str):
         raise ValueError(f"secure peer ledger {label} must be a string")
+    if not storable_text(value):
+        raise ValueError(f"secure peer ledger {label} must not contain NUL characters or lone surrogates")
     return value
+
+
+def _stored_text(value: Any, message: str) -> str:
+    """``str(value)`` (the reference's coercion) when both backends can store it, else ``ValueError(message)``
+    (also when ``str()`` itself fails, e.g. an int beyond Python's digit limit)."""
+    try:
+        text = str(value)
+    except ValueError:
+        text = None
+    if text is None or not storable_text(text):
+        raise ValueError(message)
+    return text
 
 
 def _optional_key(value: Any, label: str) -> str | None:
@@ -140,15 +163,39 @@ def _limit(value: Any, high: int, message: str) -> int:
 
 
 def _error_text(error: Any) -> str:
-    return str(error)[:MAX_ERROR_CHARS]
+    return _recorded_text(error)[:MAX_ERROR_CHARS]
+
+
+def _recorded_text(error: Any) -> str:
+    """A caller's error message as stored: ``str(error)`` with NUL and lone surrogates backslash-escaped.
+
+    It is a diagnostic the caller cannot always control (an exception's text), so it is recorded, never refused.
+    """
+    try:
+        text = str(error)
+    except ValueError:
+        text = f"<unprintable {type(error).__name__}>"
+    return storable_copy(text)
+
+
+def _result_hash(result_text: Any) -> str | None:
+    """SHA-256 of a delivery's result text (only the hash is stored), None for no text."""
+    if not result_text:
+        return None
+    try:
+        if isinstance(result_text, str):
+            return hashlib.sha256(result_text.encode("utf-8")).hexdigest()
+    except UnicodeEncodeError:  # a lone surrogate
+        pass
+    raise ValueError("secure peer delivery result is invalid")
 
 
 def _digest(value: Any) -> str:
     return hashlib.sha256(canonical_json_bytes(value)).hexdigest()
 
 
-def _optional_text(value: Any) -> str | None:
-    return str(value) if value is not None else None
+def _optional_text(value: Any, message: str) -> str | None:
+    return _stored_text(value, message) if value is not None else None
 
 
 def _valid_message(body: Any) -> bool:
@@ -181,8 +228,10 @@ def delivery_claim(
     if not isinstance(envelope, Mapping):
         raise ValueError("secure peer delivery envelope is invalid")
 
+    identity = "secure peer delivery identity is invalid"
+
     def text(name: str) -> str:
-        return str(envelope.get(name) or "")
+        return _stored_text(envelope.get(name) or "", identity)
 
     action, kind = text("action"), text("kind")
     if action not in ACTIONS:
@@ -198,22 +247,22 @@ def delivery_claim(
         "envelope_id": text("envelope_id"),
         "request_id": text("request_id"),
         "transport_role": transport_role,
-        "connection_id": str(connection_id),
-        "lease_token": str(lease_token),
+        "connection_id": _stored_text(connection_id, identity),
+        "lease_token": _stored_text(lease_token, identity),
         "team_id": text("team_id"),
-        "source_peer_id": _optional_text(envelope.get("source_peer_id")),
+        "source_peer_id": _optional_text(envelope.get("source_peer_id"), identity),
         "source_server_identity": text("source_server_identity"),
         "source_route_id": text("source_route_id"),
         "source_route_revision": text("source_route_revision"),
-        "target_peer_id": _optional_text(envelope.get("target_peer_id")),
+        "target_peer_id": _optional_text(envelope.get("target_peer_id"), identity),
         "target_server_identity": text("target_server_identity"),
         "target_route_id": text("target_route_id"),
         "target_route_revision": text("target_route_revision"),
-        "target_chat_id": str(target_chat_id),
+        "target_chat_id": _stored_text(target_chat_id, identity),
         "action": action,
         "kind": kind,
         "exchange_id": text("exchange_id"),
-        "parent_envelope_id": _optional_text(envelope.get("parent_envelope_id")),
+        "parent_envelope_id": _optional_text(envelope.get("parent_envelope_id"), identity),
         "parent_leg": _integer(parent_leg, legs) if parent_leg is not None else None,
         "used_legs": _integer(envelope.get("used_legs") or 0, legs),
         "max_legs": _integer(envelope.get("max_legs") or 0, legs),
@@ -225,7 +274,11 @@ def delivery_claim(
     if claim["max_legs"] != MAX_LEGS or not 1 <= claim["used_legs"] <= MAX_LEGS:
         raise ValueError(legs)
     immutable = {name: value for name, value in claim.items() if name != "lease_token"}
-    return claim, _digest(immutable)
+    try:
+        return claim, _digest(immutable)
+    except UnicodeEncodeError:  # a lone surrogate in the message (the only text not checked above)
+        pass
+    raise ValueError("secure peer delivery body is invalid")
 
 
 def outbound_claim(
@@ -236,10 +289,11 @@ def outbound_claim(
     invalid = "secure peer outbound intent is invalid"
     if not isinstance(snapshot, Mapping):  # the reference reads snapshot.get() first (AttributeError)
         raise ValueError(invalid)
-    route = {name: str(snapshot.get(name) or "") for name in
+    route = {name: _stored_text(snapshot.get(name) or "", invalid) for name in
              ("connection_id", "source_route_id", "source_route_revision")}
     if (
-        not all(isinstance(value, str) and value for value in (request_id, source_session_id, source_run_id))
+        not all(isinstance(value, str) and value and storable_text(value)
+                for value in (request_id, source_session_id, source_run_id, body))
         or not all(route.values())
         or str(snapshot.get("source_chat_id") or "") != source_session_id
         or str(snapshot.get("action") or "") != action
@@ -263,15 +317,20 @@ def outbound_claim(
         snapshot_text = canonical_json_bytes(exact["snapshot"]).decode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(invalid) from exc
+    if not json_depth_within(snapshot_text, max_json_depth()):
+        raise ValueError(invalid)
     values = {key: value for key, value in exact.items() if key != "snapshot"}
     return {**values, **route}, digest, snapshot_text
 
 
 def _response_text(response: Any) -> str:
     try:
-        return canonical_json_bytes(dict(response)).decode("utf-8")
+        text = canonical_json_bytes(dict(response)).decode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError("secure peer outbound result is invalid") from exc
+    if not json_depth_within(text, max_json_depth()):
+        raise ValueError("secure peer outbound result is invalid")
+    return text
 
 
 # --- owner-private files ---------------------------------------------------------------------------------
@@ -341,30 +400,65 @@ def prepare_ledger_file(
 # --- rows ------------------------------------------------------------------------------------------------
 
 
+# Stored JSON that cannot be decoded (written by the reference or by hand: not JSON, or nested deeper than the
+# interpreter decodes) is a StorageError naming the row for a call about that row (nothing it would write is
+# committed); a listing skips the row with a warning instead, so one bad row never blocks a queue. Skipped rows
+# stay stored until they expire or are finished, and ``verify`` reports them.
+
+
 def _public_delivery(row: RowMapping | None) -> dict[str, Any] | None:
     if row is None:
         return None
     item = dict(row)
-    item["body"] = json.loads(item.pop("body_json"))
+    item["body"] = stored_json(item.pop("body_json"), lambda: f"secure peer delivery {row['envelope_id']!r}")
     return item
 
 
 def _public_outbound(row: RowMapping | None) -> dict[str, Any] | None:
     if row is None:
         return None
+
+    def where() -> str:
+        return f"secure peer outbound intent {row['request_id']!r}"
+
     item = dict(row)
-    item["snapshot"] = json.loads(item.pop("snapshot_json"))
+    item["snapshot"] = stored_json(item.pop("snapshot_json"), where)
     response = item.pop("response_json")
-    item["response"] = json.loads(response) if response else None
+    item["response"] = stored_json(response, where) if response else None
     return item
 
 
-def _public_deliveries(rows: Iterable[RowMapping]) -> list[dict[str, Any]]:
-    return [item for row in rows if (item := _public_delivery(row)) is not None]
+def _listed(public: Callable[[RowMapping], dict[str, Any] | None], row: RowMapping) -> dict[str, Any] | None:
+    """``public(row)``, or None (with a warning) for a row whose stored JSON cannot be decoded."""
+    try:
+        return public(row)
+    except StorageError as exc:
+        _log.warning("secure peer ledger listing skipped a row: %s", exc)
+        return None
 
 
-def _public_outbounds(rows: Iterable[RowMapping]) -> list[dict[str, Any]]:
-    return [item for row in rows if (item := _public_outbound(row)) is not None]
+def _public_rows(
+    uow: UnitOfWork, statement: Select[Any], public: Callable[[RowMapping], dict[str, Any] | None],
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """The decodable rows of ``statement`` in order, at most ``limit``: rows skipped as undecodable do not count,
+    so the next ones are read instead."""
+    if limit is None:
+        return [item for row in uow.execute(statement).mappings() if (item := _listed(public, row)) is not None]
+    found: list[dict[str, Any]] = []
+    offset = 0
+    while True:
+        page = statement.limit(limit) if not offset else statement.limit(limit).offset(offset)
+        rows = uow.execute(page).mappings().all()
+        for row in rows:
+            item = _listed(public, row)
+            if item is not None:
+                found.append(item)
+                if len(found) == limit:
+                    return found
+        if len(rows) < limit:
+            return found
+        offset += len(rows)
 
 
 def _fetch(uow: UnitOfWork, table: Table, key: ColumnElement[bool], *, lock: bool = False) -> RowMapping | None:
@@ -446,6 +540,11 @@ class DeliveryLedger:
     own (the seed-compatible facade passes the path it was given, before symlink resolution). Every method
     is one transaction and returns the reference's shapes: a delivery row with ``body`` decoded, an outbound
     row with ``snapshot`` and ``response`` decoded, or None.
+
+    Stored values follow the store's rules (README, "Limits on stored values"): text with a NUL character or a
+    lone surrogate is refused with ``ValueError`` (a caller's error text is recorded escaped instead), and
+    snapshots and responses nest at most MAX_JSON_DEPTH deep. A row whose stored JSON cannot be decoded (left by
+    the reference) is skipped by the listings and raises ``StorageError`` in a call about that row.
     """
 
     def __init__(
@@ -510,7 +609,7 @@ class DeliveryLedger:
     def _deliveries_where(self, *conditions: ColumnElement[bool]) -> list[dict[str, Any]]:
         def work(uow: UnitOfWork) -> list[dict[str, Any]]:
             statement = select(D).where(*conditions).order_by(*self._order(uow))
-            return _public_deliveries(uow.execute(statement).mappings())
+            return _public_rows(uow, statement, _public_delivery)
 
         return self._read(work)
 
@@ -521,7 +620,7 @@ class DeliveryLedger:
             _expire_pending_outbound(uow, timestamp)  # expiring intents fail before anyone sees them
             statement = (select(OUT).where(OUT.c.state == "pending", *conditions)
                          .order_by(*self._order(uow, table=OUT)))
-            return _public_outbounds(uow.execute(statement).mappings())
+            return _public_rows(uow, statement, _public_outbound)
 
         return self._write(work)
 
@@ -684,9 +783,9 @@ class DeliveryLedger:
             statement = (
                 select(D).where(D.c.state == "authorized", D.c.queued_id.is_(None), D.c.run_id.is_(None),
                                 due <= timestamp)
-                .order_by(*self._order(uow, due)).limit(count)
+                .order_by(*self._order(uow, due))
             )
-            return _public_deliveries(uow.execute(statement).mappings())
+            return _public_rows(uow, statement, _public_delivery, count)
 
         return self._read(work)
 
@@ -699,12 +798,10 @@ class DeliveryLedger:
         self, envelope_id: str, *, succeeded: bool, result_text: str = "", error: str | None = None
     ) -> dict[str, Any] | None:
         """Complete an admitted delivery (storing the result's SHA-256) or fail any unfinished one."""
-        if result_text and not isinstance(result_text, str):
-            raise ValueError("secure peer delivery result is invalid")
-        result_hash = hashlib.sha256(result_text.encode("utf-8")).hexdigest() if result_text else None
+        result_hash = _result_hash(result_text)
         expected = ACTIVE_DELIVERY_STATES if succeeded else NONTERMINAL_DELIVERY_STATES
         return self._transition(envelope_id, expected=expected, state="completed" if succeeded else "failed",
-                                result_hash=result_hash, error=_optional_text(error))
+                                result_hash=result_hash, error=_recorded_text(error) if error is not None else None)
 
     # -- response intents
 
@@ -716,7 +813,9 @@ class DeliveryLedger:
         if (
             not isinstance(request_id, str)
             or not request_id
+            or not storable_text(request_id)
             or not isinstance(body, str)
+            or not storable_text(body)
             or not body.strip()
             or len(body) > MAX_MESSAGE_CHARS
             or type(request_response) is not bool
@@ -810,9 +909,9 @@ class DeliveryLedger:
             statement = (
                 select(D).where(D.c.state.in_(ACTIVE_DELIVERY_STATES), D.c.response_request_id.is_not(None),
                                 D.c.response_committed == 0, due <= timestamp)
-                .order_by(*self._order(uow, due)).limit(count)
+                .order_by(*self._order(uow, due))
             )
-            return _public_deliveries(uow.execute(statement).mappings())
+            return _public_rows(uow, statement, _public_delivery, count)
 
         return self._read(work)
 
@@ -960,8 +1059,8 @@ class DeliveryLedger:
 
         def work(uow: UnitOfWork) -> list[dict[str, Any]]:
             statement = (select(OUT).where(OUT.c.state == "pending", due <= timestamp)
-                         .order_by(*self._order(uow, due, table=OUT)).limit(count))
-            return _public_outbounds(uow.execute(statement).mappings())
+                         .order_by(*self._order(uow, due, table=OUT)))
+            return _public_rows(uow, statement, _public_outbound, count)
 
         return self._read(work)
 
@@ -970,8 +1069,8 @@ class DeliveryLedger:
         count = _limit(limit, MAX_RETRY_BATCH, "secure peer outbound recovery limit is invalid")
 
         def work(uow: UnitOfWork) -> list[dict[str, Any]]:
-            statement = select(OUT).where(OUT.c.state == "pending").order_by(*self._order(uow, table=OUT)).limit(count)
-            return _public_outbounds(uow.execute(statement).mappings())
+            statement = select(OUT).where(OUT.c.state == "pending").order_by(*self._order(uow, table=OUT))
+            return _public_rows(uow, statement, _public_outbound, count)
 
         return self._read(work)
 
@@ -979,9 +1078,10 @@ class DeliveryLedger:
 
     def prune(self, *, retain_seconds: int = DEFAULT_RETAIN_SECONDS) -> int:
         """Delete terminal deliveries and intents untouched for ``retain_seconds``; return how many."""
-        if type(retain_seconds) is not int or retain_seconds < 0:
+        if type(retain_seconds) is not int or not 0 <= retain_seconds <= _INT64_MAX:
             raise ValueError("secure peer ledger retention is invalid")
-        cutoff = self._now() - retain_seconds
+        # Timestamps are 64-bit: a cutoff below the smallest one deletes nothing, as any older cutoff would.
+        cutoff = max(_INT64_MIN, self._now() - retain_seconds)
 
         def work(uow: UnitOfWork) -> int:
             removed = _changed(uow, delete(D).where(D.c.state.in_(sorted(TERMINAL_DELIVERY_STATES)),

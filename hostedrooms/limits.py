@@ -20,6 +20,12 @@ MAX_MEMBERS_JSON_BYTES = 128 * 1024
 MAX_EVENT_JSON_BYTES = 256 * 1024
 MAX_LOG_LIMIT = 500
 MAX_LOG_PAGE_BYTES = 2 * 1024 * 1024
+# The deepest nesting of arrays and objects in any stored JSON document (the outermost counts as 1): actors,
+# payloads, members, replicated events, ledger snapshots and responses. Readers decode and re-serialise these
+# recursively (json.loads, a replay page adds 3 levels, callers walk them); 64 is far below CPython's
+# recursion limit (1000) and below other common parsers' defaults (Ruby's 100, serde_json's 128), and no chat
+# event needs more. Not a reference constant: hostedrooms reads it here even when a facade passes its limits.
+MAX_JSON_DEPTH = 64
 MAX_ROOM_LIST_LIMIT = 500
 MAX_ACTIVE_ROOMS = 256
 MAX_DISBANDED_ROOM_TOMBSTONES = 512

@@ -27,7 +27,7 @@ from .db import Target, resolve_url
 from .dialect import dialect_for_url
 from .errors import AuthorityConflictError, HostedRoomError, RoomProbeUnavailableError, StorageError
 from .uow import UnitOfWork, resolve_engine
-from .validation import INT64_MAX, clock, compact_json, identifier
+from .validation import INT64_MAX, clock, compact_json, identifier, storable_text
 
 __all__ = [
     "GRANT_SCOPE_FIELDS",
@@ -117,8 +117,12 @@ def _required(record: Mapping[str, Any], key: str, label: str) -> Any:
 
 
 def _text(value: Any, label: str) -> str:
+    """A string both backends can store and compare: no NUL character, no lone surrogate. The message never
+    quotes the value (it may be a grant), and no encoding error is chained."""
     if not isinstance(value, str):
         raise HostedRoomError(f"{label} must be a string")
+    if not storable_text(value):
+        raise HostedRoomError(f"{label} must not contain NUL characters or lone surrogates")
     return value
 
 
@@ -145,7 +149,18 @@ def _lenient_epoch(claims: Mapping[str, Any]) -> int:
 
 
 def _claim_values(claims: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, str]:
-    return {key: str(claims.get(key) or "") for key in keys}
+    """``str(value or "")`` of each key (the reference's reading), refused when that text could not be stored
+    or compared by both backends, or when ``str()`` itself fails (an int beyond Python's digit limit)."""
+    values: dict[str, str] = {}
+    for key in keys:
+        try:
+            text = str(claims.get(key) or "")
+        except ValueError:
+            text = None
+        if text is None or not storable_text(text):
+            raise HostedRoomError("room grant scope is invalid")
+        values[key] = text
+    return values
 
 
 def room_grant_scope_key(claims: Mapping[str, Any]) -> str:

@@ -22,7 +22,6 @@ after the room row; ingest never takes a room lock, so no cycle can form.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,12 +50,14 @@ from .rooms import (
     run_room_write,
     system_actor_json,
     validate_actor_id,
+    validate_event_id,
+    validate_event_kind,
     validate_members,
     validate_room_id,
     validate_room_name,
 )
 from .uow import UnitOfWork, resolve_engine
-from .validation import bounded_int, canonical_json, clock, identifier
+from .validation import MAX_EPOCH, bounded_int, canonical_json, clock, identifier, stored_json
 
 __all__ = [
     "REPLICA_CREATION_LOCK_KEY",
@@ -88,6 +89,15 @@ def _resolve(engine: EngineSource) -> Engine:
 
 def _positive_int64(value: Any, message: str) -> int:
     return bounded_int(value, error=ReplicaError, message=message, low=1, high=_MAX_INT64)
+
+
+def _epoch(value: Any, label: str, high: int) -> int:
+    """A positive epoch of at most ``high``: a replica is promoted at ``epoch + 1`` and a promoted or demoted room
+    must still be claimable at ``epoch + 1``, so every epoch stays within MAX_EPOCH after its increment."""
+    epoch = _positive_int64(value, f"{label} must be a positive integer")
+    if epoch > high:
+        raise ReplicaError(f"{label} is beyond the largest authority epoch")
+    return epoch
 
 
 # --- page validation (pure) ------------------------------------------------------------------------------------
@@ -130,7 +140,8 @@ def _validate_page(page: Any, room_id: str, lim: Limits) -> _Page:
         raise ReplicaError("page.authority is required for replication")
     gateway_id = identifier(authority.get("gateway_id"), error=HostedRoomError, label="page.authority.gateway_id",
                             max_chars=lim.MAX_ACTOR_ID_CHARS)
-    epoch = _positive_int64(authority.get("epoch"), "page.authority.epoch must be a positive integer")
+    # Promotion writes epoch + 1, which must itself stay claimable.
+    epoch = _epoch(authority.get("epoch"), "page.authority.epoch", MAX_EPOCH - 1)
     events: list[_PageEvent] = []
     seen_ids: set[str] = set()
     for raw in raw_events:
@@ -155,6 +166,8 @@ def _validate_event(raw: Any, room_id: str, page_epoch: int, lim: Limits) -> _Pa
     for field in ("event_id", "kind"):
         if not isinstance(raw.get(field), str) or not raw[field]:
             raise ReplicaError(f"event.{field} must be a non-empty string")
+    event_id = _authority_rule(validate_event_id, raw["event_id"], "event_id", lim)
+    kind = _authority_rule(validate_event_kind, raw["kind"], "kind", lim)
     if not isinstance(raw.get("actor"), dict):
         raise ReplicaError("event.actor must be an object")
     if "payload" not in raw:
@@ -166,19 +179,43 @@ def _validate_event(raw: Any, room_id: str, page_epoch: int, lim: Limits) -> _Pa
         event_epoch = _positive_int64(event_epoch, "event.authority_epoch must be a positive integer")
         if event_epoch > page_epoch:
             raise ReplicaError("event.authority_epoch is newer than the page authority")
-    created = raw.get("created_at")
-    if created is not None and (isinstance(created, bool) or not isinstance(created, (int, float))
-                                or not math.isfinite(created)):
-        raise ReplicaError("event.created_at must be a finite number")
+    created = _created_at(raw.get("created_at"))
     actor_bytes = int(getattr(lim, "MAX_ACTOR_JSON_BYTES", default_limits.MAX_ACTOR_JSON_BYTES))
-    kind = raw["kind"]
     event = PreparedEvent(
-        raw["event_id"], kind,
+        event_id, kind,
         canonical_json(raw["actor"], error=ReplicaError, label="actor", max_bytes=actor_bytes),
         canonical_json(raw["payload"], error=ReplicaError, label="payload", max_bytes=lim.MAX_EVENT_JSON_BYTES),
         event_epoch, control=kind in CONTROL_EVENT_KINDS)
     # The reference stamps a missing (or zero) created_at with the ingest time.
-    return _PageEvent(seq, event, float(created) if created else None)
+    return _PageEvent(seq, event, created if created else None)
+
+
+def _authority_rule(validate: Any, value: str, field: str, lim: Limits) -> str:
+    """``value`` if the authority's own rule for ``field`` accepts it exactly as given (a replica stores what the
+    authority stored, so anything the rule would refuse or change could not have come from a hostedrooms log,
+    and promotion would make the room unreadable)."""
+    try:
+        checked = str(validate(value, lim))
+    except HostedRoomError as exc:
+        raise ReplicaError(f"event.{field}: {exc}") from None
+    if checked != value:
+        raise ReplicaError(f"event.{field}: invalid {field}")
+    return checked
+
+
+def _created_at(value: Any) -> float | None:
+    """A finite float, or None when absent (``10**400`` is refused, not an OverflowError)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ReplicaError("event.created_at must be a finite number")
+    try:
+        created = float(value)
+    except OverflowError:
+        created = math.inf
+    if not math.isfinite(created):
+        raise ReplicaError("event.created_at must be a finite number")
+    return created
 
 
 # --- ingest ------------------------------------------------------------------------------------------------------
@@ -310,7 +347,8 @@ def replica_state(engine: EngineSource, *, room_id: Any, limits: Limits | None =
 
 def _replica_to_dict(row: Mapping[Any, Any]) -> dict[str, Any]:
     return {
-        "room_id": row["room_id"], "name": row["name"], "members": json.loads(row["members_json"]),
+        "room_id": row["room_id"], "name": row["name"],
+        "members": stored_json(row["members_json"], lambda: f"replica of room {row['room_id']!r}"),
         "authority": {"gateway_id": row["authority_gateway_id"], "epoch": int(row["authority_epoch"])},
         "last_seq": int(row["last_seq"]), "latest_seq": int(row["latest_seq"]),
         "event_bytes": int(row["event_bytes"]), "created_at": float(row["created_at"]),
@@ -386,6 +424,8 @@ def promote_replica(
         if log.count != last_seq or (log.count and (log.first != 1 or log.last != last_seq)):
             raise ReplicaError("replica log is not contiguous")
         tx.check_room_slot()
+        if previous_epoch >= MAX_EPOCH:  # only a row stored before epochs were bounded can be there
+            raise ReplicaError("replica authority epoch is beyond the largest authority epoch; it cannot be promoted")
         target_epoch = previous_epoch + 1
         claim = PreparedEvent(
             f"system:authority-claimed:{target_epoch}", "authority.claimed", actor_json,
@@ -432,9 +472,14 @@ def demote_room(
     lim = _lim(limits)
     room_id = validate_room_id(room_id, lim)
     observed_gateway = validate_actor_id(observed_gateway_id, "observed_gateway_id", lim)
-    epoch = _positive_int64(observed_epoch, "observed_epoch must be a positive integer")
+    # The room keeps the observed epoch, and a later claim writes epoch + 1.
+    epoch = _epoch(observed_epoch, "observed_epoch", MAX_EPOCH)
     timestamp = clock(now)
     local = resolve_local_gateway_id(local_gateway_id)
+    if observed_gateway == local:
+        raise ReplicaError(
+            "observed_gateway_id is this gateway: demotion fences this gateway against another one; "
+            "moving its own authority to a newer epoch needs claim_authority")
     lost = PreparedEvent(
         f"system:authority-lost:{epoch}", "authority.lost", system_actor_json("authority-control", lim),
         payload_json({"previous_gateway_id": local, "authority_gateway_id": observed_gateway,

@@ -57,10 +57,23 @@ from .errors import (
     RoomConflictError,
     RoomHistoryExpiredError,
     RoomNotFoundError,
+    StorageError,
 )
 from .statements import HotStatement
 from .uow import UnitOfWork, resolve_engine
-from .validation import INT64_MAX, bounded_int, canonical_json, canonical_json_sized, clock, identifier, utf8_len
+from .validation import (
+    INT64_MAX,
+    MAX_EPOCH,
+    bounded_int,
+    canonical_json,
+    canonical_json_sized,
+    clock,
+    identifier,
+    json_depth_within,
+    max_json_depth,
+    stored_json,
+    utf8_len,
+)
 
 __all__ = [
     "CONTROL_EVENT_KINDS",
@@ -76,6 +89,7 @@ __all__ = [
     "claim_authority",
     "create_room",
     "disband_room",
+    "event_page_checker",
     "event_to_dict",
     "list_rooms",
     "max_event_bytes",
@@ -91,6 +105,8 @@ __all__ = [
     "system_actor_json",
     "user_event_id",
     "validate_actor_id",
+    "validate_event_id",
+    "validate_event_kind",
     "validate_members",
     "validate_room_id",
     "validate_room_name",
@@ -230,6 +246,15 @@ def _positive(value: Any, label: str) -> int:
         value, error=HostedRoomError, message=f"{label} must be a positive integer", low=1, high=INT64_MAX)
 
 
+def _epoch(value: Any, label: str, high: int = MAX_EPOCH) -> int:
+    """A positive epoch of at most ``high`` (default MAX_EPOCH, so that the ``epoch + 1`` a claim or a promotion
+    writes always fits 64 bits; a claim's expected epoch is bounded one lower)."""
+    epoch = _positive(value, label)
+    if epoch > high:
+        raise HostedRoomError(f"{label} is beyond the largest authority epoch")
+    return epoch
+
+
 def _bounded_limit(value: Any, maximum: int) -> int:
     return bounded_int(value, error=HostedRoomError, message=f"limit must be between 1 and {maximum}", low=1,
                        high=maximum)
@@ -308,7 +333,7 @@ def _legacy_members_match(existing_json: str, proposed: list[dict[str, Any]]) ->
     """Adoption may add routing metadata (``target``) that an older room could not store."""
     try:
         existing = json.loads(existing_json)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # undecodable stored members match nothing
         return False
     if not isinstance(existing, list) or len(existing) != len(proposed):
         return False
@@ -327,6 +352,8 @@ validate_room_id = _room_id
 validate_room_name = _room_name
 validate_members = _members
 validate_actor_id = _actor_id
+validate_event_id = _event_id
+validate_event_kind = _event_kind
 system_actor_json = _system_actor_json
 payload_json = _payload_json
 
@@ -370,16 +397,21 @@ class PreparedEvent:
 
 
 class _BatchMemo:
-    """What repeats across one batch's items, validated once: kinds by their text, actors by object identity
-    (a batch usually has one author and a few kinds), plus the batch's already validated authority."""
+    """What repeats across one batch's items, validated once: kinds by their text, actors by their value (a batch
+    usually has one author and a few kinds), plus the batch's already validated authority.
+
+    A memo must never change what is stored, so it is keyed by value, never by object identity (an item Mapping
+    may build a fresh actor on each access, and a freed object's id is reused), and only for actors whose
+    content cannot change or lie: a plain dict of exact ``str`` keys and ``str``/None values. Anything else is
+    validated on its own, every time.
+    """
 
     __slots__ = ("actors", "epoch", "gateway_id", "kinds")
 
     def __init__(self, gateway_id: str, epoch: int) -> None:
         self.gateway_id, self.epoch = gateway_id, epoch
         self.kinds: dict[str, str] = {}
-        # Keyed by id(): the items list keeps every actor object alive for the whole call.
-        self.actors: dict[tuple[int, str], tuple[dict[str, str], str]] = {}
+        self.actors: dict[tuple[str, tuple[tuple[str, str | None], ...]], tuple[dict[str, str], str]] = {}
 
     def kind(self, value: Any, lim: Limits) -> str:
         if type(value) is not str:
@@ -390,11 +422,26 @@ class _BatchMemo:
         return checked
 
     def actor(self, value: Any, kind: str, lim: Limits) -> tuple[dict[str, str], str]:
-        key = (id(value), kind)
+        content = _actor_memo_key(value)
+        if content is None:
+            return _actor(value, kind=kind, lim=lim)
+        key = (kind, content)
         known = self.actors.get(key)
         if known is None:
             known = self.actors[key] = _actor(value, kind=kind, lim=lim)
         return known
+
+
+def _actor_memo_key(value: Any) -> tuple[tuple[str, str | None], ...] | None:
+    """An immutable copy of ``value``'s items when it is a plain dict of exact strings (None values allowed),
+    the only actors the batch memo may key by value; None otherwise."""
+    if type(value) is not dict or len(value) > len(_ACTOR_FIELDS):
+        return None
+    items = tuple(value.items())
+    for name, field_value in items:
+        if type(name) is not str or (type(field_value) is not str and field_value is not None):
+            return None
+    return items
 
 
 # --- row mappers -----------------------------------------------------------------------------------------------
@@ -402,8 +449,9 @@ class _BatchMemo:
 
 def room_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
     """The reference's room dict; ``disbanded_at`` when set and ``latest_seq`` when ``next_seq`` was selected."""
+    members = stored_json(row["members_json"], lambda: f"hosted room {row['room_id']!r}")
     result: dict[str, Any] = {
-        "room_id": row["room_id"], "name": row["name"], "members": json.loads(row["members_json"]),
+        "room_id": row["room_id"], "name": row["name"], "members": members,
         "authority_gateway_id": row["authority_gateway_id"], "authority_epoch": int(row["authority_epoch"]),
         "revision": int(row["revision"]), "created_at": float(row["created_at"]),
         "updated_at": float(row["updated_at"]), "idempotent": idempotent}
@@ -415,12 +463,16 @@ def room_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
 
 
 def event_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
-    """The reference's event dict (actor and payload parsed from their canonical JSON)."""
+    """The reference's event dict (actor and payload parsed from their canonical JSON; :func:`stored_json`)."""
     epoch = row["authority_epoch"]
+
+    def where() -> str:
+        return f"hosted room {row['room_id']!r} event seq {int(row['seq'])}"
+
     return {
         "room_id": row["room_id"], "seq": int(row["seq"]), "event_id": row["event_id"], "kind": row["kind"],
-        "actor": json.loads(row["actor_json"]), "authority_epoch": int(epoch) if epoch is not None else None,
-        "payload": json.loads(row["payload_json"]), "created_at": float(row["created_at"]),
+        "actor": stored_json(row["actor_json"], where), "authority_epoch": int(epoch) if epoch is not None else None,
+        "payload": stored_json(row["payload_json"], where), "created_at": float(row["created_at"]),
         "idempotent": idempotent}
 
 
@@ -757,6 +809,8 @@ def _adopt_legacy_room(
 ) -> dict[str, Any]:
     """Claim a 'legacy'-authority room for a real gateway with a fenced claim event at epoch + 1."""
     previous_epoch = int(existing["authority_epoch"])
+    if previous_epoch >= MAX_EPOCH:  # only a row written outside hostedrooms can be there
+        raise HostedRoomError("legacy room authority_epoch is beyond the largest authority epoch")
     target_epoch = previous_epoch + 1
     claim = PreparedEvent(
         "system:authority-adopted", "authority.claimed", _system_actor_json("authority-control", tx.limits),
@@ -863,7 +917,7 @@ def _validated_event(
         gateway_id = memo.gateway_id
     if normalized_actor["kind"] == "gateway" and normalized_actor["id"] != gateway_id:
         raise HostedRoomError("gateway actor.id must match authority_gateway_id")
-    epoch = _positive(authority_epoch, "authority_epoch") if memo is None else memo.epoch
+    epoch = _epoch(authority_epoch, "authority_epoch") if memo is None else memo.epoch
     if not isinstance(payload, dict):
         raise HostedRoomError("payload must be an object")
     payload_json, payload_size = _payload_json_sized(payload, lim)
@@ -995,7 +1049,7 @@ def append_events(
     lim = _lim(limits)
     room_id = _room_id(room_id, lim)
     gateway_id = _actor_id(authority_gateway_id, "authority_gateway_id", lim)
-    epoch = _positive(authority_epoch, "authority_epoch")
+    epoch = _epoch(authority_epoch, "authority_epoch")
     if not isinstance(events, (list, tuple)) or not events:
         raise HostedRoomError("events must be a non-empty list")
     if len(events) > lim.MAX_LOG_LIMIT:
@@ -1056,7 +1110,11 @@ def read_events(
     engine: EngineSource, *, room_id: Any, since_seq: Any = 0, limit: Any = 100, include_disbanded: bool = False,
     limits: Limits | None = None,
 ) -> dict[str, Any]:
-    """A monotonic page of the room log after ``since_seq`` whose whole serialized form fits MAX_LOG_PAGE_BYTES."""
+    """A monotonic page of the room log after ``since_seq`` whose whole serialized form fits MAX_LOG_PAGE_BYTES.
+
+    A stored event that cannot be decoded (written before MAX_JSON_DEPTH, by the reference or by hand) raises
+    StorageError naming the room and seq; a room purged while it is read raises RoomHistoryExpiredError.
+    """
     lim = _lim(limits)
     room_id = _room_id(room_id, lim)
     since = _non_negative(since_seq, "since_seq")
@@ -1073,6 +1131,12 @@ def read_events(
             raise HostedRoomError("since_seq is ahead of the hosted room log")
         rows = uow.connection.execute(_page_query(uow, room_id, since, latest_seq, page_size, page_bytes)).mappings()
         events = [event_to_dict(row) for row in rows]
+        if not events and since < latest_seq:
+            # PostgreSQL reads each statement at its own snapshot: the room may have been purged (disbanded, then
+            # pruned) after its row was read. Read it again, so that is reported as such.
+            again = uow.connection.execute(select(_rooms.c.room_id, _rooms.c.disbanded_at).where(
+                _rooms.c.room_id == room_id)).mappings().first()
+            _require_room(uow, again, room_id, include_disbanded=include_disbanded)
 
     def build(page: list[dict[str, Any]]) -> dict[str, Any]:
         cursor = page[-1]["seq"] if page else since
@@ -1080,7 +1144,11 @@ def read_events(
                 "authority": authority}
 
     def fits(page: list[dict[str, Any]]) -> bool:
-        return utf8_len(json.dumps(build(page), ensure_ascii=False, separators=(",", ":"))) <= page_bytes
+        try:
+            text = json.dumps(build(page), ensure_ascii=False, separators=(",", ":"))
+        except RecursionError:  # a decodable but very deep value stored before MAX_JSON_DEPTH (or by the reference)
+            raise _unserialisable(room_id, page) from None
+        return utf8_len(text) <= page_bytes
 
     if events and not fits(events):
         # Binary-search the largest prefix whose serialized page fits the budget.
@@ -1096,6 +1164,58 @@ def read_events(
         # has_more would make a reader spin forever.
         raise HostedRoomError("hosted room event exceeds replay page limit")
     return build(events)
+
+
+def event_page_checker(limits: Limits | None = None) -> Callable[[RowLike], str | None]:
+    """A function telling why no replay page could ever return a stored event row (or a replica could not ingest
+    it), or None when the row is fine. Used by ``verify`` on room logs and replica logs, one call per row.
+
+    The event's id and kind must pass the append rules as stored, its actor and payload must decode within
+    MAX_JSON_DEPTH, and the event alone must fit MAX_LOG_PAGE_BYTES in the largest page envelope (a cursor and
+    latest_seq of 19 digits, the longest gateway id).
+    """
+    lim = _lim(limits)
+    depth = max_json_depth()
+    budget = int(lim.MAX_LOG_PAGE_BYTES) - len(json.dumps({
+        "events": [], "cursor": INT64_MAX, "latest_seq": INT64_MAX, "has_more": False,
+        "authority": {"gateway_id": "g" * int(lim.MAX_ACTOR_ID_CHARS), "epoch": INT64_MAX}}, separators=(",", ":")))
+    # Serialised again, a decoded text grows at most 4.5 times (a float "1e15" is written 1000000000000000.0), and
+    # the event's other fields (keys, room id, seq, epoch, time) take well under 1 KiB: below that, it fits.
+    surely_fits = (budget - 1024) // 5
+
+    def problem(row: RowLike) -> str | None:
+        for label, value, validate in (("event_id", row["event_id"], _event_id), ("kind", row["kind"], _event_kind)):
+            try:
+                if validate(value, lim) != value:
+                    return f"its {label} does not pass the append rules"
+            except HostedRoomError:
+                return f"its {label} does not pass the append rules"
+        texts = (row["actor_json"], row["payload_json"])
+        for column, text in zip(("actor_json", "payload_json"), texts, strict=True):
+            if not isinstance(text, str) or not json_depth_within(text, depth):
+                return f"its {column} is not JSON within {depth} levels of nesting"
+        try:
+            if utf8_len(row["room_id"], row["event_id"], row["kind"], *texts) <= surely_fits:
+                json.loads(texts[0])
+                json.loads(texts[1])
+                return None
+            event = json.dumps(event_to_dict(row), ensure_ascii=False, separators=(",", ":"))
+        except (StorageError, RecursionError, ValueError, TypeError):
+            return "its actor or payload cannot be decoded"
+        return "it alone exceeds the replay page limit" if utf8_len(event) > budget else None
+
+    return problem
+
+
+def _unserialisable(room_id: str, page: Sequence[dict[str, Any]]) -> StorageError:
+    """The error for a page that decoded but cannot be serialised (RecursionError), naming the first culprit."""
+    for event in page:
+        try:
+            json.dumps(event)
+        except RecursionError:
+            return StorageError(f"hosted room {room_id!r} event seq {event['seq']} holds a stored value that "
+                                "cannot be decoded (RecursionError)")
+    return StorageError(f"hosted room {room_id!r} holds a stored value that cannot be decoded (RecursionError)")
 
 
 def _page_query(uow: UnitOfWork, room_id: str, since: int, latest_seq: int, page_size: int, page_bytes: int) -> Any:
@@ -1154,7 +1274,7 @@ def claim_authority(
     expected_gateway = _actor_id(expected_gateway_id, "expected_gateway_id", lim)
     new_gateway = _actor_id(new_gateway_id, "new_gateway_id", lim)
     claim_id = _event_id(event_id, lim)
-    expected = _positive(expected_epoch, "expected_epoch")
+    expected = _epoch(expected_epoch, "expected_epoch", MAX_EPOCH - 1)
     timestamp = clock(now)
     target_epoch = expected + 1
     claim = PreparedEvent(
@@ -1200,7 +1320,7 @@ def disband_room(
     lim = _lim(limits)
     room_id = _room_id(room_id, lim)
     expected_gateway = _actor_id(expected_gateway_id, "expected_gateway_id", lim)
-    expected = _positive(expected_epoch, "expected_epoch")
+    expected = _epoch(expected_epoch, "expected_epoch")
     timestamp = clock(now)
     payload_json = _payload_json({"room_id": room_id}, lim)
     actor_json = _system_actor_json("room-control", lim)

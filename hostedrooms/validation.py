@@ -18,12 +18,15 @@ from json.encoder import (  # type: ignore[attr-defined]  # the C accelerator is
 )
 from typing import Any
 
-from .errors import HostedRoomError
+from . import limits
+from .errors import HostedRoomError, StorageError
 
 ErrorFactory = Callable[[str], Exception]
 
 #: The largest integer both backends store (64-bit signed): counters, epochs and offsets are bounded by it.
 INT64_MAX = 2**63 - 1
+#: The largest authority epoch stored anywhere: a claim or promotion writes ``epoch + 1``, which must still fit.
+MAX_EPOCH = INT64_MAX - 1
 
 #: Identifier shape: an ASCII letter or digit, then letters, digits, ``.``, ``_``, ``:`` or ``-``.
 IDENTIFIER_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
@@ -53,7 +56,7 @@ def identifier(
     text = value.strip()
     shape = IDENTIFIER_PATTERN if pattern is _DEFAULT_PATTERN else pattern
     if (not text or len(text) > max_chars or (shape is not None and shape.fullmatch(text) is None)
-            or not (text.isascii() or _utf8(text))):
+            or not storable_text(text)):
         raise error(invalid if invalid is not None else f"invalid {label}")
     return text
 
@@ -65,6 +68,24 @@ def _utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def storable_text(text: str) -> bool:
+    """Whether ``text`` can reach a text column of both backends unchanged.
+
+    PostgreSQL refuses NUL characters in text (SQLite stores them) and neither driver can encode a lone
+    surrogate, so both are refused everywhere, before any transaction opens. (JSON documents are not affected:
+    their encoder escapes NUL as ``\\u0000``.)
+    """
+    return "\x00" not in text and (text.isascii() or _utf8(text))
+
+
+def storable_copy(text: str) -> str:
+    """``text`` with NUL and lone surrogates replaced by backslash escapes, for free text that is recorded
+    rather than validated (a caller's own error message)."""
+    if storable_text(text):
+        return text
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bounded_int(value: Any, *, error: ErrorFactory, message: str, low: int = 0, high: int | None = None) -> int:
@@ -86,10 +107,11 @@ def _compact_encoder(ensure_ascii: bool) -> Callable[[Any], str]:
     circular-reference guard: a cycle still fails, as RecursionError, which callers treat as not serializable).
     """
     if c_make_encoder is None:  # pragma: no cover - CPython always has the C accelerator
-        encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=ensure_ascii)
+        encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=False)
         return encoder.encode
     strings = encode_basestring_ascii if ensure_ascii else encode_basestring
-    make = c_make_encoder(None, _not_serializable, strings, None, ":", ",", True, False, True)
+    # allow_nan=False: NaN and Infinity are not JSON; other parsers (and PostgreSQL's json types) refuse them.
+    make = c_make_encoder(None, _not_serializable, strings, None, ":", ",", True, False, False)
 
     def encode(value: Any) -> str:
         if isinstance(value, str):
@@ -104,8 +126,39 @@ _DIGEST = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=F
 
 
 def compact_json(value: Any, *, ensure_ascii: bool = True) -> str:
-    """Sorted keys and ``,``/``:`` separators; the json module's own errors propagate."""
+    """Sorted keys and ``,``/``:`` separators, NaN and Infinity refused; the json module's own errors propagate."""
     return _COMPACT[ensure_ascii](value)
+
+
+# Everything JSON allows outside strings is ASCII: keep the brackets (as one kind: nesting depth does not depend
+# on it), delete the rest.
+_SKELETON = {code: None for code in range(128)} | {ord("["): "[", ord("{"): "[", ord("]"): "]", ord("}"): "]"}
+
+
+def json_depth_within(text: str, limit: int) -> bool:
+    """Whether the arrays and objects of the JSON ``text`` nest at most ``limit`` deep (the outermost is 1).
+
+    Decided on the text, which is what is stored (a hostile Mapping may show the encoder one structure and a
+    walker another). The common case is a count: a text with at most ``limit`` opening brackets cannot nest
+    deeper. Otherwise the text is reduced to its brackets outside strings (escaped backslashes, then escaped
+    quotes, are dropped, so every remaining quote delimits a string), and each pass deletes the innermost empty
+    pairs: ``str.replace`` does not rescan what it rewrote, so a pass removes exactly one level, and at most
+    ``limit`` linear passes decide it.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return True
+    unescaped = text.replace("\\\\", "").replace('\\"', "") if "\\" in text else text
+    skeleton = "".join(unescaped.split('"')[::2]).translate(_SKELETON)
+    for _ in range(limit):
+        if not skeleton:
+            return True
+        skeleton = skeleton.replace("[]", "")
+    return not skeleton
+
+
+def max_json_depth() -> int:
+    """:data:`hostedrooms.limits.MAX_JSON_DEPTH`, read at call time."""
+    return int(limits.MAX_JSON_DEPTH)
 
 
 def canonical_json(value: Any, *, error: ErrorFactory, label: str, max_bytes: int, ensure_ascii: bool = False) -> str:
@@ -116,7 +169,7 @@ def canonical_json(value: Any, *, error: ErrorFactory, label: str, max_bytes: in
 def canonical_json_sized(
     value: Any, *, error: ErrorFactory, label: str, max_bytes: int, ensure_ascii: bool = False
 ) -> tuple[str, int]:
-    """:func:`canonical_json` and its UTF-8 size."""
+    """:func:`canonical_json` and its UTF-8 size; at most ``MAX_JSON_DEPTH`` deep, no NaN or Infinity."""
     try:
         text = compact_json(value, ensure_ascii=ensure_ascii)
         size = utf8_len(text)  # a lone surrogate serialises but cannot be encoded (UnicodeEncodeError)
@@ -124,6 +177,10 @@ def canonical_json_sized(
         raise error(f"{label} must be JSON-serializable") from exc
     if size > max_bytes:
         raise error(f"{label} is too large")
+    # Nesting d deep takes 2d characters at least: a short text (most events) needs no look.
+    depth = limits.MAX_JSON_DEPTH
+    if len(text) > 2 * depth and not json_depth_within(text, depth):
+        raise error(f"{label} is nested too deeply")
     return text, size
 
 
@@ -151,3 +208,17 @@ def clock(now: float | None) -> float:
     if not math.isfinite(value):
         raise HostedRoomError("now must be a finite number")
     return value
+
+
+def stored_json(text: Any, where: Callable[[], str]) -> Any:
+    """Decode a JSON column read back from the store.
+
+    Whatever hostedrooms writes decodes (it is bounded to MAX_JSON_DEPTH), but rows written by the reference, by
+    older versions or by hand may not: a text that is not JSON, or nests deeper than the interpreter can decode
+    (RecursionError), raises :class:`StorageError` naming ``where()`` (for example the room and seq), never a raw
+    parser error. The recursion limit is never raised for this: deep enough JSON would overflow the C stack.
+    """
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise StorageError(f"{where()} holds a stored value that cannot be decoded ({type(exc).__name__})") from exc

@@ -26,6 +26,7 @@ from hostedrooms.errors import (
 
 A = "install:gw-a"
 B = "install:gw-b"
+C = "install:gw-c"
 MEMBERS = [{"id": "m1"}]
 TABLES = (models.rooms, models.events, models.replicas, models.replica_events, models.retired_ids)
 
@@ -337,6 +338,8 @@ def test_demote_refusals(engine: Engine) -> None:
     with pytest.raises(ReplicaEpochRegressionError, match="^observed epoch does not supersede the stored authority$"):
         replicas.demote_room(engine, room_id="r1", observed_gateway_id=B, observed_epoch=1, local_gateway_id=A)
     with pytest.raises(ReplicaError, match="^room is not locally authoritative; nothing to demote$"):
+        replicas.demote_room(engine, room_id="r1", observed_gateway_id=C, observed_epoch=2, local_gateway_id=B)
+    with pytest.raises(ReplicaError, match="^observed_gateway_id is this gateway: "):  # issue 14: never itself
         replicas.demote_room(engine, room_id="r1", observed_gateway_id=B, observed_epoch=2, local_gateway_id=B)
     for bad_epoch in (0, True, "2", 2**63):
         with pytest.raises(ReplicaError, match="^observed_epoch must be a positive integer$"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -52,7 +53,12 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subpr
 def dists(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     """(sdist, wheel, build log) from ``python -m build`` (the wheel is built from the unpacked sdist)."""
     out = tmp_path_factory.mktemp("dist")
-    result = _run([sys.executable, "-m", "build", "-o", str(out), str(ROOT)], cwd=out)
+    # Build from a copy: setuptools writes hostedrooms.egg-info into the source tree, and two xdist workers
+    # building from the checkout at once would race on it.
+    source = tmp_path_factory.mktemp("source") / "hostedrooms"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "*.egg-info", "build", "dist", "__pycache__", ".*_cache", ".hypothesis"))
+    result = _run([sys.executable, "-m", "build", "-o", str(out), str(source)], cwd=out)
     (sdist,) = out.glob("hostedrooms-*.tar.gz")
     (wheel,) = out.glob("hostedrooms-*.whl")
     return sdist, wheel, result.stdout + result.stderr
