@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import (
@@ -44,6 +44,7 @@ _DEFERRED_BEGIN = "hostedrooms_deferred_begin"
 MIGRATION_LOCK_KEY = 0x686F737465640001  # "hosted" + 1
 
 _S = TypeVar("_S", bound=Select[Any])
+_T = TypeVar("_T")
 
 
 class UpsertInsert(Protocol):
@@ -62,6 +63,19 @@ class StoreDialect:
     """Dialect-specific behaviour; one instance per supported backend."""
 
     name = "generic"
+
+    def __init__(self) -> None:
+        self._statements: dict[Hashable, Any] = {}
+
+    def statement(self, key: Hashable, build: Callable[[StoreDialect], _T]) -> _T:
+        """The one per-backend statement cache: ``build(self)`` the first time ``key`` is asked on this backend,
+        the same object afterwards (statements whose text differs by backend: row locks, upserts, collations).
+        Two threads racing on a first use may both build; either result is the same statement."""
+        try:
+            built: _T = self._statements[key]
+        except KeyError:
+            built = self._statements[key] = build(self)
+        return built
 
     def configure_engine(self, engine: Engine, *, synchronous: str, busy_timeout: float) -> None:
         """Install connection hooks (pragmas, transaction start) on a new engine."""

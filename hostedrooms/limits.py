@@ -1,11 +1,15 @@
 """Limits and protocol constants of the reference implementation.
 
 Services read these module attributes at call time (never bind them at import), so tests and operators can
-lower them; the compat facades pass their own module's values through, so lowering a limit on
-``hostedrooms.compat.hosted_rooms`` takes effect too.
+lower them. Every service takes ``limits: Limits | None``: None means this module; the compat facades resolve
+their own module's constants into a :class:`LimitValues` snapshot once per call (:meth:`LimitValues.read`), so
+lowering a limit on ``hostedrooms.compat.hosted_rooms`` takes effect too.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
 
 PROTOCOL_VERSION = 2
 MAX_ROOM_ID_CHARS = 128
@@ -43,3 +47,112 @@ MAX_REPLICA_EVENT_BYTES = 256 * 1024 * 1024
 
 # Secure-peer delivery ledger
 MAX_NONTERMINAL_DELIVERIES = 2_048
+
+
+# --- the typed seam ----------------------------------------------------------------------------------------------
+
+#: Every limit a service reads, by name (all of the above but PROTOCOL_VERSION).
+LIMIT_NAMES = (
+    "MAX_ROOM_ID_CHARS", "MAX_EVENT_ID_CHARS", "MAX_ROOM_NAME_CHARS", "MAX_EVENT_KIND_CHARS", "MAX_ACTOR_ID_CHARS",
+    "MAX_ACTOR_LABEL_CHARS", "MAX_ACTOR_JSON_BYTES", "MAX_MEMBERS", "MAX_MEMBERS_JSON_BYTES", "MAX_EVENT_JSON_BYTES",
+    "MAX_LOG_LIMIT", "MAX_LOG_PAGE_BYTES", "MAX_JSON_DEPTH", "MAX_ROOM_LIST_LIMIT", "MAX_ACTIVE_ROOMS",
+    "MAX_DISBANDED_ROOM_TOMBSTONES", "DISBANDED_ROOM_RETENTION_SECONDS", "MAX_EVENTS_PER_ROOM",
+    "MAX_ROOM_EVENT_BYTES", "MAX_GATEWAY_EVENT_BYTES", "CONTROL_EVENT_COUNT_RESERVE", "CONTROL_EVENT_BYTE_RESERVE",
+    "MAX_REPLICA_ROOMS", "MAX_REPLICA_EVENT_BYTES", "MAX_NONTERMINAL_DELIVERIES")
+
+
+class Limits(Protocol):
+    """What a service reads its limits from: this module (read at call time, so lowering a constant here takes
+    effect), or a :class:`LimitValues` snapshot a facade resolved from its own module for one call."""
+
+    @property
+    def MAX_ROOM_ID_CHARS(self) -> int: ...
+    @property
+    def MAX_EVENT_ID_CHARS(self) -> int: ...
+    @property
+    def MAX_ROOM_NAME_CHARS(self) -> int: ...
+    @property
+    def MAX_EVENT_KIND_CHARS(self) -> int: ...
+    @property
+    def MAX_ACTOR_ID_CHARS(self) -> int: ...
+    @property
+    def MAX_ACTOR_LABEL_CHARS(self) -> int: ...
+    @property
+    def MAX_ACTOR_JSON_BYTES(self) -> int: ...
+    @property
+    def MAX_MEMBERS(self) -> int: ...
+    @property
+    def MAX_MEMBERS_JSON_BYTES(self) -> int: ...
+    @property
+    def MAX_EVENT_JSON_BYTES(self) -> int: ...
+    @property
+    def MAX_LOG_LIMIT(self) -> int: ...
+    @property
+    def MAX_LOG_PAGE_BYTES(self) -> int: ...
+    @property
+    def MAX_JSON_DEPTH(self) -> int: ...
+    @property
+    def MAX_ROOM_LIST_LIMIT(self) -> int: ...
+    @property
+    def MAX_ACTIVE_ROOMS(self) -> int: ...
+    @property
+    def MAX_DISBANDED_ROOM_TOMBSTONES(self) -> int: ...
+    @property
+    def DISBANDED_ROOM_RETENTION_SECONDS(self) -> int: ...
+    @property
+    def MAX_EVENTS_PER_ROOM(self) -> int: ...
+    @property
+    def MAX_ROOM_EVENT_BYTES(self) -> int: ...
+    @property
+    def MAX_GATEWAY_EVENT_BYTES(self) -> int: ...
+    @property
+    def CONTROL_EVENT_COUNT_RESERVE(self) -> int: ...
+    @property
+    def CONTROL_EVENT_BYTE_RESERVE(self) -> int: ...
+    @property
+    def MAX_REPLICA_ROOMS(self) -> int: ...
+    @property
+    def MAX_REPLICA_EVENT_BYTES(self) -> int: ...
+    @property
+    def MAX_NONTERMINAL_DELIVERIES(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LimitValues:
+    """Every limit as a plain int, read once: what a facade passes a service for one call (see :meth:`read`)."""
+
+    MAX_ROOM_ID_CHARS: int
+    MAX_EVENT_ID_CHARS: int
+    MAX_ROOM_NAME_CHARS: int
+    MAX_EVENT_KIND_CHARS: int
+    MAX_ACTOR_ID_CHARS: int
+    MAX_ACTOR_LABEL_CHARS: int
+    MAX_ACTOR_JSON_BYTES: int
+    MAX_MEMBERS: int
+    MAX_MEMBERS_JSON_BYTES: int
+    MAX_EVENT_JSON_BYTES: int
+    MAX_LOG_LIMIT: int
+    MAX_LOG_PAGE_BYTES: int
+    MAX_JSON_DEPTH: int
+    MAX_ROOM_LIST_LIMIT: int
+    MAX_ACTIVE_ROOMS: int
+    MAX_DISBANDED_ROOM_TOMBSTONES: int
+    DISBANDED_ROOM_RETENTION_SECONDS: int
+    MAX_EVENTS_PER_ROOM: int
+    MAX_ROOM_EVENT_BYTES: int
+    MAX_GATEWAY_EVENT_BYTES: int
+    CONTROL_EVENT_COUNT_RESERVE: int
+    CONTROL_EVENT_BYTE_RESERVE: int
+    MAX_REPLICA_ROOMS: int
+    MAX_REPLICA_EVENT_BYTES: int
+    MAX_NONTERMINAL_DELIVERIES: int
+
+    @classmethod
+    def read(cls, *sources: object) -> LimitValues:
+        """Each limit from the first of ``sources`` that defines it (a facade module first), else from this
+        module, all read now and taken as ints (a facade constant patched to ``1e6`` means 1,000,000)."""
+        values: dict[str, int] = {}
+        for name in LIMIT_NAMES:
+            value = next((getattr(source, name) for source in sources if hasattr(source, name)), None)
+            values[name] = int(globals()[name] if value is None else value)
+        return cls(**values)

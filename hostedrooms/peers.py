@@ -14,8 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import URL, ColumnElement, Engine, Select, delete, exists, func, inspect, select, update
@@ -25,8 +24,9 @@ from . import limits as _default_limits
 from . import models
 from .db import Target, resolve_url
 from .dialect import dialect_for_url
+from .engines import EngineCache, EngineSource, resolve_engine
 from .errors import AuthorityConflictError, HostedRoomError, RoomProbeUnavailableError, StorageError
-from .uow import UnitOfWork, resolve_engine
+from .uow import UnitOfWork
 from .validation import INT64_MAX, clock, compact_json, identifier, storable_text
 
 __all__ = [
@@ -53,9 +53,6 @@ __all__ = [
     "upsert_room_link_record",
 ]
 
-#: An Engine, or a zero-argument factory called only after the arguments validated (so a facade's bad input
-#: never creates or migrates a database).
-EngineSource = Engine | Callable[[], Engine]
 
 #: The columns of a room link record, in the reference's order.
 LINK_COLUMNS = (
@@ -527,8 +524,7 @@ def remote_run_receipt(engine: EngineSource, *, record: Mapping[str, Any]) -> di
 
 # --- non-blocking ownership probes -------------------------------------------------------------------
 
-_probe_lock = threading.Lock()
-_probe_engines: dict[str, Engine] = {}
+_probe_engines = EngineCache()
 
 
 def _probe_url(target: Target) -> URL:
@@ -537,23 +533,14 @@ def _probe_url(target: Target) -> URL:
 
 def _probe_engine(url: URL) -> Engine:
     """A cached, hook-free, never-migrating engine per store (never the compat facade's engine)."""
-    key = url.render_as_string(hide_password=False)
-    engine = _probe_engines.get(key)
-    if engine is None:
-        with _probe_lock:
-            engine = _probe_engines.get(key)
-            if engine is None:
-                engine = dialect_for_url(url).probe_engine(url, PROBE_TIMEOUT_SECONDS)
-                _probe_engines[key] = engine
-    return engine
+    return _probe_engines.get(
+        url.render_as_string(hide_password=False),
+        lambda: dialect_for_url(url).probe_engine(url, PROBE_TIMEOUT_SECONDS))
 
 
 def forget_probe_engines() -> None:
     """Dispose and drop the cached probe engines (tests; forked children)."""
-    with _probe_lock:
-        for engine in _probe_engines.values():
-            engine.dispose()
-        _probe_engines.clear()
+    _probe_engines.clear()
 
 
 def _probe(target: Target, table_name: str, stmt: Select[Any], unavailable: str) -> bool:

@@ -31,6 +31,7 @@ from sqlalchemy import Engine, delete, exists, func, insert, literal, select, up
 
 from . import limits as default_limits
 from . import models
+from .engines import EngineSource, resolve_engine
 from .errors import (
     AuthorityConflictError,
     HostedRoomError,
@@ -42,7 +43,6 @@ from .errors import (
 from .identity import local_gateway_id as resolve_local_gateway_id
 from .rooms import (
     CONTROL_EVENT_KINDS,
-    EngineSource,
     Limits,
     PreparedEvent,
     RoomTransaction,
@@ -56,7 +56,7 @@ from .rooms import (
     validate_room_id,
     validate_room_name,
 )
-from .uow import UnitOfWork, resolve_engine
+from .uow import UnitOfWork
 from .validation import MAX_EPOCH, bounded_int, canonical_json, clock, identifier, stored_json
 
 __all__ = [

@@ -49,6 +49,7 @@ from sqlalchemy.exc import IntegrityError
 from . import limits as default_limits
 from . import models
 from .dialect import StoreDialect
+from .engines import EngineSource, resolve_engine
 from .errors import (
     AuthorityConflictError,
     AuthoritySupersededError,
@@ -60,7 +61,7 @@ from .errors import (
     StorageError,
 )
 from .statements import HotStatement
-from .uow import UnitOfWork, resolve_engine
+from .uow import UnitOfWork
 from .validation import (
     INT64_MAX,
     MAX_EPOCH,
@@ -116,8 +117,6 @@ __all__ = [
 Limits = Any
 #: A row as a mapping: a SQLAlchemy RowMapping or a plain dict of column values.
 RowLike = Mapping[Any, Any]
-#: An Engine, or a zero-argument callable returning one (resolved only after the arguments validated).
-EngineSource = Engine | Callable[[], Engine]
 
 #: Advisory lock keys ("hosted" + n); 1 is the migration lock.
 GATEWAY_BYTES_LOCK_KEY = 0x686F737465640002

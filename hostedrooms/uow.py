@@ -14,7 +14,6 @@ errors raised inside the block, on commit or on connect are translated here, in 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
@@ -24,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from .db import reject_async
 from .dialect import StoreDialect, dialect_for
-from .errors import HostedRoomError, translate
+from .errors import translate
 
 
 class UnitOfWork:
@@ -117,16 +116,3 @@ class UnitOfWork:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
-
-
-def resolve_engine(source: Engine | Callable[[], Engine]) -> Engine:
-    """The Engine a service runs on: ``source`` itself, or what a zero-argument factory returns.
-
-    An asyncio engine passed by mistake is refused with a HostedRoomError (not a TypeError from calling it).
-    """
-    reject_async(source)
-    if isinstance(source, Engine):
-        return source
-    if not callable(source):
-        raise HostedRoomError(f"hostedrooms needs a SQLAlchemy Engine, not {type(source).__name__}")
-    return source()

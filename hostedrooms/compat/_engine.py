@@ -8,44 +8,44 @@ are cached per target, so repeated calls neither reconnect nor re-check the sche
 from __future__ import annotations
 
 import threading
+import weakref
 
 from sqlalchemy import Engine
 
 from .. import migrate
 from ..db import Target, create_engine, resolve_url
+from ..engines import EngineCache
 from ..identity import INSTALL_ID_ENV, local_gateway_id
 
 __all__ = ["INSTALL_ID_ENV", "engine_for", "forget_engines", "local_gateway_id"]
 
-_lock = threading.Lock()
-_engines: dict[str, Engine] = {}
+_engines = EngineCache()
+# Engines passed in by callers, once adopted and migrated: held weakly (the caller owns them), keyed by the
+# object itself, never by id().
+_adopted: weakref.WeakSet[Engine] = weakref.WeakSet()
+_adopting = threading.Lock()
 
 
-def _cache_key(target: Target) -> str:
-    if isinstance(target, Engine):
-        return f"engine:{id(target)}"
-    return resolve_url(target).render_as_string(hide_password=False)
+def _migrated(engine: Engine) -> Engine:
+    if not migrate.is_at_head(engine):
+        migrate.upgrade(engine)
+    return engine
 
 
 def engine_for(db_path: Target) -> Engine:
     """The cached Engine for ``db_path``, migrated to head the first time it is seen in this process."""
-    key = _cache_key(db_path)
-    engine = _engines.get(key)
-    if engine is not None:
-        return engine
-    with _lock:
-        engine = _engines.get(key)
-        if engine is None:
-            engine = create_engine(db_path)
-            if not migrate.is_at_head(engine):
-                migrate.upgrade(engine)
-            _engines[key] = engine
-    return engine
+    if isinstance(db_path, Engine):
+        if db_path not in _adopted:
+            with _adopting:
+                if db_path not in _adopted:
+                    _adopted.add(_migrated(create_engine(db_path)))
+        return db_path
+    key = resolve_url(db_path).render_as_string(hide_password=False)
+    return _engines.get(key, lambda: _migrated(create_engine(db_path)))
 
 
 def forget_engines() -> None:
-    """Dispose and drop every cached engine (tests; forked children)."""
-    with _lock:
-        for engine in _engines.values():
-            engine.dispose()
-        _engines.clear()
+    """Dispose and drop every cached engine (tests; forked children); adopted engines are the caller's."""
+    _engines.clear()
+    with _adopting:
+        _adopted.clear()

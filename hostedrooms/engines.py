@@ -1,0 +1,58 @@
+"""Where a service's Engine comes from: an Engine, or a factory resolved after the arguments validated; and the
+one double-checked cache of engines per target (the compat facades' migrated engines, the probes' engines).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from sqlalchemy import Engine
+
+from .db import reject_async
+from .errors import HostedRoomError
+
+__all__ = ["EngineCache", "EngineSource", "resolve_engine"]
+
+#: An Engine, or a zero-argument factory called only after the arguments validated (so a facade's bad input
+#: never creates or migrates a database).
+EngineSource = Engine | Callable[[], Engine]
+
+
+def resolve_engine(source: EngineSource) -> Engine:
+    """The Engine a service runs on: ``source`` itself, or what a zero-argument factory returns.
+
+    An asyncio engine passed by mistake is refused with a HostedRoomError (not a TypeError from calling it).
+    """
+    reject_async(source)
+    if isinstance(source, Engine):
+        return source
+    if not callable(source):
+        raise HostedRoomError(f"hostedrooms needs a SQLAlchemy Engine, not {type(source).__name__}")
+    return source()
+
+
+class EngineCache:
+    """Engines built once per key and shared by every thread (the build runs under a lock, at most once)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._engines: dict[str, Engine] = {}
+
+    def get(self, key: str, build: Callable[[], Engine]) -> Engine:
+        """The cached engine of ``key``; ``build()`` makes it the first time (a failed build caches nothing)."""
+        engine = self._engines.get(key)
+        if engine is not None:
+            return engine
+        with self._lock:
+            engine = self._engines.get(key)
+            if engine is None:
+                engine = self._engines[key] = build()
+        return engine
+
+    def clear(self) -> None:
+        """Dispose and drop every cached engine (tests; forked children)."""
+        with self._lock:
+            for engine in self._engines.values():
+                engine.dispose()
+            self._engines.clear()
