@@ -43,7 +43,6 @@ from .errors import (
 from .identity import local_gateway_id as resolve_local_gateway_id
 from .rooms import (
     CONTROL_EVENT_KINDS,
-    Limits,
     PreparedEvent,
     RoomTransaction,
     payload_json,
@@ -56,6 +55,7 @@ from .rooms import (
     validate_room_id,
     validate_room_name,
 )
+from .rooms.rules import Limits
 from .uow import UnitOfWork
 from .validation import MAX_EPOCH, bounded_int, canonical_json, clock, identifier, stored_json
 

@@ -1,0 +1,313 @@
+"""Room lifecycle: create (and legacy adoption), list, state, rename, authority claims, disband, prune."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import insert, select
+
+from ..engines import EngineSource
+from ..errors import (
+    AuthorityConflictError,
+    AuthoritySupersededError,
+    EventConflictError,
+    HostedRoomError,
+    RoomConflictError,
+    RoomNotFoundError,
+)
+from ..uow import UnitOfWork
+from ..validation import (
+    MAX_EPOCH,
+    clock,
+)
+from .rows import event_to_dict, room_to_dict
+from .rules import (
+    Limits,
+    PreparedEvent,
+    RowLike,
+    _actor_id,
+    _bounded_limit,
+    _claim_payload_json,
+    _epoch,
+    _event_id,
+    _legacy_members_match,
+    _lim,
+    _members,
+    _non_negative,
+    _payload_json,
+    _room_id,
+    _room_name,
+    _system_actor_json,
+)
+from .transaction import (
+    _SELECT_ROOM,
+    RoomTransaction,
+    _events,
+    _require_authority,
+    _require_room,
+    _resolve,
+    _retired,
+    _rooms,
+    run_room_write,
+)
+
+# --- rooms -----------------------------------------------------------------------------------------------------
+
+
+def create_room(
+    engine: EngineSource, *, room_id: Any, name: Any, members: Any, authority_gateway_id: Any,
+    now: float | None = None, limits: Limits | None = None,
+) -> dict[str, Any]:
+    """Create a room, or return the identical existing room idempotently (adopting a 'legacy' room)."""
+    lim = _lim(limits)
+    room_id = _room_id(room_id, lim)
+    name = _room_name(name, lim)
+    normalized_members, members_json = _members(members, lim)
+    gateway_id = _actor_id(authority_gateway_id, "authority_gateway_id", lim)
+    timestamp = clock(now)
+
+    def body(tx: RoomTransaction) -> dict[str, Any]:
+        tx.lock_room_creation()
+        if tx.is_retired(room_id):
+            raise RoomConflictError("room_id belongs to a disbanded room")
+        existing = tx.lock_room(room_id)
+        if existing is not None:
+            return _existing_room(tx, existing, name, normalized_members, members_json, gateway_id, timestamp)
+        tx.check_room_slot()
+        tx.uow.connection.execute(insert(_rooms).values(
+            room_id=room_id, name=name, members_json=members_json, authority_gateway_id=gateway_id,
+            authority_epoch=1, next_seq=1, event_bytes=0, revision=1, created_at=timestamp, updated_at=timestamp,
+            disbanded_at=None))
+        # The reference's first-time result carries no latest_seq (its reload omits next_seq).
+        return {
+            "room_id": room_id, "name": name, "members": normalized_members, "authority_gateway_id": gateway_id,
+            "authority_epoch": 1, "revision": 1, "created_at": timestamp, "updated_at": timestamp,
+            "idempotent": False}
+
+    return run_room_write(engine, lim, body)
+
+
+def _existing_room(
+    tx: RoomTransaction, existing: RowLike, name: str, members: list[dict[str, Any]], members_json: str,
+    gateway_id: str, now: float,
+) -> dict[str, Any]:
+    if existing["disbanded_at"] is not None:
+        raise RoomConflictError("room_id belongs to a disbanded room")
+    legacy_adoption = existing["authority_gateway_id"] == "legacy" and gateway_id != "legacy"
+    members_match = existing["members_json"] == members_json or (
+        legacy_adoption and _legacy_members_match(existing["members_json"], members))
+    if existing["name"] != name or not members_match:
+        raise RoomConflictError("room_id already exists with different state")
+    if legacy_adoption:
+        return _adopt_legacy_room(tx, existing, members_json=members_json, gateway_id=gateway_id, now=now)
+    if existing["authority_gateway_id"] != gateway_id:
+        raise RoomConflictError("room_id already belongs to a different authority")
+    return room_to_dict(existing, idempotent=True)
+
+
+def _adopt_legacy_room(
+    tx: RoomTransaction, existing: RowLike, *, members_json: str, gateway_id: str, now: float
+) -> dict[str, Any]:
+    """Claim a 'legacy'-authority room for a real gateway with a fenced claim event at epoch + 1."""
+    previous_epoch = int(existing["authority_epoch"])
+    if previous_epoch >= MAX_EPOCH:  # only a row written outside hostedrooms can be there
+        raise HostedRoomError("legacy room authority_epoch is beyond the largest authority epoch")
+    target_epoch = previous_epoch + 1
+    claim = PreparedEvent(
+        "system:authority-adopted", "authority.claimed", _system_actor_json("authority-control", tx.limits),
+        _claim_payload_json("legacy", gateway_id, target_epoch, tx.limits), target_epoch, control=True)
+    [row] = tx.append_locked(
+        existing, [claim], now=now,
+        values={"members_json": members_json, "authority_gateway_id": gateway_id, "authority_epoch": target_epoch,
+                "revision": _rooms.c.revision + 1},
+        where=[_rooms.c.authority_gateway_id == "legacy", _rooms.c.authority_epoch == previous_epoch,
+               _rooms.c.disbanded_at.is_(None)],
+        error=AuthorityConflictError("legacy room adoption lost its fence"))
+    adopted = {**existing, "members_json": members_json, "authority_gateway_id": gateway_id,
+               "authority_epoch": target_epoch, "next_seq": int(existing["next_seq"]) + 1,
+               "revision": int(existing["revision"]) + 1, "updated_at": now}
+    return {**room_to_dict(adopted, idempotent=True), "adopted": True, "claim_event": event_to_dict(row)}
+
+
+def list_rooms(
+    engine: EngineSource, *, include_disbanded: bool = False, limit: int | None = None, offset: int = 0,
+    limits: Limits | None = None,
+) -> list[dict[str, Any]]:
+    """One bounded read-only page ordered by most recent change (``limit`` defaults to MAX_ROOM_LIST_LIMIT)."""
+    lim = _lim(limits)
+    maximum = lim.MAX_ROOM_LIST_LIMIT
+    page_size = _bounded_limit(maximum if limit is None else limit, maximum)
+    skip = _non_negative(offset, "offset")
+    with UnitOfWork(_resolve(engine), write=False) as uow:
+        stmt = select(*_rooms.c)
+        if not include_disbanded:
+            stmt = stmt.where(_rooms.c.disbanded_at.is_(None))
+        stmt = stmt.order_by(_rooms.c.updated_at.desc(), uow.dialect.bytewise(_rooms.c.room_id).asc())
+        rows = uow.connection.execute(stmt.limit(page_size).offset(skip)).mappings().all()
+    return [room_to_dict(row) for row in rows]
+
+
+def room_state(
+    engine: EngineSource, *, room_id: Any, include_disbanded: bool = False, limits: Limits | None = None
+) -> dict[str, Any]:
+    """Durable replay and authority state for one room, with the claim event of its current epoch if any."""
+    room_id = _room_id(room_id, _lim(limits))
+    with UnitOfWork(_resolve(engine), write=False) as uow:
+        found = uow.connection.execute(_SELECT_ROOM, {"room_id": room_id}).mappings().first()
+        row = _require_room(uow, found, room_id, include_disbanded=include_disbanded)
+        claim = uow.connection.execute(
+            select(*_events.c).where(
+                _events.c.room_id == room_id, _events.c.kind == "authority.claimed",
+                _events.c.authority_epoch == int(row["authority_epoch"]))
+            .order_by(_events.c.seq.desc()).limit(1)).mappings().first()
+    state = room_to_dict(row)
+    if claim is not None:
+        state["authority_claim"] = event_to_dict(claim)
+    return state
+
+
+def rename_room(
+    engine: EngineSource, *, room_id: Any, event_id: Any, name: Any, now: float | None = None,
+    limits: Limits | None = None,
+) -> dict[str, Any]:
+    """Rename a live room and append its ``room.renamed`` replay event atomically (no authority fence)."""
+    lim = _lim(limits)
+    room_id = _room_id(room_id, lim)
+    event_id = _event_id(event_id, lim)
+    name = _room_name(name, lim)
+    timestamp = clock(now)
+    actor_json = _system_actor_json("room-control", lim)
+    payload_json = _payload_json({"name": name}, lim)
+
+    def body(tx: RoomTransaction) -> dict[str, Any]:
+        room = tx.require_room(tx.lock_room(room_id), room_id, include_disbanded=True)
+        if room["disbanded_at"] is not None:
+            raise RoomNotFoundError("hosted room not found")
+        existing = tx.load_event(room_id, event_id)
+        if existing is not None:
+            if existing["kind"] != "room.renamed" or existing["payload_json"] != payload_json:
+                raise EventConflictError("event_id already exists with different immutable content")
+            return {**room_to_dict(room, idempotent=True), "event": event_to_dict(existing, idempotent=True)}
+        event = PreparedEvent(event_id, "room.renamed", actor_json, payload_json, int(room["authority_epoch"]))
+        [row] = tx.append_locked(room, [event], now=timestamp, values={"name": name, "revision": _rooms.c.revision + 1})
+        updated = {**room, "name": name, "next_seq": int(room["next_seq"]) + 1,
+                   "revision": int(room["revision"]) + 1, "updated_at": timestamp}
+        return {**room_to_dict(updated), "event": event_to_dict(row)}
+
+    return run_room_write(engine, lim, body)
+
+
+
+# --- authority and lifecycle -----------------------------------------------------------------------------------
+
+
+def claim_authority(
+    engine: EngineSource, *, room_id: Any, expected_gateway_id: Any, expected_epoch: Any, new_gateway_id: Any,
+    event_id: Any, now: float | None = None, limits: Limits | None = None,
+) -> dict[str, Any]:
+    """Move authority with a compare-and-swap of the epoch and an ``authority.claimed`` event.
+
+    It does not decide *when* takeover is safe. An exact retry replays; a retry after a later claim raises
+    AuthoritySupersededError; a claim from a stale authority raises AuthorityConflictError.
+    """
+    lim = _lim(limits)
+    room_id = _room_id(room_id, lim)
+    expected_gateway = _actor_id(expected_gateway_id, "expected_gateway_id", lim)
+    new_gateway = _actor_id(new_gateway_id, "new_gateway_id", lim)
+    claim_id = _event_id(event_id, lim)
+    expected = _epoch(expected_epoch, "expected_epoch", MAX_EPOCH - 1)
+    timestamp = clock(now)
+    target_epoch = expected + 1
+    claim = PreparedEvent(
+        claim_id, "authority.claimed", _system_actor_json("authority-control", lim),
+        _claim_payload_json(expected_gateway, new_gateway, target_epoch, lim), target_epoch, control=True)
+
+    def body(tx: RoomTransaction) -> dict[str, Any]:
+        room = tx.require_room(tx.lock_room(room_id), room_id)
+        existing = tx.load_event(room_id, claim_id)
+        if existing is not None:
+            if not claim.same_content(existing):
+                raise EventConflictError("event_id already exists with different content")
+            if room["authority_gateway_id"] != new_gateway or int(room["authority_epoch"]) != target_epoch:
+                raise AuthoritySupersededError("authority claim succeeded but was later superseded")
+            replay = room_to_dict(_live(room), idempotent=True)
+            return {**replay, "claim_event": event_to_dict(existing, idempotent=True)}
+        _require_authority(room, expected_gateway, expected, "hosted room authority changed")
+        [row] = tx.append_locked(
+            room, [claim], now=timestamp,
+            values={"authority_gateway_id": new_gateway, "authority_epoch": _rooms.c.authority_epoch + 1,
+                    "revision": _rooms.c.revision + 1},
+            where=[_rooms.c.disbanded_at.is_(None), _rooms.c.authority_gateway_id == expected_gateway,
+                   _rooms.c.authority_epoch == expected],
+            error=AuthorityConflictError("hosted room authority changed"))
+        claimed = {**room, "authority_gateway_id": new_gateway, "authority_epoch": target_epoch,
+                   "next_seq": int(room["next_seq"]) + 1, "revision": int(room["revision"]) + 1,
+                   "updated_at": timestamp}
+        return {**room_to_dict(_live(claimed)), "claim_event": event_to_dict(row)}
+
+    return run_room_write(engine, lim, body)
+
+
+def _live(room: RowLike) -> dict[str, Any]:
+    # The reference's claim result is read without disbanded_at (the room is live anyway).
+    return {key: value for key, value in room.items() if key != "disbanded_at"}
+
+
+def disband_room(
+    engine: EngineSource, *, room_id: Any, expected_gateway_id: Any, expected_epoch: Any, now: float | None = None,
+    limits: Limits | None = None,
+) -> dict[str, Any]:
+    """Tombstone a room with a fenced ``room.disbanded`` event and retire its id permanently (idempotent)."""
+    lim = _lim(limits)
+    room_id = _room_id(room_id, lim)
+    expected_gateway = _actor_id(expected_gateway_id, "expected_gateway_id", lim)
+    expected = _epoch(expected_epoch, "expected_epoch")
+    timestamp = clock(now)
+    payload_json = _payload_json({"room_id": room_id}, lim)
+    actor_json = _system_actor_json("room-control", lim)
+
+    def body(tx: RoomTransaction) -> dict[str, Any]:
+        room = tx.lock_room(room_id)
+        replay = _disband_replay(tx, room_id, room)
+        if replay is not None:
+            return replay
+        assert room is not None  # _disband_replay raised or replayed otherwise
+        _require_authority(room, expected_gateway, expected, "stale hosted room authority")
+        event = PreparedEvent(
+            "system:room-disbanded", "room.disbanded", actor_json, payload_json, int(room["authority_epoch"]),
+            control=True)
+        [row] = tx.append_locked(
+            room, [event], now=timestamp, values={"disbanded_at": timestamp, "revision": _rooms.c.revision + 1},
+            where=[_rooms.c.disbanded_at.is_(None), _rooms.c.authority_gateway_id == expected_gateway,
+                   _rooms.c.authority_epoch == expected],
+            error=RoomConflictError("hosted room disband lost its fence"))
+        tx.retire([room_id])
+        tx.prune_disbanded(now=timestamp, max_gateway_event_bytes=tx.limits.MAX_GATEWAY_EVENT_BYTES)
+        return {"room_id": room_id, "disbanded_at": timestamp, "idempotent": False, "event": event_to_dict(row)}
+
+    # Disband prunes, and pruners must not interleave: hold the gateway budget lock exclusively from the start.
+    return run_room_write(engine, lim, body, exclusive=True)
+
+
+def _disband_replay(tx: RoomTransaction, room_id: str, room: RowLike | None) -> dict[str, Any] | None:
+    """The idempotent replay for a retired or already-disbanded room; None when the room is live."""
+    if room is None:
+        retired_at = tx.uow.connection.execute(
+            select(_retired.c.retired_at).where(_retired.c.room_id == room_id)).scalar()
+        if retired_at is None:
+            raise RoomNotFoundError("hosted room not found")
+        return {"room_id": room_id, "disbanded_at": float(retired_at), "idempotent": True, "history_expired": True}
+    if room["disbanded_at"] is None:
+        return None
+    tx.retire([room_id])
+    event = tx.load_event(room_id, "system:room-disbanded")
+    replay: dict[str, Any] = {"room_id": room_id, "disbanded_at": float(room["disbanded_at"]), "idempotent": True}
+    if event is not None:
+        replay["event"] = event_to_dict(event, idempotent=True)
+    return replay
+
+
+def prune_disbanded_rooms(engine: EngineSource, *, now: float | None = None, limits: Limits | None = None) -> int:
+    """Purge disbanded rooms past retention or beyond the tombstone cap; their ids stay retired forever."""
+    timestamp = clock(now)
+    return run_room_write(engine, limits, lambda tx: tx.prune_disbanded(now=timestamp), exclusive=True)
