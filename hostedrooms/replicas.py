@@ -44,6 +44,7 @@ from .identity import local_gateway_id as resolve_local_gateway_id
 from .rooms import (
     CONTROL_EVENT_KINDS,
     PreparedEvent,
+    RoomChange,
     RoomTransaction,
     payload_json,
     run_room_write,
@@ -74,8 +75,6 @@ _MAX_INT64 = 2**63 - 1
 
 _replicas = models.replicas
 _replica_events = models.replica_events
-_rooms = models.rooms
-_events = models.events
 
 
 
@@ -437,14 +436,12 @@ def promote_replica(
         # the copied bytes must fit the gateway (after pruning disbanded rooms) like any other write.
         room = {"room_id": room_id, "next_seq": last_seq + 1, "event_bytes": log.size}
         tx.check_capacity(room, [claim], uncounted_room_bytes=log.size)
-        tx.uow.connection.execute(insert(_rooms).values(
-            room_id=room_id, name=replica["name"], members_json=replica["members_json"],
-            authority_gateway_id=local, authority_epoch=target_epoch, next_seq=last_seq + 1,
-            event_bytes=log.size, revision=1, created_at=timestamp, updated_at=timestamp, disbanded_at=None))
-        columns = [column.name for column in _events.c]
-        tx.uow.connection.execute(insert(_events).from_select(
-            columns, select(*(_replica_events.c[name] for name in columns))
-            .where(_replica_events.c.room_id == room_id)))
+        tx.insert_room({
+            "room_id": room_id, "name": replica["name"], "members_json": replica["members_json"],
+            "authority_gateway_id": local, "authority_epoch": target_epoch, "next_seq": last_seq + 1,
+            "event_bytes": log.size, "revision": 1, "created_at": timestamp, "updated_at": timestamp,
+            "disbanded_at": None})
+        tx.store.copy_replica_log(tx.uow.connection, room_id)
         [row] = tx.append_locked(room, [claim], now=timestamp, check=False)
         tx.uow.connection.execute(delete(_replica_events).where(_replica_events.c.room_id == room_id))
         tx.uow.connection.execute(delete(_replicas).where(_replicas.c.room_id == room_id))
@@ -502,10 +499,8 @@ def demote_room(
             raise ReplicaError("the authority.lost event id is already taken in this room")
         tx.append_locked(
             room, [lost], now=timestamp,
-            values={"authority_gateway_id": observed_gateway, "authority_epoch": epoch,
-                    "revision": _rooms.c.revision + 1},
-            where=[_rooms.c.disbanded_at.is_(None), _rooms.c.authority_gateway_id == current_gateway,
-                   _rooms.c.authority_epoch == current_epoch],
+            change=RoomChange(authority_gateway_id=observed_gateway, authority_epoch=epoch,
+                              fence=(current_gateway, current_epoch)),
             error=AuthorityConflictError("hosted room authority changed"))
         return {"room_id": room_id, "authority_gateway_id": observed_gateway, "authority_epoch": epoch,
                 "idempotent": False}

@@ -46,6 +46,7 @@ from .transaction import (
     GATEWAY_BYTES_LOCK_KEY,
     ROOM_CREATION_LOCK_KEY,
     NeedExclusiveGatewayLock,
+    RoomChange,
     RoomTransaction,
     run_room_write,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "EngineSource",
     "NeedExclusiveGatewayLock",
     "PreparedEvent",
+    "RoomChange",
     "RoomTransaction",
     "append_event",
     "append_events",

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import insert, select
-
-from ..engines import EngineSource
+from ..engines import EngineSource, resolve_engine
 from ..errors import (
     AuthorityConflictError,
     AuthoritySupersededError,
@@ -15,6 +13,7 @@ from ..errors import (
     RoomConflictError,
     RoomNotFoundError,
 )
+from ..store import RoomChange, room_store
 from ..uow import UnitOfWork
 from ..validation import (
     MAX_EPOCH,
@@ -39,19 +38,11 @@ from .rules import (
     _room_name,
     _system_actor_json,
 )
-from .transaction import (
-    _SELECT_ROOM,
-    RoomTransaction,
-    _events,
-    _require_authority,
-    _require_room,
-    _resolve,
-    _retired,
-    _rooms,
-    run_room_write,
-)
+from .transaction import RoomTransaction, require_authority, require_room, run_room_write
 
-# --- rooms -----------------------------------------------------------------------------------------------------
+__all__ = [
+    "claim_authority", "create_room", "disband_room", "list_rooms", "prune_disbanded_rooms", "rename_room",
+    "room_state"]
 
 
 def create_room(
@@ -74,10 +65,10 @@ def create_room(
         if existing is not None:
             return _existing_room(tx, existing, name, normalized_members, members_json, gateway_id, timestamp)
         tx.check_room_slot()
-        tx.uow.connection.execute(insert(_rooms).values(
-            room_id=room_id, name=name, members_json=members_json, authority_gateway_id=gateway_id,
-            authority_epoch=1, next_seq=1, event_bytes=0, revision=1, created_at=timestamp, updated_at=timestamp,
-            disbanded_at=None))
+        tx.insert_room({
+            "room_id": room_id, "name": name, "members_json": members_json, "authority_gateway_id": gateway_id,
+            "authority_epoch": 1, "next_seq": 1, "event_bytes": 0, "revision": 1, "created_at": timestamp,
+            "updated_at": timestamp, "disbanded_at": None})
         # The reference's first-time result carries no latest_seq (its reload omits next_seq).
         return {
             "room_id": room_id, "name": name, "members": normalized_members, "authority_gateway_id": gateway_id,
@@ -118,10 +109,8 @@ def _adopt_legacy_room(
         _claim_payload_json("legacy", gateway_id, target_epoch, tx.limits), target_epoch, control=True)
     [row] = tx.append_locked(
         existing, [claim], now=now,
-        values={"members_json": members_json, "authority_gateway_id": gateway_id, "authority_epoch": target_epoch,
-                "revision": _rooms.c.revision + 1},
-        where=[_rooms.c.authority_gateway_id == "legacy", _rooms.c.authority_epoch == previous_epoch,
-               _rooms.c.disbanded_at.is_(None)],
+        change=RoomChange(members_json=members_json, authority_gateway_id=gateway_id, authority_epoch=target_epoch,
+                          fence=("legacy", previous_epoch)),
         error=AuthorityConflictError("legacy room adoption lost its fence"))
     adopted = {**existing, "members_json": members_json, "authority_gateway_id": gateway_id,
                "authority_epoch": target_epoch, "next_seq": int(existing["next_seq"]) + 1,
@@ -138,12 +127,9 @@ def list_rooms(
     maximum = lim.MAX_ROOM_LIST_LIMIT
     page_size = _bounded_limit(maximum if limit is None else limit, maximum)
     skip = _non_negative(offset, "offset")
-    with UnitOfWork(_resolve(engine), write=False) as uow:
-        stmt = select(*_rooms.c)
-        if not include_disbanded:
-            stmt = stmt.where(_rooms.c.disbanded_at.is_(None))
-        stmt = stmt.order_by(_rooms.c.updated_at.desc(), uow.dialect.bytewise(_rooms.c.room_id).asc())
-        rows = uow.connection.execute(stmt.limit(page_size).offset(skip)).mappings().all()
+    with UnitOfWork(resolve_engine(engine), write=False) as uow:
+        rows = room_store(uow.dialect).list_rooms(
+            uow.connection, include_disbanded=include_disbanded, limit=page_size, offset=skip)
     return [room_to_dict(row) for row in rows]
 
 
@@ -152,14 +138,10 @@ def room_state(
 ) -> dict[str, Any]:
     """Durable replay and authority state for one room, with the claim event of its current epoch if any."""
     room_id = _room_id(room_id, _lim(limits))
-    with UnitOfWork(_resolve(engine), write=False) as uow:
-        found = uow.connection.execute(_SELECT_ROOM, {"room_id": room_id}).mappings().first()
-        row = _require_room(uow, found, room_id, include_disbanded=include_disbanded)
-        claim = uow.connection.execute(
-            select(*_events.c).where(
-                _events.c.room_id == room_id, _events.c.kind == "authority.claimed",
-                _events.c.authority_epoch == int(row["authority_epoch"]))
-            .order_by(_events.c.seq.desc()).limit(1)).mappings().first()
+    with UnitOfWork(resolve_engine(engine), write=False) as uow:
+        store = room_store(uow.dialect)
+        row = require_room(uow, store.room(uow.connection, room_id), room_id, include_disbanded=include_disbanded)
+        claim = store.claim_event(uow.connection, room_id, int(row["authority_epoch"]))
     state = room_to_dict(row)
     if claim is not None:
         state["authority_claim"] = event_to_dict(claim)
@@ -189,7 +171,7 @@ def rename_room(
                 raise EventConflictError("event_id already exists with different immutable content")
             return {**room_to_dict(room, idempotent=True), "event": event_to_dict(existing, idempotent=True)}
         event = PreparedEvent(event_id, "room.renamed", actor_json, payload_json, int(room["authority_epoch"]))
-        [row] = tx.append_locked(room, [event], now=timestamp, values={"name": name, "revision": _rooms.c.revision + 1})
+        [row] = tx.append_locked(room, [event], now=timestamp, change=RoomChange(name=name))
         updated = {**room, "name": name, "next_seq": int(room["next_seq"]) + 1,
                    "revision": int(room["revision"]) + 1, "updated_at": timestamp}
         return {**room_to_dict(updated), "event": event_to_dict(row)}
@@ -232,13 +214,11 @@ def claim_authority(
                 raise AuthoritySupersededError("authority claim succeeded but was later superseded")
             replay = room_to_dict(_live(room), idempotent=True)
             return {**replay, "claim_event": event_to_dict(existing, idempotent=True)}
-        _require_authority(room, expected_gateway, expected, "hosted room authority changed")
+        require_authority(room, expected_gateway, expected, "hosted room authority changed")
         [row] = tx.append_locked(
             room, [claim], now=timestamp,
-            values={"authority_gateway_id": new_gateway, "authority_epoch": _rooms.c.authority_epoch + 1,
-                    "revision": _rooms.c.revision + 1},
-            where=[_rooms.c.disbanded_at.is_(None), _rooms.c.authority_gateway_id == expected_gateway,
-                   _rooms.c.authority_epoch == expected],
+            change=RoomChange(authority_gateway_id=new_gateway, authority_epoch=target_epoch,
+                              fence=(expected_gateway, expected)),
             error=AuthorityConflictError("hosted room authority changed"))
         claimed = {**room, "authority_gateway_id": new_gateway, "authority_epoch": target_epoch,
                    "next_seq": int(room["next_seq"]) + 1, "revision": int(room["revision"]) + 1,
@@ -272,14 +252,13 @@ def disband_room(
         if replay is not None:
             return replay
         assert room is not None  # _disband_replay raised or replayed otherwise
-        _require_authority(room, expected_gateway, expected, "stale hosted room authority")
+        require_authority(room, expected_gateway, expected, "stale hosted room authority")
         event = PreparedEvent(
             "system:room-disbanded", "room.disbanded", actor_json, payload_json, int(room["authority_epoch"]),
             control=True)
         [row] = tx.append_locked(
-            room, [event], now=timestamp, values={"disbanded_at": timestamp, "revision": _rooms.c.revision + 1},
-            where=[_rooms.c.disbanded_at.is_(None), _rooms.c.authority_gateway_id == expected_gateway,
-                   _rooms.c.authority_epoch == expected],
+            room, [event], now=timestamp,
+            change=RoomChange(disbanded_at=timestamp, fence=(expected_gateway, expected)),
             error=RoomConflictError("hosted room disband lost its fence"))
         tx.retire([room_id])
         tx.prune_disbanded(now=timestamp, max_gateway_event_bytes=tx.limits.MAX_GATEWAY_EVENT_BYTES)
@@ -292,11 +271,10 @@ def disband_room(
 def _disband_replay(tx: RoomTransaction, room_id: str, room: RowLike | None) -> dict[str, Any] | None:
     """The idempotent replay for a retired or already-disbanded room; None when the room is live."""
     if room is None:
-        retired_at = tx.uow.connection.execute(
-            select(_retired.c.retired_at).where(_retired.c.room_id == room_id)).scalar()
+        retired_at = tx.store.retired_at(tx.uow.connection, room_id)
         if retired_at is None:
             raise RoomNotFoundError("hosted room not found")
-        return {"room_id": room_id, "disbanded_at": float(retired_at), "idempotent": True, "history_expired": True}
+        return {"room_id": room_id, "disbanded_at": retired_at, "idempotent": True, "history_expired": True}
     if room["disbanded_at"] is None:
         return None
     tx.retire([room_id])

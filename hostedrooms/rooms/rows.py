@@ -19,7 +19,7 @@ from ..validation import (
 )
 from .rules import Limits, RowLike, _event_id, _event_kind, _lim
 
-# --- row mappers -----------------------------------------------------------------------------------------------
+__all__ = ["appended", "event_page_checker", "event_to_dict", "fit_page", "parse_all", "room_to_dict"]
 
 
 def room_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def event_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
         "idempotent": idempotent}
 
 
-def _appended(row: RowLike, actor: dict[str, str], payload: Any = None) -> dict[str, Any]:
+def appended(row: RowLike, actor: dict[str, str], payload: Any = None) -> dict[str, Any]:
     """The event dict of a row this call just wrote: its normalised actor as given (never re-parsed), and its
     payload parsed from the canonical text unless the caller parsed it already."""
     return {
@@ -61,7 +61,7 @@ def _appended(row: RowLike, actor: dict[str, str], payload: Any = None) -> dict[
         "created_at": row["created_at"], "idempotent": False}
 
 
-def _parse_all(texts: Sequence[str]) -> list[Any]:
+def parse_all(texts: Sequence[str]) -> list[Any]:
     """Parse many canonical JSON texts at once: one parser call for the lot is several times faster than one
     per text (each is a complete JSON value we wrote, so joining them makes one valid array)."""
     parsed: list[Any] = json.loads(f"[{','.join(texts)}]")
@@ -120,3 +120,37 @@ def _unserialisable(room_id: str, page: Sequence[dict[str, Any]]) -> StorageErro
                                 "cannot be decoded (RecursionError)")
     return StorageError(f"hosted room {room_id!r} holds a stored value that cannot be decoded (RecursionError)")
 
+
+def fit_page(
+    room_id: str, events: list[dict[str, Any]], *, since: int, latest_seq: int, authority: dict[str, Any],
+    max_bytes: int,
+) -> dict[str, Any]:
+    """The replay page of ``events`` (read after ``since``): its longest prefix whose serialized page fits
+    ``max_bytes``. An event too large for any page raises HostedRoomError (an empty page with ``has_more``
+    would make a reader spin forever)."""
+
+    def build(page: list[dict[str, Any]]) -> dict[str, Any]:
+        cursor = page[-1]["seq"] if page else since
+        return {"events": page, "cursor": cursor, "latest_seq": latest_seq, "has_more": cursor < latest_seq,
+                "authority": authority}
+
+    def fits(page: list[dict[str, Any]]) -> bool:
+        try:
+            text = json.dumps(build(page), ensure_ascii=False, separators=(",", ":"))
+        except RecursionError:  # a decodable but very deep value stored before MAX_JSON_DEPTH (or by the reference)
+            raise _unserialisable(room_id, page) from None
+        return utf8_len(text) <= max_bytes
+
+    if events and not fits(events):
+        # Binary-search the largest prefix whose serialized page fits the budget.
+        low, high = 1, len(events)
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if fits(events[:middle]) else (low, middle - 1)
+        events = events[:low]
+        if not fits(events):
+            raise HostedRoomError("hosted room event exceeds replay page limit")
+    elif not events and since < latest_seq:
+        # The next event alone outweighs a page (only with a lowered MAX_LOG_PAGE_BYTES).
+        raise HostedRoomError("hosted room event exceeds replay page limit")
+    return build(events)

@@ -1,4 +1,9 @@
-"""The room write transaction: :class:`RoomTransaction` and :func:`run_room_write`.
+"""The room write transaction: :class:`RoomTransaction` (the capacity and gateway budget protocol, the full append
+path, the in-transaction helpers replicas compose) and :func:`run_room_write` (the retries).
+
+An append first tries the store's one-statement append (:meth:`hostedrooms.store.RoomStore.append_fast`); when that
+does not apply, the transaction rolls back and the full path runs: lock the room, read, decide the replay, conflict
+or refusal in the reference's order, check capacity under the protocol below, then write.
 
 Concurrency
 -----------
@@ -23,27 +28,40 @@ SQLite serialises write transactions (``BEGIN IMMEDIATE``). On PostgreSQL (READ 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Engine, Select, bindparam, delete, func, insert, select, update
-
-from .. import models
-from ..dialect import StoreDialect
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
     AuthorityConflictError,
+    EventConflictError,
     HostedRoomError,
     RoomHistoryExpiredError,
     RoomNotFoundError,
 )
-from ..statements import HotStatement
+from ..store import (
+    GATEWAY_BYTES_LOCK_KEY,
+    ROOM_CREATION_LOCK_KEY,
+    RoomChange,
+    RoomStore,
+    RowLike,
+    event_rows,
+    room_store,
+)
 from ..uow import UnitOfWork
-from .rules import Limits, PreparedEvent, RowLike, _lim, max_event_bytes
+from .rules import Limits, PreparedEvent, _lim, max_event_bytes
 
-#: Advisory lock keys ("hosted" + n); 1 is the migration lock.
-GATEWAY_BYTES_LOCK_KEY = 0x686F737465640002
-ROOM_CREATION_LOCK_KEY = 0x686F737465640003
+__all__ = [
+    "GATEWAY_BYTES_LOCK_KEY",
+    "ROOM_CREATION_LOCK_KEY",
+    "NeedExclusiveGatewayLock",
+    "RoomChange",
+    "RoomTransaction",
+    "TakeFullPath",
+    "require_authority",
+    "require_room",
+    "run_room_write",
+]
 
 _HISTORY_FULL = "This Group Chat reached its history limit. Start a new Group Chat to continue."
 _ROOM_FULL = "This Group Chat reached its storage limit. Start a new Group Chat to continue."
@@ -51,91 +69,53 @@ _GATEWAY_FULL = "Group Chat storage is full on this host. Delete an old Group Ch
 _TOO_MANY_ROOMS = "This host has too many active Group Chats. Delete one and try again."
 _SEQUENCE_FENCE = "hosted room sequence advance lost its write fence"
 
-_rooms = models.rooms
-_events = models.events
-_retired = models.retired_ids
-# Rows of a purged room are deleted from these tables, in this order, before the room itself.
-_DEPENDENT_TABLES = (models.remote_runs, models.links, models.peer_reservations, models.events)
-
 _T = TypeVar("_T")
-
-# Hot-path statements, built once (construction and cache-key generation are a large share of an append).
-_SELECT_ROOM = select(*_rooms.c).where(_rooms.c.room_id == bindparam("room_id"))
-_SELECT_EVENT = select(*_events.c).where(
-    _events.c.room_id == bindparam("room_id"), _events.c.event_id == bindparam("event_id"))
-_SELECT_RETIRED = select(_retired.c.room_id).where(_retired.c.room_id == bindparam("room_id"))
-#: Accounted event bytes of every room on this gateway (live and disbanded).
-_GATEWAY_TOTAL = select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))
-_SUM_EVENT_BYTES = HotStatement(_GATEWAY_TOTAL)
-_HOT_INSERT_EVENT = HotStatement(insert(_events), column_keys=[column.name for column in _events.c])
-_LOCK_ROOM: dict[str, Select[Any]] = {}
-_all_rooms = _rooms.alias("all_rooms")
-# The whole of an uncontended single append where writers are serialised (SQLite): one guarded UPDATE checks the
-# authority fence, the room is live, the count and byte limits (the reserves already in the bound limits) and the
-# gateway total, and allocates the seq. No row means "not this easy": the transaction is rolled back and the
-# full path runs, so its errors and their precedence are the reference's.
-_FAST_GUARDS = (
-    _rooms.c.room_id == bindparam("fast_room_id"),
-    _rooms.c.authority_gateway_id == bindparam("fast_gateway_id"),
-    _rooms.c.authority_epoch == bindparam("fast_epoch"),
-    _rooms.c.disbanded_at.is_(None),
-    _rooms.c.next_seq <= bindparam("fast_max_events"),
-    _rooms.c.event_bytes + bindparam("fast_size") <= bindparam("fast_max_room_bytes"))
-_FAST_ADVANCE_ROOM = (
-    update(_rooms)
-    .values(next_seq=_rooms.c.next_seq + bindparam("fast_count"),
-            event_bytes=_rooms.c.event_bytes + bindparam("fast_size"), updated_at=bindparam("fast_now"))
-    .returning(_rooms.c.next_seq))
-# Serialised writers (SQLite): the gateway total is exact inside the same UPDATE.
-_FAST_ADVANCE = HotStatement(_FAST_ADVANCE_ROOM.where(
-    *_FAST_GUARDS,
-    select(func.coalesce(func.sum(_all_rooms.c.event_bytes), 0)).scalar_subquery() + bindparam("fast_size")
-    <= bindparam("fast_max_gateway_bytes")))
-# Concurrent writers (PostgreSQL): the same UPDATE also takes the gateway budget lock shared and counts its
-# holders (after the room row: the documented lock order); the INSERT then adds the row only if the gateway total,
-# read by that later statement (so after the sharers were counted), leaves room for the other sharers' slack.
-_FAST_CONCURRENT: dict[str, HotStatement] = {}
-_BUDGETED_INSERT_EVENT = HotStatement(insert(_events).from_select(
-    [column.name for column in _events.c],
-    select(*(bindparam(column.name, type_=column.type) for column in _events.c)).where(
-        _GATEWAY_TOTAL.scalar_subquery() <= bindparam("budget"))))
-
-
-def _fast_advance_concurrent(dialect: StoreDialect) -> HotStatement:
-    stmt = _FAST_CONCURRENT.get(dialect.name)
-    if stmt is None:
-        stmt = _FAST_CONCURRENT[dialect.name] = HotStatement(_FAST_ADVANCE_ROOM.where(*_FAST_GUARDS).returning(
-            *dialect.lock_shared_and_count(GATEWAY_BYTES_LOCK_KEY)))
-    return stmt
-
-
-
-def _require_authority(room: RowLike, gateway_id: str, epoch: int, message: str) -> None:
-    if room["authority_gateway_id"] != gateway_id or int(room["authority_epoch"]) != epoch:
-        raise AuthorityConflictError(message)
-
-
-# --- the write transaction -------------------------------------------------------------------------------------
 
 
 class NeedExclusiveGatewayLock(Exception):
     """Internal signal: restart the transaction holding the gateway byte-budget lock exclusively."""
 
 
+class TakeFullPath(Exception):
+    """Internal signal: the one-statement append did not apply; restart the transaction on the full path."""
+
+
+def require_authority(room: RowLike, gateway_id: str, epoch: int, message: str) -> None:
+    """Raise AuthorityConflictError(``message``) unless ``room``'s authority is exactly (gateway_id, epoch)."""
+    if room["authority_gateway_id"] != gateway_id or int(room["authority_epoch"]) != epoch:
+        raise AuthorityConflictError(message)
+
+
+def require_room(uow: UnitOfWork, row: RowLike | None, room_id: str, *, include_disbanded: bool = False) -> RowLike:
+    """``row`` if it is a (live) room, else the reference's not-found or history-expired error."""
+    if row is not None and (include_disbanded or row["disbanded_at"] is None):
+        return row
+    # A retained disband tombstone still has replayable history; only a purged, retired id has expired.
+    if row is None and room_store(uow.dialect).is_retired(uow.connection, room_id):
+        raise RoomHistoryExpiredError("Group Chat history expired; room_id remains permanently retired")
+    raise RoomNotFoundError("hosted room not found")
+
+
 class RoomTransaction:
-    """One room write transaction: the unit of work, the limits in force, and the gateway budget lock state.
+    """One room write transaction: the unit of work, its store, the limits in force, the gateway budget lock state.
 
     Reusable in-transaction helpers for other services (replicas): :meth:`lock_room`, :meth:`require_room`,
-    :meth:`load_events`, :meth:`check_capacity`, :meth:`append_locked`, :meth:`prune_disbanded`,
-    :meth:`gateway_event_bytes`, :meth:`lock_room_creation`, :meth:`check_room_slot`. Use :func:`run_room_write` to
-    run a body with the retry into exclusive mode, or pass ``exclusive=True`` to skip the shared fast path.
+    :meth:`load_event`, :meth:`load_events`, :meth:`check_capacity`, :meth:`append_locked`, :meth:`append`,
+    :meth:`insert_room`, :meth:`prune_disbanded`, :meth:`gateway_event_bytes`, :meth:`lock_room_creation`,
+    :meth:`check_room_slot`. Use :func:`run_room_write` to run a body with its retries, or pass
+    ``exclusive=True`` to skip the shared budget mode. ``fast``: :meth:`append` may try the store's
+    one-statement append first (:func:`run_room_write` sets it on a first attempt only).
     """
 
-    def __init__(self, uow: UnitOfWork, limits: Limits | None = None, *, exclusive: bool = False) -> None:
+    def __init__(
+        self, uow: UnitOfWork, limits: Limits | None = None, *, exclusive: bool = False, fast: bool = False
+    ) -> None:
         self.uow = uow
+        self.store: RoomStore = room_store(uow.dialect)
         self.limits = _lim(limits)
         # Where writers never overlap (SQLite) the budget is always exact: behave as the exclusive holder.
-        self.exclusive = exclusive or not uow.dialect.concurrent_writers
+        self.exclusive = exclusive or not self.store.concurrent_writers
+        self.fast = fast and self.store.fast_path
         self._gateway_locked = False
         self._holders = 1
 
@@ -143,59 +123,44 @@ class RoomTransaction:
 
     def lock_room_creation(self) -> None:
         """Serialise room creation (exact active-room cap; concurrent creates of one id replay)."""
-        self.uow.dialect.serialize(self.uow.connection, ROOM_CREATION_LOCK_KEY)
+        self.store.lock_room_creation(self.uow.connection)
 
     def _lock_gateway(self) -> int:
         """Take the gateway budget lock (once); return how many transactions may add bytes alongside."""
         if not self._gateway_locked:
-            connection = self.uow.connection
-            if self.exclusive:
-                self.uow.dialect.serialize(connection, GATEWAY_BYTES_LOCK_KEY)
-            else:
-                self._holders = self.uow.dialect.serialize_shared(connection, GATEWAY_BYTES_LOCK_KEY)
+            self._holders = self.store.lock_budget(self.uow.connection, exclusive=self.exclusive)
             self._gateway_locked = True
         return 1 if self.exclusive else self._holders
 
     def lock_room(self, room_id: str) -> RowLike | None:
         """Every column of a room (live or disbanded), row-locked until the transaction ends; None if absent."""
-        dialect = self.uow.dialect
-        stmt = _LOCK_ROOM.get(dialect.name)
-        if stmt is None:
-            stmt = _LOCK_ROOM[dialect.name] = dialect.for_update(_SELECT_ROOM)
-        return self.uow.connection.execute(stmt, {"room_id": room_id}).mappings().first()
+        return self.store.lock_room(self.uow.connection, room_id)
 
     def is_retired(self, room_id: str) -> bool:
         """Whether ``room_id`` is permanently retired."""
-        return self.uow.connection.execute(_SELECT_RETIRED, {"room_id": room_id}).first() is not None
+        return self.store.is_retired(self.uow.connection, room_id)
 
-    def require_room(
-        self, row: RowLike | None, room_id: str, *, include_disbanded: bool = False
-    ) -> RowLike:
+    def require_room(self, row: RowLike | None, room_id: str, *, include_disbanded: bool = False) -> RowLike:
         """``row`` if it is a (live) room, else the reference's not-found or history-expired error."""
-        return _require_room(self.uow, row, room_id, include_disbanded=include_disbanded)
+        return require_room(self.uow, row, room_id, include_disbanded=include_disbanded)
 
     def load_event(self, room_id: str, event_id: str) -> RowLike | None:
         """One event row by id, or None."""
-        params = {"room_id": room_id, "event_id": event_id}
-        return self.uow.connection.execute(_SELECT_EVENT, params).mappings().first()
+        return self.store.event(self.uow.connection, room_id, event_id)
 
     def load_events(self, room_id: str, event_ids: Sequence[str]) -> dict[str, RowLike]:
         """Event rows by id (only those that exist)."""
-        stmt = select(*_events.c).where(_events.c.room_id == room_id, _events.c.event_id.in_(list(event_ids)))
-        return {row["event_id"]: row for row in self.uow.connection.execute(stmt).mappings()}
+        return self.store.events(self.uow.connection, room_id, event_ids)
 
     def gateway_event_bytes(self) -> int:
         """Accounted event bytes of every room on this gateway (live and disbanded)."""
-        total = _SUM_EVENT_BYTES.first(self.uow.connection, {})
-        return int(total[0]) if total is not None else 0
+        return self.store.gateway_bytes(self.uow.connection)
 
     # -- capacity --
 
     def check_room_slot(self) -> None:
         """Refuse one more active room beyond MAX_ACTIVE_ROOMS (exact under :meth:`lock_room_creation`)."""
-        active = self.uow.connection.execute(
-            select(func.count()).select_from(_rooms).where(_rooms.c.disbanded_at.is_(None))).scalar_one()
-        if int(active) >= self.limits.MAX_ACTIVE_ROOMS:
+        if self.store.active_rooms(self.uow.connection) >= self.limits.MAX_ACTIVE_ROOMS:
             raise HostedRoomError(_TOO_MANY_ROOMS)
 
     def check_capacity(
@@ -245,49 +210,69 @@ class RoomTransaction:
 
     # -- writes --
 
+    def insert_room(self, values: Mapping[str, Any]) -> None:
+        """Insert one room row (every column given); the caller checked the slot and the id."""
+        self.store.insert_room(self.uow.connection, values)
+
     def append_locked(
-        self,
-        room: RowLike,
-        events: Sequence[PreparedEvent],
-        *,
-        now: float,
-        values: dict[str, Any] | None = None,
-        where: Sequence[ColumnElement[bool]] = (),
-        error: BaseException | None = None,
-        check: bool = True,
+        self, room: RowLike, events: Sequence[PreparedEvent], *, now: float, change: RoomChange | None = None,
+        error: BaseException | None = None, check: bool = True,
     ) -> list[dict[str, Any]]:
         """Capacity-check, then append ``events`` at the room's next seqs under a fenced room update.
 
         ``room`` must come from :meth:`lock_room` in this transaction. The room update advances ``next_seq`` and
-        ``event_bytes`` and sets ``updated_at`` plus ``values``, guarded by ``next_seq`` and ``where``; unless
-        exactly one row changes, ``error`` is raised (default: a RuntimeError). Returns the inserted rows as dicts.
+        ``event_bytes``, sets ``updated_at`` and applies ``change``, guarded by ``next_seq`` and ``change``'s
+        fence; unless exactly one row changes, ``error`` is raised (default: a RuntimeError). Returns the
+        inserted rows as dicts.
         """
         if check:
             self.check_capacity(room, events)
         room_id, first_seq = room["room_id"], int(room["next_seq"])
-        stmt = (
-            update(_rooms)
-            .where(_rooms.c.room_id == room_id, _rooms.c.next_seq == first_seq, *where)
-            .values(next_seq=first_seq + len(events),
-                    event_bytes=_rooms.c.event_bytes + sum(event.size for event in events),
-                    updated_at=now, **(values or {})))
-        self.uow.fenced(stmt, error if error is not None else RuntimeError(_SEQUENCE_FENCE))
-        rows = [
-            {"room_id": room_id, "seq": first_seq + index, "event_id": event.event_id, "kind": event.kind,
-             "actor_json": event.actor_json, "authority_epoch": event.authority_epoch,
-             "payload_json": event.payload_json, "created_at": now}
-            for index, event in enumerate(events)]
-        _insert_events(self.uow.connection, rows)
+        connection = self.uow.connection
+        if not self.store.advance_room(connection, room_id, first_seq, events, now=now, change=change):
+            raise error if error is not None else RuntimeError(_SEQUENCE_FENCE)
+        rows = event_rows(room_id, first_seq, events, now)
+        self.store.insert_events(connection, rows)
         return rows
+
+    def append(
+        self, room_id: str, events: Sequence[PreparedEvent], *, gateway_id: str, epoch: int, now: float
+    ) -> tuple[list[dict[str, Any]], Mapping[str, RowLike]]:
+        """Append ``events`` under the authority fence (``gateway_id``, ``epoch``): the rows written, in order, and
+        the stored rows of the events that are replays (by event id).
+
+        An event whose id is stored, or repeats an earlier one, with the same content is a replay; with other
+        content it raises EventConflictError and nothing is written. Conflicts are decided first, even in a
+        disbanded room or under a moved authority (as the reference does); then the room must be live and the
+        authority current, then capacity. With ``fast``, the store's one-statement append is tried first and
+        :class:`TakeFullPath` raised when it does not apply.
+        """
+        if self.fast:
+            rows = self.store.append_fast(
+                self.uow.connection, room_id, events, gateway_id=gateway_id, now=now, limits=self.limits,
+                per_writer=max_event_bytes(self.limits))
+            if rows is None:
+                raise TakeFullPath
+            return rows, {}
+        # Lock the room first: a concurrent append of the same event_id then waits and replays it.
+        locked = self.lock_room(room_id)
+        stored = self.load_events(room_id, [event.event_id for event in events])
+        fresh: dict[str, PreparedEvent] = {}
+        for event in events:
+            seen, earlier = stored.get(event.event_id), fresh.get(event.event_id)
+            if (seen is not None and not event.same_content(seen)) or (earlier is not None and earlier != event):
+                raise EventConflictError("event_id already exists with different content")
+            if seen is None and earlier is None:
+                fresh[event.event_id] = event
+        if not fresh:
+            return [], stored
+        room = self.require_room(locked, room_id)
+        require_authority(room, gateway_id, epoch, "stale hosted room authority")
+        return self.append_locked(room, list(fresh.values()), now=now), stored
 
     def retire(self, room_ids: Sequence[str]) -> None:
         """Reserve the ids of these disbanded rooms permanently (retired_at = disbanded_at)."""
-        rows = self.uow.connection.execute(
-            select(_rooms.c.room_id, _rooms.c.disbanded_at.label("retired_at"))
-            .where(_rooms.c.room_id.in_(list(room_ids)), _rooms.c.disbanded_at.is_not(None))).mappings().all()
-        if rows:
-            stmt = self.uow.dialect.insert(_retired).on_conflict_do_nothing(index_elements=[_retired.c.room_id])
-            self.uow.connection.execute(stmt, [dict(row) for row in rows])
+        self.store.retire(self.uow.connection, room_ids)
 
     def prune_disbanded(
         self, *, now: float | None, max_gateway_event_bytes: int | None = None, current_bytes: int | None = None
@@ -301,73 +286,42 @@ class RoomTransaction:
             raise NeedExclusiveGatewayLock
         self._lock_gateway()
         lim, connection = self.limits, self.uow.connection
-        disbanded = _rooms.c.disbanded_at.is_not(None)
-        room_order = self.uow.dialect.bytewise(_rooms.c.room_id)
-        candidates: set[str] = set()
-        if now is not None:
-            cutoff = now - lim.DISBANDED_ROOM_RETENTION_SECONDS
-            candidates.update(connection.execute(
-                select(_rooms.c.room_id).where(disbanded, _rooms.c.disbanded_at <= cutoff)).scalars())
-        candidates.update(connection.execute(
-            select(_rooms.c.room_id).where(disbanded).order_by(_rooms.c.disbanded_at.desc(), room_order.asc())
-            .offset(lim.MAX_DISBANDED_ROOM_TOMBSTONES)).scalars())
+        cutoff = None if now is None else now - lim.DISBANDED_ROOM_RETENTION_SECONDS
+        candidates = self.store.prunable_rooms(
+            connection, disbanded_before=cutoff, keep=lim.MAX_DISBANDED_ROOM_TOMBSTONES)
         if max_gateway_event_bytes is not None:
             retained = self.gateway_event_bytes() if current_bytes is None else current_bytes
             if retained > max_gateway_event_bytes:
-                oldest_first = connection.execute(
-                    select(_rooms.c.room_id, _rooms.c.event_bytes).where(disbanded)
-                    .order_by(_rooms.c.disbanded_at.asc(), room_order.asc()))
-                for room_id, room_bytes in oldest_first:
+                for room_id, room_bytes in self.store.disbanded_oldest_first(connection):
                     candidates.add(room_id)
-                    retained -= int(room_bytes)
+                    retained -= room_bytes
                     if retained <= max_gateway_event_bytes:
                         break
         if not candidates:
             return 0
         room_ids = sorted(candidates)
-        self.retire(room_ids)
-        for table in _DEPENDENT_TABLES:
-            connection.execute(delete(table).where(table.c.room_id.in_(room_ids)))
-        connection.execute(delete(_rooms).where(_rooms.c.room_id.in_(room_ids)))
+        self.store.purge(connection, room_ids)
         return len(room_ids)
-
-
-def _require_room(
-    uow: UnitOfWork, row: RowLike | None, room_id: str, *, include_disbanded: bool = False
-) -> RowLike:
-    if row is not None and (include_disbanded or row["disbanded_at"] is None):
-        return row
-    # A retained disband tombstone still has replayable history; only a purged, retired id has expired.
-    if row is None:
-        retired = uow.connection.execute(_SELECT_RETIRED, {"room_id": room_id}).first()
-        if retired is not None:
-            raise RoomHistoryExpiredError("Group Chat history expired; room_id remains permanently retired")
-    raise RoomNotFoundError("hosted room not found")
-
-
-def _resolve(engine: EngineSource) -> Engine:
-    return resolve_engine(engine)
 
 
 def run_room_write(
     engine: EngineSource, limits: Limits | None, body: Callable[[RoomTransaction], _T], *, exclusive: bool = False
 ) -> _T:
-    """Run ``body`` in one committed write transaction; if it needs the gateway budget lock exclusively, run it
-    again from the start holding it (the first attempt rolled back completely)."""
-    bound = _resolve(engine)
+    """Run ``body`` in one committed write transaction. A first attempt may take the one-statement append
+    (:meth:`RoomTransaction.append`); if that does not apply, or the body needs the gateway budget lock
+    exclusively, the attempt rolls back completely and the body runs again from the start on the full path
+    (holding the lock exclusively when it asked so)."""
+    bound = resolve_engine(engine)
+    fast = not exclusive
     while True:
         try:
             with UnitOfWork(bound) as uow:
-                result = body(RoomTransaction(uow, limits, exclusive=exclusive))
+                result = body(RoomTransaction(uow, limits, exclusive=exclusive, fast=fast))
                 uow.commit()
                 return result
+        except TakeFullPath:
+            fast = False
         except NeedExclusiveGatewayLock:
             if exclusive:  # pragma: no cover - exclusive transactions never raise it
                 raise
-            exclusive = True
-
-def _insert_events(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    if len(rows) == 1:
-        _HOT_INSERT_EVENT.rowcount(connection, rows[0])
-    else:
-        _HOT_INSERT_EVENT.run_many(connection, rows)
+            exclusive, fast = True, False

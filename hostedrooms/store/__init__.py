@@ -1,0 +1,42 @@
+"""The store layer: the room log's SQL and backend algorithms, one :class:`RoomStore` per backend.
+
+Services call :func:`room_store` with their unit of work's dialect and run the store's methods on the unit's
+connection. :class:`~hostedrooms.dialect.StoreDialect` stays the connection-level seam every service shares
+(transaction start, pragmas, upserts, advisory locks, probes); a store composes it with the room log's tables.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..dialect import StoreDialect
+from .base import GATEWAY_BYTES_LOCK_KEY, ROOM_CREATION_LOCK_KEY, RoomChange, RoomStore, RowLike, event_rows
+from .postgresql import PostgreSQLRoomStore
+from .sqlite import SQLiteRoomStore
+
+__all__ = [
+    "GATEWAY_BYTES_LOCK_KEY",
+    "ROOM_CREATION_LOCK_KEY",
+    "PostgreSQLRoomStore",
+    "RoomChange",
+    "RoomStore",
+    "RowLike",
+    "SQLiteRoomStore",
+    "event_rows",
+    "room_store",
+]
+
+_BACKENDS: dict[str, type[RoomStore]] = {"sqlite": SQLiteRoomStore, "postgresql": PostgreSQLRoomStore}
+_stores: dict[str, RoomStore] = {}
+_building = threading.Lock()
+
+
+def room_store(dialect: StoreDialect) -> RoomStore:
+    """The one :class:`RoomStore` of ``dialect``'s backend (built, with its statements, on first use)."""
+    store = _stores.get(dialect.name)
+    if store is None:
+        with _building:
+            store = _stores.get(dialect.name)
+            if store is None:
+                store = _stores[dialect.name] = _BACKENDS[dialect.name](dialect)
+    return store

@@ -1,0 +1,390 @@
+"""The room log's store: every statement the rooms service runs, behind one interface, one class per backend.
+
+Like an event-sourcing recorder, a :class:`RoomStore` owns its SQL and the backend algorithms built from it;
+the services above it validate, apply the reference's rules and error precedence, and call it inside their
+unit of work. The statements both backends share are built here once per store; what differs (the row lock,
+the one-statement append, the gateway budget) is in :mod:`.sqlite` and :mod:`.postgresql`.
+
+The one-statement append (:meth:`RoomStore.append_fast`) is a shorter path to what the full path (lock the
+room, read, check, then :meth:`RoomStore.advance_room` and :meth:`RoomStore.insert_events`) does for the
+common append: it either writes exactly what the full path would write, or writes nothing the caller keeps
+(it returns None and the caller rolls the transaction back and takes the full path, which decides the replay,
+conflict or refusal). ``tests/test_rooms_paths.py`` runs generated operations both ways and compares every
+outcome; :meth:`RoomStore.without_fast_path` is the switch those tests use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    bindparam,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+
+from .. import models
+from ..dialect import StoreDialect
+from ..limits import Limits
+from ..statements import HotStatement
+
+__all__ = [
+    "GATEWAY_BYTES_LOCK_KEY",
+    "ROOM_CREATION_LOCK_KEY",
+    "EventLike",
+    "RoomChange",
+    "RoomStore",
+    "RowLike",
+]
+
+#: Advisory lock keys ("hosted" + n); 1 is the migration lock.
+GATEWAY_BYTES_LOCK_KEY = 0x686F737465640002
+ROOM_CREATION_LOCK_KEY = 0x686F737465640003
+
+#: A row as a mapping: a SQLAlchemy RowMapping or a plain dict of column values.
+RowLike = Mapping[Any, Any]
+
+_rooms = models.rooms
+_events = models.events
+_retired = models.retired_ids
+_EVENT_COLUMNS = [column.name for column in _events.c]
+# Rows of a purged room are deleted from these tables, in this order, before the room itself.
+_DEPENDENT_TABLES = (models.remote_runs, models.links, models.peer_reservations, models.events)
+
+_SELECT_ROOM = select(*_rooms.c).where(_rooms.c.room_id == bindparam("room_id"))
+_SELECT_EVENT = select(*_events.c).where(
+    _events.c.room_id == bindparam("room_id"), _events.c.event_id == bindparam("event_id"))
+_SELECT_RETIRED = select(_retired.c.room_id).where(_retired.c.room_id == bindparam("room_id"))
+_ROOM_HEAD = select(
+    _rooms.c.next_seq, _rooms.c.authority_gateway_id, _rooms.c.authority_epoch, _rooms.c.disbanded_at
+).where(_rooms.c.room_id == bindparam("room_id"))
+#: Accounted event bytes of every room on this gateway (live and disbanded).
+GATEWAY_TOTAL = select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))
+
+# The guarded advance of the one-statement append: the authority fence, the room is live, its count and byte
+# limits (the reserves already in the bound limits); it allocates the seqs. The backends add their gateway check.
+FAST_GUARDS = (
+    _rooms.c.room_id == bindparam("fast_room_id"),
+    _rooms.c.authority_gateway_id == bindparam("fast_gateway_id"),
+    _rooms.c.authority_epoch == bindparam("fast_epoch"),
+    _rooms.c.disbanded_at.is_(None),
+    _rooms.c.next_seq <= bindparam("fast_max_events"),
+    _rooms.c.event_bytes + bindparam("fast_size") <= bindparam("fast_max_room_bytes"))
+FAST_ADVANCE_ROOM = (
+    update(_rooms)
+    .values(next_seq=_rooms.c.next_seq + bindparam("fast_count"),
+            event_bytes=_rooms.c.event_bytes + bindparam("fast_size"), updated_at=bindparam("fast_now"))
+    .returning(_rooms.c.next_seq))
+
+
+class EventLike(Protocol):
+    """What the store reads of a validated event (:class:`hostedrooms.rooms.PreparedEvent`)."""
+
+    @property
+    def event_id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def actor_json(self) -> str: ...
+    @property
+    def payload_json(self) -> str: ...
+    @property
+    def authority_epoch(self) -> int | None: ...
+    @property
+    def control(self) -> bool: ...
+    @property
+    def size(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RoomChange:
+    """What a room write sets besides advancing the log; any change also bumps ``revision`` by one.
+
+    ``fence``: the write applies only while the room is live and its authority is exactly this (gateway id,
+    epoch); without it, only the room's ``next_seq`` fences the write.
+    """
+
+    name: str | None = None
+    members_json: str | None = None
+    authority_gateway_id: str | None = None
+    authority_epoch: int | None = None
+    disbanded_at: float | None = None
+    fence: tuple[str, int] | None = None
+
+    def values(self) -> dict[str, Any]:
+        """The columns this change sets (``revision + 1`` included)."""
+        fields = {"name": self.name, "members_json": self.members_json,
+                  "authority_gateway_id": self.authority_gateway_id, "authority_epoch": self.authority_epoch,
+                  "disbanded_at": self.disbanded_at}
+        return {**{key: value for key, value in fields.items() if value is not None},
+                "revision": _rooms.c.revision + 1}
+
+    def guards(self) -> list[ColumnElement[bool]]:
+        """The WHERE terms of the fence (none without one)."""
+        if self.fence is None:
+            return []
+        gateway_id, epoch = self.fence
+        return [_rooms.c.disbanded_at.is_(None), _rooms.c.authority_gateway_id == gateway_id,
+                _rooms.c.authority_epoch == epoch]
+
+
+def event_rows(room_id: str, first_seq: int, events: Sequence[EventLike], now: float) -> list[dict[str, Any]]:
+    """The event rows of ``events`` appended at ``first_seq`` onwards."""
+    return [
+        {"room_id": room_id, "seq": first_seq + index, "event_id": event.event_id, "kind": event.kind,
+         "actor_json": event.actor_json, "authority_epoch": event.authority_epoch,
+         "payload_json": event.payload_json, "created_at": now}
+        for index, event in enumerate(events)]
+
+
+class RoomStore:
+    """The room log on one backend: rooms, their events, retired ids, the room and gateway-budget locks.
+
+    Every method runs on the caller's connection, inside the caller's transaction (a
+    :class:`~hostedrooms.uow.UnitOfWork`); none commits. One instance per backend (:func:`hostedrooms.store.
+    room_store`), which builds its statements once.
+    """
+
+    #: Whether write transactions run concurrently, so the gateway budget needs the shared-lock protocol
+    #: (:mod:`hostedrooms.rooms.transaction`); where writers are serialised every writer sees the exact total.
+    concurrent_writers = False
+    #: Tests only (see :meth:`without_fast_path`): False makes every append take the full path.
+    fast_path = True
+
+    def __init__(self, dialect: StoreDialect) -> None:
+        self.dialect = dialect
+        self._lock_room: Select[Any] = dialect.for_update(_SELECT_ROOM)
+        self._gateway_total = HotStatement(GATEWAY_TOTAL)
+        self._insert_event = HotStatement(insert(_events), column_keys=_EVENT_COLUMNS)
+
+    @contextlib.contextmanager
+    def without_fast_path(self) -> Iterator[None]:
+        """Tests only: every append inside the block takes the full path (the fast/full agreement tests)."""
+        previous, self.fast_path = self.fast_path, False
+        try:
+            yield
+        finally:
+            self.fast_path = previous
+
+    # -- locks ----------------------------------------------------------------------------------------------
+
+    def lock_room_creation(self, connection: Connection) -> None:
+        """Serialise room creation until the transaction ends."""
+        self.dialect.serialize(connection, ROOM_CREATION_LOCK_KEY)
+
+    def lock_budget(self, connection: Connection, *, exclusive: bool) -> int:
+        """Take the gateway budget lock; return how many transactions hold it (shared), this one included."""
+        if exclusive:
+            self.dialect.serialize(connection, GATEWAY_BYTES_LOCK_KEY)
+            return 1
+        return self.dialect.serialize_shared(connection, GATEWAY_BYTES_LOCK_KEY)
+
+    def lock_room(self, connection: Connection, room_id: str) -> RowLike | None:
+        """Every column of a room (live or disbanded), row-locked until the transaction ends; None if absent."""
+        return connection.execute(self._lock_room, {"room_id": room_id}).mappings().first()
+
+    # -- reads ----------------------------------------------------------------------------------------------
+
+    def room(self, connection: Connection, room_id: str) -> RowLike | None:
+        """Every column of a room, unlocked (readers)."""
+        return connection.execute(_SELECT_ROOM, {"room_id": room_id}).mappings().first()
+
+    def room_head(self, connection: Connection, room_id: str) -> RowLike | None:
+        """A room's ``next_seq``, authority and ``disbanded_at`` (what a replay page needs), unlocked."""
+        return connection.execute(_ROOM_HEAD, {"room_id": room_id}).mappings().first()
+
+    def is_retired(self, connection: Connection, room_id: str) -> bool:
+        """Whether ``room_id`` is permanently retired."""
+        return connection.execute(_SELECT_RETIRED, {"room_id": room_id}).first() is not None
+
+    def retired_at(self, connection: Connection, room_id: str) -> float | None:
+        """When ``room_id`` was retired, or None."""
+        value = connection.execute(select(_retired.c.retired_at).where(_retired.c.room_id == room_id)).scalar()
+        return None if value is None else float(value)
+
+    def event(self, connection: Connection, room_id: str, event_id: str) -> RowLike | None:
+        """One event row by id, or None."""
+        params = {"room_id": room_id, "event_id": event_id}
+        return connection.execute(_SELECT_EVENT, params).mappings().first()
+
+    def events(self, connection: Connection, room_id: str, event_ids: Sequence[str]) -> dict[str, RowLike]:
+        """Event rows by id (only those that exist)."""
+        stmt = select(*_events.c).where(_events.c.room_id == room_id, _events.c.event_id.in_(list(event_ids)))
+        return {row["event_id"]: row for row in connection.execute(stmt).mappings()}
+
+    def claim_event(self, connection: Connection, room_id: str, epoch: int) -> RowLike | None:
+        """The latest ``authority.claimed`` event of ``epoch``, or None."""
+        return connection.execute(
+            select(*_events.c).where(
+                _events.c.room_id == room_id, _events.c.kind == "authority.claimed",
+                _events.c.authority_epoch == epoch)
+            .order_by(_events.c.seq.desc()).limit(1)).mappings().first()
+
+    def gateway_bytes(self, connection: Connection) -> int:
+        """Accounted event bytes of every room on this gateway (live and disbanded)."""
+        total = self._gateway_total.first(connection, {})
+        return int(total[0]) if total is not None else 0
+
+    def active_rooms(self, connection: Connection) -> int:
+        """How many rooms are not disbanded."""
+        return int(connection.execute(
+            select(func.count()).select_from(_rooms).where(_rooms.c.disbanded_at.is_(None))).scalar_one())
+
+    def list_rooms(
+        self, connection: Connection, *, include_disbanded: bool, limit: int, offset: int
+    ) -> Sequence[RowLike]:
+        """Rooms by most recent change, then room id code point by code point."""
+        stmt = select(*_rooms.c)
+        if not include_disbanded:
+            stmt = stmt.where(_rooms.c.disbanded_at.is_(None))
+        stmt = stmt.order_by(_rooms.c.updated_at.desc(), self.dialect.bytewise(_rooms.c.room_id).asc())
+        return connection.execute(stmt.limit(limit).offset(offset)).mappings().all()
+
+    def event_page(
+        self, connection: Connection, room_id: str, *, since: int, latest_seq: int, limit: int, max_bytes: int
+    ) -> Sequence[RowLike]:
+        """Events after ``since`` up to ``latest_seq`` (at most ``limit``) while their running raw byte sum
+        (id, kind, actor and payload texts) fits ``max_bytes``."""
+        length = self.dialect.byte_length
+        size = (length(_events.c.event_id) + length(_events.c.kind) + length(_events.c.actor_json)
+                + length(_events.c.payload_json))
+        # seq <= latest_seq keeps the page consistent with the room row read just before (PostgreSQL reads each
+        # statement at its own snapshot, so later appends could otherwise show up beyond latest_seq).
+        candidates = (
+            select(*_events.c, func.sum(size).over(order_by=_events.c.seq).label("cumulative_bytes"))
+            .where(_events.c.room_id == room_id, _events.c.seq > since, _events.c.seq <= latest_seq)
+            .order_by(_events.c.seq).limit(limit).cte("candidates"))
+        stmt = (select(*(candidates.c[name] for name in _EVENT_COLUMNS))
+                .where(candidates.c.cumulative_bytes <= max_bytes).order_by(candidates.c.seq))
+        return connection.execute(stmt).mappings().all()
+
+    # -- writes ---------------------------------------------------------------------------------------------
+
+    def insert_room(self, connection: Connection, values: Mapping[str, Any]) -> None:
+        """Insert one room row (every column given)."""
+        connection.execute(insert(_rooms).values(**values))
+
+    def advance_room(
+        self, connection: Connection, room_id: str, first_seq: int, events: Sequence[EventLike], *, now: float,
+        change: RoomChange | None = None,
+    ) -> bool:
+        """Advance the room past ``events`` (``next_seq``, ``event_bytes``, ``updated_at``) and apply ``change``,
+        only if ``next_seq`` is still ``first_seq`` and ``change``'s fence holds; whether exactly one row did."""
+        values: dict[str, Any] = {
+            "next_seq": first_seq + len(events),
+            "event_bytes": _rooms.c.event_bytes + sum(event.size for event in events), "updated_at": now}
+        where = [_rooms.c.room_id == room_id, _rooms.c.next_seq == first_seq]
+        if change is not None:
+            values.update(change.values())
+            where.extend(change.guards())
+        return connection.execute(update(_rooms).where(*where).values(**values)).rowcount == 1
+
+    def insert_events(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Insert event rows (one statement; an ``executemany`` for several)."""
+        if len(rows) == 1:
+            self._insert_event.rowcount(connection, rows[0])
+        else:
+            self._insert_event.run_many(connection, rows)
+
+    def copy_replica_log(self, connection: Connection, room_id: str) -> None:
+        """Copy the replica log of ``room_id`` into its room log, row for row (replica promotion)."""
+        replica_events = models.replica_events
+        connection.execute(insert(_events).from_select(
+            _EVENT_COLUMNS, select(*(replica_events.c[name] for name in _EVENT_COLUMNS))
+            .where(replica_events.c.room_id == room_id)))
+
+    def append_fast(
+        self, connection: Connection, room_id: str, events: Sequence[EventLike], *, gateway_id: str, now: float,
+        limits: Limits, per_writer: int,
+    ) -> list[dict[str, Any]] | None:
+        """Append ``events`` to a live room whose authority is ``gateway_id`` at the events' epoch, in one guarded
+        ``UPDATE ... RETURNING`` and one ``INSERT``; the rows written, or None when that does not apply (the caller
+        must then roll back: this transaction may have written part of it).
+
+        A batch holding a control kind never applies (the reserves apply per event); otherwise checking the
+        batch's last event against the limits is checking each of them, since counts and bytes only grow. A
+        stored (or repeated) event_id surfaces as the unique constraint. ``per_writer``: the most bytes one
+        event can account for (what a concurrent writer's slack assumes of every other).
+        """
+        if len(events) > 1 and any(event.control for event in events):
+            return None
+        control = events[0].control
+        count_reserve = limits.CONTROL_EVENT_COUNT_RESERVE if control else 0
+        byte_reserve = limits.CONTROL_EVENT_BYTE_RESERVE if control else 0
+        count, size = len(events), sum(event.size for event in events)
+        gateway_limit = limits.MAX_GATEWAY_EVENT_BYTES + byte_reserve
+        params = {
+            "fast_room_id": room_id, "fast_gateway_id": gateway_id, "fast_epoch": events[0].authority_epoch,
+            "fast_count": count, "fast_max_events": limits.MAX_EVENTS_PER_ROOM + count_reserve - count + 1,
+            "fast_size": size, "fast_max_room_bytes": limits.MAX_ROOM_EVENT_BYTES + byte_reserve,
+            "fast_max_gateway_bytes": gateway_limit, "fast_now": now}
+        try:
+            advanced = self._fast_advance(connection, params, per_writer)
+            if advanced is None:
+                return None
+            rows = event_rows(room_id, int(advanced[0]) - count, events, now)
+            if not self._fast_insert(connection, rows, advanced, gateway_limit, per_writer):
+                return None
+        except IntegrityError:  # an event_id exists (or repeats): replays or a conflict
+            return None
+        return rows
+
+    def _fast_advance(
+        self, connection: Connection, params: dict[str, Any], per_writer: int
+    ) -> tuple[Any, ...] | None:
+        """The guarded advance of :meth:`append_fast` (its RETURNING row), or None."""
+        raise NotImplementedError
+
+    def _fast_insert(
+        self, connection: Connection, rows: list[dict[str, Any]], advanced: tuple[Any, ...], gateway_limit: int,
+        per_writer: int,
+    ) -> bool:
+        """Insert the rows of :meth:`append_fast` if the gateway budget allows; whether it did."""
+        raise NotImplementedError
+
+    def retire(self, connection: Connection, room_ids: Sequence[str]) -> None:
+        """Reserve the ids of these disbanded rooms permanently (retired_at = disbanded_at)."""
+        rows = connection.execute(
+            select(_rooms.c.room_id, _rooms.c.disbanded_at.label("retired_at"))
+            .where(_rooms.c.room_id.in_(list(room_ids)), _rooms.c.disbanded_at.is_not(None))).mappings().all()
+        if rows:
+            stmt = self.dialect.insert(_retired).on_conflict_do_nothing(index_elements=[_retired.c.room_id])
+            connection.execute(stmt, [dict(row) for row in rows])
+
+    def prunable_rooms(self, connection: Connection, *, disbanded_before: float | None, keep: int) -> set[str]:
+        """Disbanded rooms disbanded at or before ``disbanded_before`` (when given), and those beyond the ``keep``
+        most recently disbanded."""
+        disbanded = _rooms.c.disbanded_at.is_not(None)
+        found: set[str] = set()
+        if disbanded_before is not None:
+            found.update(connection.execute(
+                select(_rooms.c.room_id).where(disbanded, _rooms.c.disbanded_at <= disbanded_before)).scalars())
+        found.update(connection.execute(
+            select(_rooms.c.room_id).where(disbanded)
+            .order_by(_rooms.c.disbanded_at.desc(), self.dialect.bytewise(_rooms.c.room_id).asc())
+            .offset(keep)).scalars())
+        return found
+
+    def disbanded_oldest_first(self, connection: Connection) -> list[tuple[str, int]]:
+        """(room id, accounted event bytes) of every disbanded room, the longest disbanded first."""
+        rows = connection.execute(
+            select(_rooms.c.room_id, _rooms.c.event_bytes).where(_rooms.c.disbanded_at.is_not(None))
+            .order_by(_rooms.c.disbanded_at.asc(), self.dialect.bytewise(_rooms.c.room_id).asc()))
+        return [(str(room_id), int(room_bytes)) for room_id, room_bytes in rows]
+
+    def purge(self, connection: Connection, room_ids: Sequence[str]) -> None:
+        """Retire these disbanded rooms' ids, then delete the rooms with every row that depends on them."""
+        self.retire(connection, room_ids)
+        for table in _DEPENDENT_TABLES:
+            connection.execute(delete(table).where(table.c.room_id.in_(list(room_ids))))
+        connection.execute(delete(_rooms).where(_rooms.c.room_id.in_(list(room_ids))))

@@ -1,0 +1,59 @@
+"""The room log on PostgreSQL, where writers to different rooms run concurrently (READ COMMITTED).
+
+The one-statement append follows the gateway budget protocol of :mod:`hostedrooms.rooms.transaction` in fewer
+round trips: its guarded ``UPDATE ... RETURNING`` locks the room row (the first lock, as always), then in its
+RETURNING clause takes the gateway budget lock shared and counts the sharers; the ``INSERT ... SELECT ... WHERE``
+then adds the row only if the gateway total, read by that later statement (so after the sharers were counted),
+leaves room for the other sharers' slack: ``committed + size + (sharers - 1) * per_writer <= limit``. A writer
+adding more than ``per_writer`` bytes never takes it (the other sharers' slack assumed no more).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, insert, select
+
+from .. import models
+from ..dialect import StoreDialect
+from ..statements import HotStatement
+from .base import FAST_ADVANCE_ROOM, FAST_GUARDS, GATEWAY_BYTES_LOCK_KEY, GATEWAY_TOTAL, RoomStore
+
+__all__ = ["PostgreSQLRoomStore"]
+
+_events = models.events
+
+
+class PostgreSQLRoomStore(RoomStore):
+    """Concurrent writers: the room row lock, then the shared gateway budget lock and its sharers' slack."""
+
+    concurrent_writers = True
+
+    def __init__(self, dialect: StoreDialect) -> None:
+        super().__init__(dialect)
+        self._advance = HotStatement(FAST_ADVANCE_ROOM.where(*FAST_GUARDS).returning(
+            *dialect.lock_shared_and_count(GATEWAY_BYTES_LOCK_KEY)))
+        self._budgeted_insert = HotStatement(insert(_events).from_select(
+            [column.name for column in _events.c],
+            select(*(bindparam(column.name, type_=column.type) for column in _events.c)).where(
+                GATEWAY_TOTAL.scalar_subquery() <= bindparam("budget"))))
+
+    def _fast_advance(
+        self, connection: Connection, params: dict[str, Any], per_writer: int
+    ) -> tuple[Any, ...] | None:
+        if params["fast_size"] > per_writer:
+            return None  # a sharer may add only what the other sharers' slack assumed
+        return self._advance.first(connection, params)
+
+    def _fast_insert(
+        self, connection: Connection, rows: list[dict[str, Any]], advanced: tuple[Any, ...], gateway_limit: int,
+        per_writer: int,
+    ) -> bool:
+        # The total read now includes this transaction's own bytes: committed + size + slack <= limit.
+        budget = gateway_limit - (int(advanced[2]) - 1) * per_writer
+        if len(rows) == 1:
+            return self._budgeted_insert.rowcount(connection, {**rows[0], "budget": budget}) == 1
+        if self.gateway_bytes(connection) > budget:
+            return False
+        self.insert_events(connection, rows)
+        return True
