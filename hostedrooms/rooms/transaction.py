@@ -256,7 +256,7 @@ class RoomTransaction:
             return rows, {}
         # Lock the room first: a concurrent append of the same event_id then waits and replays it.
         locked = self.lock_room(room_id)
-        stored = self.load_events(room_id, [event.event_id for event in events])
+        stored = self._stored(room_id, events)
         fresh: dict[str, PreparedEvent] = {}
         for event in events:
             seen, earlier = stored.get(event.event_id), fresh.get(event.event_id)
@@ -269,6 +269,13 @@ class RoomTransaction:
         room = self.require_room(locked, room_id)
         require_authority(room, gateway_id, epoch, "stale hosted room authority")
         return self.append_locked(room, list(fresh.values()), now=now), stored
+
+    def _stored(self, room_id: str, events: Sequence[PreparedEvent]) -> dict[str, RowLike]:
+        """The stored rows of ``events``' ids (one event: a prebuilt lookup instead of an ``IN`` list)."""
+        if len(events) == 1:
+            row = self.load_event(room_id, events[0].event_id)
+            return {} if row is None else {row["event_id"]: row}
+        return self.load_events(room_id, [event.event_id for event in events])
 
     def retire(self, room_ids: Sequence[str]) -> None:
         """Reserve the ids of these disbanded rooms permanently (retired_at = disbanded_at)."""
