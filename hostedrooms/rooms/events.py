@@ -106,9 +106,9 @@ def _results(
     """Each item's dict: the first item of each written event id is the fresh row (its actor as given, its
     payload parsed once for the lot); a replay, or a repeat of an item written by this call, is idempotent."""
     if len(written) == len(prepared):  # the common case: every item is new and written in order
-        payloads = parse_all([row["payload_json"] for row in written])
+        parsed = parse_all([row["payload_json"] for row in written])
         return [appended(row, dict(actor), payload)
-                for row, (_, actor), payload in zip(written, prepared, payloads, strict=True)]
+                for row, (_, actor), payload in zip(written, prepared, parsed, strict=True)]
     fresh = {row["event_id"]: row for row in written}
     payloads = dict(zip(fresh, parse_all([row["payload_json"] for row in written]), strict=True))
     results: list[dict[str, Any]] = []
