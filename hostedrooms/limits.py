@@ -156,3 +156,14 @@ class LimitValues:
             value = next((getattr(source, name) for source in sources if hasattr(source, name)), None)
             values[name] = int(globals()[name] if value is None else value)
         return cls(**values)
+
+
+def in_force(limits: Limits | None) -> Limits:
+    """The limits a service reads for one call: ``limits``, or (None) this module, whose constants are read when
+    the service reads them (so lowering one here takes effect)."""
+    return _MODULE if limits is None else limits
+
+
+from . import limits as _this_module  # noqa: E402  # itself: the module satisfies Limits (mypy checks it)
+
+_MODULE: Limits = _this_module

@@ -20,12 +20,12 @@ from typing import Any
 from sqlalchemy import URL, ColumnElement, Engine, Select, delete, exists, func, inspect, select, update
 from sqlalchemy import exc as sa_exc
 
-from . import limits as _default_limits
 from . import models
 from .db import Target, resolve_url
 from .dialect import dialect_for_url
 from .engines import EngineCache, EngineSource, resolve_engine
 from .errors import AuthorityConflictError, HostedRoomError, RoomProbeUnavailableError, StorageError
+from .limits import Limits, in_force
 from .uow import UnitOfWork
 from .validation import INT64_MAX, clock, compact_json, identifier, storable_text
 
@@ -86,18 +86,12 @@ def _resolve(engine: EngineSource) -> Engine:
 # --- argument validation (pure) ----------------------------------------------------------------------
 
 
-def _limit(source: object | None, name: str) -> int:
-    """A MAX_* limit read now from ``source`` (the compat facade module), else from hostedrooms.limits."""
-    value = getattr(source, name, None) if source is not None else None
-    return int(getattr(_default_limits, name) if value is None else value)
+def _room_id(value: Any, limits: Limits) -> str:
+    return identifier(value, error=HostedRoomError, label="room_id", max_chars=limits.MAX_ROOM_ID_CHARS)
 
 
-def _room_id(value: Any, source: object | None) -> str:
-    return identifier(value, error=HostedRoomError, label="room_id", max_chars=_limit(source, "MAX_ROOM_ID_CHARS"))
-
-
-def _actor_id(value: Any, label: str, source: object | None) -> str:
-    return identifier(value, error=HostedRoomError, label=label, max_chars=_limit(source, "MAX_ACTOR_ID_CHARS"))
+def _actor_id(value: Any, label: str, limits: Limits) -> str:
+    return identifier(value, error=HostedRoomError, label=label, max_chars=limits.MAX_ACTOR_ID_CHARS)
 
 
 def _mapping(value: Any, label: str) -> Mapping[str, Any]:
@@ -209,12 +203,12 @@ def _receipt_values(record: Any, columns: tuple[str, ...]) -> dict[str, Any]:
     return values
 
 
-def _reservation_claims(claims: Any, source: object | None) -> dict[str, Any]:
+def _reservation_claims(claims: Any, limits: Limits) -> dict[str, Any]:
     """Validated (room_id, member_id, target_profile, authority_gateway_id, authority_epoch), stripped."""
     claims = _mapping(claims, "claims")
-    values: dict[str, Any] = {"room_id": _room_id(claims.get("room_id"), source)}
+    values: dict[str, Any] = {"room_id": _room_id(claims.get("room_id"), limits)}
     for key in ("member_id", "target_profile", "authority_gateway_id"):
-        values[key] = _actor_id(claims.get(key), key, source)
+        values[key] = _actor_id(claims.get(key), key, limits)
     values["authority_epoch"] = _lenient_epoch(claims)
     if values["authority_epoch"] < 1:
         raise HostedRoomError("authority_epoch must be positive")
@@ -395,7 +389,7 @@ def _outranks(row_gateway: str, row_epoch: int, gateway_id: str, epoch: int) -> 
 
 def reserve_peer_room(
     engine: EngineSource, *, claims: Mapping[str, Any], expires_at: float, now: float | None = None,
-    limits: object | None = None,
+    limits: Limits | None = None,
 ) -> None:
     """Fence direct Desktop prompts for a room/profile before the first peer run is admitted.
 
@@ -408,7 +402,7 @@ def reserve_peer_room(
     expiry = _seconds(expires_at, "expires_at")
     if expiry <= timestamp:
         raise HostedRoomError("peer room reservation must expire in the future")
-    values = _reservation_claims(claims, limits)
+    values = _reservation_claims(claims, in_force(limits))
     room_id, target_profile = values["room_id"], values["target_profile"]
     gateway_id, epoch = values["authority_gateway_id"], values["authority_epoch"]
     table = models.peer_reservations
@@ -447,21 +441,22 @@ def _exists(engine: EngineSource, stmt: Select[Any]) -> bool:
 
 
 def peer_room_is_reserved(
-    engine: EngineSource, *, room_id: str, target_profile: str, now: float | None = None, limits: object | None = None
+    engine: EngineSource, *, room_id: str, target_profile: str, now: float | None = None, limits: Limits | None = None
 ) -> bool:
     """Whether a live (unexpired, unrevoked) reservation of the room/profile fences Desktop prompts."""
-    room_id = _room_id(room_id, limits)
-    target_profile = _actor_id(target_profile, "target_profile", limits)
+    lim = in_force(limits)
+    room_id = _room_id(room_id, lim)
+    target_profile = _actor_id(target_profile, "target_profile", lim)
     timestamp = clock(now)
     return _exists(engine, select(1).where(*_live_reservations(room_id, target_profile, timestamp)))
 
 
 def peer_room_grant_is_current(
-    engine: EngineSource, *, claims: Mapping[str, Any], now: float | None = None, limits: object | None = None
+    engine: EngineSource, *, claims: Mapping[str, Any], now: float | None = None, limits: Limits | None = None
 ) -> bool:
     """Whether a grant's claims match the target's current live reservation exactly."""
     timestamp = clock(now)
-    values = _reservation_claims(claims, limits)
+    values = _reservation_claims(claims, in_force(limits))
     table = models.peer_reservations
     return _exists(engine, select(1).where(
         *(table.c[column] == value for column, value in values.items()),
@@ -568,24 +563,25 @@ def _probe(target: Target, table_name: str, stmt: Select[Any], unavailable: str)
         raise RoomProbeUnavailableError(unavailable) from exc
 
 
-def probe_hosted_room(target: Target, *, room_id: Any, limits: object | None = None) -> bool:
+def probe_hosted_room(target: Target, *, room_id: Any, limits: Limits | None = None) -> bool:
     """Whether this store hosts the live room ``room_id``; never creates, migrates or blocks.
 
     ``target`` is a SQLite path, a URL or an Engine (only its URL is used). On the synchronous
     prompt-admission path this fails fast under contention with ``RoomProbeUnavailableError``.
     """
-    room_id = _room_id(room_id, limits)
+    room_id = _room_id(room_id, in_force(limits))
     rooms = models.rooms
     stmt = select(1).where(rooms.c.room_id == room_id, rooms.c.disbanded_at.is_(None))
     return _probe(target, rooms.name, stmt, "hosted room ownership is temporarily unavailable")
 
 
 def probe_peer_room_reservation(
-    target: Target, *, room_id: Any, target_profile: Any, now: float | None = None, limits: object | None = None
+    target: Target, *, room_id: Any, target_profile: Any, now: float | None = None, limits: Limits | None = None
 ) -> bool:
     """Whether a live peer reservation fences the room/profile; never creates, migrates or blocks."""
-    room_id = _room_id(room_id, limits)
-    target_profile = _actor_id(target_profile, "target_profile", limits)
+    lim = in_force(limits)
+    room_id = _room_id(room_id, lim)
+    target_profile = _actor_id(target_profile, "target_profile", lim)
     timestamp = clock(now)
     stmt = select(1).where(*_live_reservations(room_id, target_profile, timestamp))
     return _probe(target, models.peer_reservations.name, stmt, "peer room ownership is temporarily unavailable")

@@ -29,7 +29,6 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, exists, func, insert, literal, select, update
 
-from . import limits as default_limits
 from . import models
 from .engines import EngineSource, resolve_engine
 from .errors import (
@@ -41,6 +40,7 @@ from .errors import (
     RoomConflictError,
 )
 from .identity import local_gateway_id as resolve_local_gateway_id
+from .limits import Limits, in_force
 from .rooms import (
     CONTROL_EVENT_KINDS,
     PreparedEvent,
@@ -56,7 +56,6 @@ from .rooms import (
     validate_room_id,
     validate_room_name,
 )
-from .rooms.rules import Limits
 from .uow import UnitOfWork
 from .validation import MAX_EPOCH, bounded_int, canonical_json, clock, identifier, stored_json
 
@@ -77,9 +76,6 @@ _replicas = models.replicas
 _replica_events = models.replica_events
 
 
-
-def _lim(limits: Limits | None) -> Limits:
-    return default_limits if limits is None else limits
 
 
 def _resolve(engine: EngineSource) -> Engine:
@@ -179,10 +175,9 @@ def _validate_event(raw: Any, room_id: str, page_epoch: int, lim: Limits) -> _Pa
         if event_epoch > page_epoch:
             raise ReplicaError("event.authority_epoch is newer than the page authority")
     created = _created_at(raw.get("created_at"))
-    actor_bytes = int(getattr(lim, "MAX_ACTOR_JSON_BYTES", default_limits.MAX_ACTOR_JSON_BYTES))
     event = PreparedEvent(
         event_id, kind,
-        canonical_json(raw["actor"], error=ReplicaError, label="actor", max_bytes=actor_bytes),
+        canonical_json(raw["actor"], error=ReplicaError, label="actor", max_bytes=lim.MAX_ACTOR_JSON_BYTES),
         canonical_json(raw["payload"], error=ReplicaError, label="payload", max_bytes=lim.MAX_EVENT_JSON_BYTES),
         event_epoch, control=kind in CONTROL_EVENT_KINDS)
     # The reference stamps a missing (or zero) created_at with the ingest time.
@@ -231,7 +226,7 @@ def ingest_page(
     (ReplicaEpochRegressionError), a different owner at the stored epoch, or conflicting overlapping events
     (ReplicaError); nothing is written then. The stored ``latest_seq`` never decreases.
     """
-    lim = _lim(limits)
+    lim = in_force(limits)
     room_id = validate_room_id(room_id, lim)
     room_name = validate_room_name(room_name, lim)
     _, members_json = validate_members(members, lim)
@@ -336,7 +331,7 @@ def _check_new_event_ids(uow: UnitOfWork, room_id: str, new_events: Sequence[_Pa
 
 def replica_state(engine: EngineSource, *, room_id: Any, limits: Limits | None = None) -> dict[str, Any]:
     """The stored replica's coverage (``last_seq``/``latest_seq``) and authority lineage (a pure read)."""
-    room_id = validate_room_id(room_id, _lim(limits))
+    room_id = validate_room_id(room_id, in_force(limits))
     with UnitOfWork(_resolve(engine), write=False) as uow:
         row = uow.connection.execute(select(*_replicas.c).where(_replicas.c.room_id == room_id)).mappings().first()
     if row is None:
@@ -392,7 +387,7 @@ def promote_replica(
     The local gateway is ``local_gateway_id``, else ``install:$HOSTEDROOMS_INSTALL_ID``. The caller decides
     that takeover is safe; this primitive only makes it atomic and provable.
     """
-    lim = _lim(limits)
+    lim = in_force(limits)
     room_id = validate_room_id(room_id, lim)
     if not isinstance(reason, str) or not reason or len(reason) > 200:
         raise ReplicaError("reason must be a non-empty string of at most 200 chars")
@@ -466,7 +461,7 @@ def demote_room(
     observation; an epoch that does not supersede the stored one raises ReplicaEpochRegressionError. The
     local gateway is ``local_gateway_id``, else ``install:$HOSTEDROOMS_INSTALL_ID``.
     """
-    lim = _lim(limits)
+    lim = in_force(limits)
     room_id = validate_room_id(room_id, lim)
     observed_gateway = validate_actor_id(observed_gateway_id, "observed_gateway_id", lim)
     # The room keeps the observed epoch, and a later claim writes epoch + 1.

@@ -5,14 +5,14 @@ Same names, keyword arguments, return shapes, error classes and messages as the 
 facade's cached, migrated engine, resolved only after the arguments validated (bad input never creates
 or migrates a database). The probes never use it: they must not create or migrate a store.
 
-Identifier limits are read at call time from ``hostedrooms.compat.hosted_rooms`` (falling back to
-:mod:`hostedrooms.limits`), so lowering ``MAX_ROOM_ID_CHARS`` / ``MAX_ACTOR_ID_CHARS`` there takes effect.
+Identifier limits are read once per call from ``hostedrooms.compat.hosted_rooms`` (falling back to
+:mod:`hostedrooms.limits`; :func:`~hostedrooms.compat._rooms_api.facade_limits`), so lowering
+``MAX_ROOM_ID_CHARS`` / ``MAX_ACTOR_ID_CHARS`` there takes effect.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +21,7 @@ from sqlalchemy import Engine
 from .. import peers
 from ..db import Target
 from ._engine import engine_for
+from ._rooms_api import facade_limits
 
 __all__ = [
     "delete_room_link_records",
@@ -39,17 +40,11 @@ __all__ = [
     "upsert_room_link_record",
 ]
 
-_FACADE = "hostedrooms.compat.hosted_rooms"
-
-
 def _engine(db_path: Target) -> functools.partial[Engine]:
     # Resolved by the service after validation, so bad input never creates or migrates a database.
     return functools.partial(engine_for, db_path)
 
 
-def _limits() -> object | None:
-    """The facade module whose MAX_* attributes callers may lower (None before it is imported)."""
-    return sys.modules.get(_FACADE)
 
 
 def list_room_link_records(db_path: Target) -> list[dict[str, Any]]:
@@ -86,18 +81,18 @@ def reserve_peer_room(
     db_path: Target, *, claims: Mapping[str, Any], expires_at: float, now: float | None = None
 ) -> None:
     """Fence direct Desktop prompts before the first peer run is admitted."""
-    peers.reserve_peer_room(_engine(db_path), claims=claims, expires_at=expires_at, now=now, limits=_limits())
+    peers.reserve_peer_room(_engine(db_path), claims=claims, expires_at=expires_at, now=now, limits=facade_limits())
 
 
 def peer_room_is_reserved(db_path: Target, *, room_id: str, target_profile: str, now: float | None = None) -> bool:
     """Return whether a live target-side RoomLink reservation fences Desktop."""
     return peers.peer_room_is_reserved(
-        _engine(db_path), room_id=room_id, target_profile=target_profile, now=now, limits=_limits())
+        _engine(db_path), room_id=room_id, target_profile=target_profile, now=now, limits=facade_limits())
 
 
 def peer_room_grant_is_current(db_path: Target, *, claims: Mapping[str, Any], now: float | None = None) -> bool:
     """Require a grant to match the target's current live reservation."""
-    return peers.peer_room_grant_is_current(_engine(db_path), claims=claims, now=now, limits=_limits())
+    return peers.peer_room_grant_is_current(_engine(db_path), claims=claims, now=now, limits=facade_limits())
 
 
 def room_grant_is_revoked(db_path: Target, *, claims: Mapping[str, Any], now: float | None = None) -> bool:
@@ -125,7 +120,7 @@ def remote_run_receipt(db_path: Target, *, record: Mapping[str, Any]) -> dict[st
 
 def probe_hosted_room(db_path: Target, *, room_id: Any) -> bool:
     """Check room ownership without creating or migrating the shared store; fails fast under contention."""
-    return peers.probe_hosted_room(db_path, room_id=room_id, limits=_limits())
+    return peers.probe_hosted_room(db_path, room_id=room_id, limits=facade_limits())
 
 
 def probe_peer_room_reservation(
@@ -133,4 +128,4 @@ def probe_peer_room_reservation(
 ) -> bool:
     """Check a peer reservation without creating or migrating shared state."""
     return peers.probe_peer_room_reservation(
-        db_path, room_id=room_id, target_profile=target_profile, now=now, limits=_limits())
+        db_path, room_id=room_id, target_profile=target_profile, now=now, limits=facade_limits())

@@ -1,8 +1,9 @@
 """Room and event functions of the seed-compatible facade, with its constants and exception classes.
 
 Each wrapper takes ``db_path`` first (a SQLite file path, a SQLAlchemy URL string, or an Engine) and the
-reference's keyword arguments, and calls :mod:`hostedrooms.rooms`. The ``MAX_*`` limits are read at call time
-from ``hostedrooms.compat.hosted_rooms`` (which re-exports them), so lowering one there takes effect. The engine
+reference's keyword arguments, and calls :mod:`hostedrooms.rooms`. The ``MAX_*`` limits are read once per call
+(:func:`facade_limits`) from ``hostedrooms.compat.hosted_rooms`` (which re-exports them) and passed down, so
+lowering one there takes effect. The engine
 is resolved only after the arguments validated, so bad input never creates or migrates a database.
 """
 
@@ -50,6 +51,7 @@ from ..limits import (
     MAX_ROOM_LIST_LIMIT,
     MAX_ROOM_NAME_CHARS,
     PROTOCOL_VERSION,
+    LimitValues,
 )
 from ._engine import engine_for, local_gateway_id
 
@@ -108,9 +110,15 @@ HERMES_HOME_ENV = "HERMES_HOME"
 _FACADE = "hostedrooms.compat.hosted_rooms"
 
 
-def _limits() -> ModuleType:
-    """The module whose ``MAX_*`` constants are in force: the public facade (callers patch it), else this one."""
+def _facade() -> ModuleType:
+    """The module callers patch: the public facade, else (not imported yet) this one."""
     return sys.modules.get(_FACADE) or sys.modules[__name__]
+
+
+def facade_limits(*first: object) -> LimitValues:
+    """The limits of one facade call, read now: each from the first of ``first`` that defines it, else from the
+    public facade module (callers lower its ``MAX_*`` constants), else :mod:`hostedrooms.limits`."""
+    return LimitValues.read(*first, _facade())
 
 
 def _engine(db_path: DbPath) -> functools.partial[Any]:
@@ -138,7 +146,7 @@ def local_authority_gateway_id() -> str:
 
 def user_event_id(client_event_id: Any) -> str:
     """Map a client retry key into the server-owned user-event namespace."""
-    return _rooms.user_event_id(client_event_id, limits=_limits())
+    return _rooms.user_event_id(client_event_id, limits=facade_limits())
 
 
 def create_room(
@@ -147,7 +155,7 @@ def create_room(
     """Create a room, or return the identical existing room idempotently."""
     return _rooms.create_room(
         _engine(db_path), room_id=room_id, name=name, members=members, authority_gateway_id=authority_gateway_id,
-        now=now, limits=_limits())
+        now=now, limits=facade_limits())
 
 
 def list_rooms(
@@ -155,13 +163,13 @@ def list_rooms(
 ) -> list[dict[str, Any]]:
     """Return one bounded read-only page ordered by most recent change."""
     return _rooms.list_rooms(
-        _engine(db_path), include_disbanded=include_disbanded, limit=limit, offset=offset, limits=_limits())
+        _engine(db_path), include_disbanded=include_disbanded, limit=limit, offset=offset, limits=facade_limits())
 
 
 def rename_room(db_path: DbPath, *, room_id: Any, event_id: Any, name: Any, now: float | None = None) -> dict[str, Any]:
     """Rename a live room and append its replay event atomically."""
     return _rooms.rename_room(_engine(db_path), room_id=room_id, event_id=event_id, name=name, now=now,
-                              limits=_limits())
+                              limits=facade_limits())
 
 
 def append_event(
@@ -171,13 +179,13 @@ def append_event(
     """Append one immutable event and allocate its per-room sequence atomically."""
     return _rooms.append_event(
         _engine(db_path), room_id=room_id, event_id=event_id, kind=kind, actor=actor, payload=payload,
-        authority_gateway_id=authority_gateway_id, authority_epoch=authority_epoch, now=now, limits=_limits())
+        authority_gateway_id=authority_gateway_id, authority_epoch=authority_epoch, now=now, limits=facade_limits())
 
 
 def room_state(db_path: DbPath, *, room_id: Any, include_disbanded: bool = False) -> dict[str, Any]:
     """Return durable replay and authority state for one room."""
     return _rooms.room_state(_engine(db_path), room_id=room_id, include_disbanded=include_disbanded,
-                             limits=_limits())
+                             limits=facade_limits())
 
 
 def request_room_stop(
@@ -188,9 +196,9 @@ def request_room_stop(
     Like the reference, this goes through the module's ``append_event``, looked up at call time, so a caller
     that replaces ``hosted_rooms.append_event`` sees stop requests too.
     """
-    module = _limits()
+    module = _facade()
     stop = _rooms.room_stop_event(cancel_id=cancel_id, expected_gateway_id=expected_gateway_id,
-                                  expected_epoch=expected_epoch, limits=module)
+                                  expected_epoch=expected_epoch, limits=facade_limits())
     append: Any = getattr(module, "append_event", append_event)
     result: dict[str, Any] = append(db_path, room_id=room_id, **stop)
     return result
@@ -203,7 +211,7 @@ def claim_authority(
     """Fence a verified authority transfer with a compare-and-swap epoch."""
     return _rooms.claim_authority(
         _engine(db_path), room_id=room_id, expected_gateway_id=expected_gateway_id, expected_epoch=expected_epoch,
-        new_gateway_id=new_gateway_id, event_id=event_id, now=now, limits=_limits())
+        new_gateway_id=new_gateway_id, event_id=event_id, now=now, limits=facade_limits())
 
 
 def disband_room(
@@ -212,7 +220,7 @@ def disband_room(
     """Tombstone a room id permanently and idempotently."""
     return _rooms.disband_room(
         _engine(db_path), room_id=room_id, expected_gateway_id=expected_gateway_id, expected_epoch=expected_epoch,
-        now=now, limits=_limits())
+        now=now, limits=facade_limits())
 
 
 def read_events(
@@ -221,9 +229,9 @@ def read_events(
     """Read a monotonic room-log delta after ``since_seq``."""
     return _rooms.read_events(
         _engine(db_path), room_id=room_id, since_seq=since_seq, limit=limit, include_disbanded=include_disbanded,
-        limits=_limits())
+        limits=facade_limits())
 
 
 def prune_disbanded_rooms(db_path: DbPath, *, now: float | None = None) -> int:
     """Purge deleted Group Chat payloads while reserving their identities."""
-    return _rooms.prune_disbanded_rooms(_engine(db_path), now=now, limits=_limits())
+    return _rooms.prune_disbanded_rooms(_engine(db_path), now=now, limits=facade_limits())

@@ -27,6 +27,7 @@ from ..limits import (
     MAX_REPLICA_EVENT_BYTES,
     MAX_REPLICA_ROOMS,
     MAX_ROOM_ID_CHARS,
+    LimitValues,
 )
 from . import _rooms_api
 from ._engine import engine_for
@@ -51,17 +52,9 @@ __all__ = [
 ]
 
 
-class _FacadeLimits:
-    """Limits looked up at access time: this module's own constants first, then the room facade's."""
-
-    def __getattr__(self, name: str) -> Any:
-        here = sys.modules[__name__]
-        if name.isupper() and hasattr(here, name):
-            return getattr(here, name)
-        return getattr(_rooms_api._limits(), name)
-
-
-_LIMITS = _FacadeLimits()
+def _limits() -> LimitValues:
+    """The limits of one call, read now: this module's own constants first, then the room facade's."""
+    return _rooms_api.facade_limits(sys.modules[__name__])
 
 
 def _engine(db_path: DbPath) -> functools.partial[Any]:
@@ -85,12 +78,12 @@ def ingest_page(
     """Persist one replay page for ``room_id``; idempotent, gap- and epoch-regression-safe."""
     return _replicas.ingest_page(
         _engine(db_path), room_id=room_id, room_name=room_name, members=members, page=page, now=_now(now),
-        limits=_LIMITS)
+        limits=_limits())
 
 
 def replica_state(db_path: DbPath, *, room_id: Any) -> dict[str, Any]:
     """Return the stored replica's coverage and authority lineage."""
-    return _replicas.replica_state(_engine(db_path), room_id=room_id, limits=_LIMITS)
+    return _replicas.replica_state(_engine(db_path), room_id=room_id, limits=_limits())
 
 
 def promote_replica(
@@ -99,7 +92,7 @@ def promote_replica(
     """Continue a replicated room on THIS gateway at ``epoch + 1``."""
     return _replicas.promote_replica(
         _engine(db_path), room_id=room_id, reason=reason, now=_now(now), local_gateway_id=_local_gateway,
-        limits=_LIMITS)
+        limits=_limits())
 
 
 def demote_room(
@@ -108,4 +101,4 @@ def demote_room(
     """Fence THIS gateway's stale room authority against a proven newer epoch."""
     return _replicas.demote_room(
         _engine(db_path), room_id=room_id, observed_gateway_id=observed_gateway_id, observed_epoch=observed_epoch,
-        now=_now(now), local_gateway_id=_local_gateway, limits=_LIMITS)
+        now=_now(now), local_gateway_id=_local_gateway, limits=_limits())

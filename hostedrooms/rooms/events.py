@@ -12,19 +12,18 @@ from typing import Any
 
 from ..engines import EngineSource, resolve_engine
 from ..errors import HostedRoomError
+from ..limits import Limits, in_force
 from ..store import RowLike, room_store
 from ..uow import UnitOfWork
 from ..validation import clock
 from .rows import appended, event_to_dict, fit_page, parse_all
 from .rules import (
     _EVENT_FIELDS,
-    Limits,
     PreparedEvent,
     _actor_id,
     _BatchMemo,
     _bounded_limit,
     _epoch,
-    _lim,
     _non_negative,
     _room_id,
     _validated_event,
@@ -48,7 +47,7 @@ def append_event(
     Repeating an ``event_id`` with identical content returns the original (even after the room was disbanded
     or its authority moved, as the reference does); different content raises EventConflictError.
     """
-    lim = _lim(limits)
+    lim = in_force(limits)
     room_id = _room_id(room_id, lim)
     event, normalized_actor, gateway_id, epoch = _validated_event(
         event_id, kind, actor, payload, authority_gateway_id, authority_epoch, lim)
@@ -67,7 +66,7 @@ def append_events(
     same content is a replay (returned with ``idempotent: True`` and its original seq); different content
     raises EventConflictError and nothing is written. At most MAX_LOG_LIMIT items.
     """
-    lim = _lim(limits)
+    lim = in_force(limits)
     room_id = _room_id(room_id, lim)
     gateway_id = _actor_id(authority_gateway_id, "authority_gateway_id", lim)
     epoch = _epoch(authority_epoch, "authority_epoch")
@@ -130,7 +129,7 @@ def read_events(
     A stored event that cannot be decoded (written before MAX_JSON_DEPTH, by the reference or by hand) raises
     StorageError naming the room and seq; a room purged while it is read raises RoomHistoryExpiredError.
     """
-    lim = _lim(limits)
+    lim = in_force(limits)
     room_id = _room_id(room_id, lim)
     since = _non_negative(since_seq, "since_seq")
     page_size = _bounded_limit(limit, lim.MAX_LOG_LIMIT)
@@ -157,7 +156,7 @@ def request_room_stop(
     limits: Limits | None = None,
 ) -> dict[str, Any]:
     """Append an idempotent ``room.stop_requested`` fence that supersedes earlier user turns (wall clock)."""
-    lim = _lim(limits)
+    lim = in_force(limits)
     stop = room_stop_event(cancel_id=cancel_id, expected_gateway_id=expected_gateway_id,
                            expected_epoch=expected_epoch, limits=lim)
     return append_event(engine, room_id=room_id, **stop, limits=lim)

@@ -13,6 +13,7 @@ from ..errors import (
     RoomConflictError,
     RoomNotFoundError,
 )
+from ..limits import Limits, in_force
 from ..store import RoomChange, room_store
 from ..uow import UnitOfWork
 from ..validation import (
@@ -21,7 +22,6 @@ from ..validation import (
 )
 from .rows import event_to_dict, room_to_dict
 from .rules import (
-    Limits,
     PreparedEvent,
     RowLike,
     _actor_id,
@@ -30,7 +30,6 @@ from .rules import (
     _epoch,
     _event_id,
     _legacy_members_match,
-    _lim,
     _members,
     _non_negative,
     _payload_json,
@@ -50,7 +49,7 @@ def create_room(
     now: float | None = None, limits: Limits | None = None,
 ) -> dict[str, Any]:
     """Create a room, or return the identical existing room idempotently (adopting a 'legacy' room)."""
-    lim = _lim(limits)
+    lim = in_force(limits)
     room_id = _room_id(room_id, lim)
     name = _room_name(name, lim)
     normalized_members, members_json = _members(members, lim)
@@ -123,7 +122,7 @@ def list_rooms(
     limits: Limits | None = None,
 ) -> list[dict[str, Any]]:
     """One bounded read-only page ordered by most recent change (``limit`` defaults to MAX_ROOM_LIST_LIMIT)."""
-    lim = _lim(limits)
+    lim = in_force(limits)
     maximum = lim.MAX_ROOM_LIST_LIMIT
     page_size = _bounded_limit(maximum if limit is None else limit, maximum)
     skip = _non_negative(offset, "offset")
@@ -137,7 +136,7 @@ def room_state(
     engine: EngineSource, *, room_id: Any, include_disbanded: bool = False, limits: Limits | None = None
 ) -> dict[str, Any]:
     """Durable replay and authority state for one room, with the claim event of its current epoch if any."""
-    room_id = _room_id(room_id, _lim(limits))
+    room_id = _room_id(room_id, in_force(limits))
     with UnitOfWork(resolve_engine(engine), write=False) as uow:
         store = room_store(uow.dialect)
         row = require_room(uow, store.room(uow.connection, room_id), room_id, include_disbanded=include_disbanded)
@@ -153,7 +152,7 @@ def rename_room(
     limits: Limits | None = None,
 ) -> dict[str, Any]:
     """Rename a live room and append its ``room.renamed`` replay event atomically (no authority fence)."""
-    lim = _lim(limits)
+    lim = in_force(limits)
     room_id = _room_id(room_id, lim)
     event_id = _event_id(event_id, lim)
     name = _room_name(name, lim)
@@ -192,7 +191,7 @@ def claim_authority(
     It does not decide *when* takeover is safe. An exact retry replays; a retry after a later claim raises
     AuthoritySupersededError; a claim from a stale authority raises AuthorityConflictError.
     """
-    lim = _lim(limits)
+    lim = in_force(limits)
     room_id = _room_id(room_id, lim)
     expected_gateway = _actor_id(expected_gateway_id, "expected_gateway_id", lim)
     new_gateway = _actor_id(new_gateway_id, "new_gateway_id", lim)
@@ -238,7 +237,7 @@ def disband_room(
     limits: Limits | None = None,
 ) -> dict[str, Any]:
     """Tombstone a room with a fenced ``room.disbanded`` event and retire its id permanently (idempotent)."""
-    lim = _lim(limits)
+    lim = in_force(limits)
     room_id = _room_id(room_id, lim)
     expected_gateway = _actor_id(expected_gateway_id, "expected_gateway_id", lim)
     expected = _epoch(expected_epoch, "expected_epoch")

@@ -10,6 +10,7 @@ from ..errors import (
     HostedRoomError,
     StorageError,
 )
+from ..limits import Limits, in_force
 from ..validation import (
     INT64_MAX,
     json_depth_within,
@@ -17,7 +18,7 @@ from ..validation import (
     stored_json,
     utf8_len,
 )
-from .rules import Limits, RowLike, _event_id, _event_kind, _lim
+from .rules import RowLike, _event_id, _event_kind
 
 __all__ = ["appended", "event_page_checker", "event_to_dict", "fit_page", "parse_all", "room_to_dict"]
 
@@ -77,7 +78,7 @@ def event_page_checker(limits: Limits | None = None) -> Callable[[RowLike], str 
     MAX_JSON_DEPTH, and the event alone must fit MAX_LOG_PAGE_BYTES in the largest page envelope (a cursor and
     latest_seq of 19 digits, the longest gateway id).
     """
-    lim = _lim(limits)
+    lim = in_force(limits)
     depth = max_json_depth()
     budget = int(lim.MAX_LOG_PAGE_BYTES) - len(json.dumps({
         "events": [], "cursor": INT64_MAX, "latest_seq": INT64_MAX, "has_more": False,

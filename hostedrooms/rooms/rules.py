@@ -6,15 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
 
-from .. import limits as default_limits
 from ..errors import (
     HostedRoomError,
 )
+from ..limits import Limits, in_force
 from ..validation import (
     INT64_MAX,
     MAX_EPOCH,
@@ -25,8 +25,6 @@ from ..validation import (
     utf8_len,
 )
 
-#: A namespace of ``MAX_*`` / ``CONTROL_*`` constants (a module or SimpleNamespace), read at call time.
-Limits = Any
 #: A row as a mapping: a SQLAlchemy RowMapping or a plain dict of column values.
 RowLike = Mapping[Any, Any]
 
@@ -42,19 +40,16 @@ EVENT_KINDS_BY_ACTOR: Mapping[str, frozenset[str]] = {
         "authority.claimed", "authority.lost", "room.created", "room.disbanded", "room.members_changed",
         "room.renamed"}),
 }
-# (field, name of the limit bounding it)
-_OPTIONAL_ACTOR_FIELDS = (
-    ("display_name", "MAX_ACTOR_LABEL_CHARS"), ("profile", "MAX_ACTOR_ID_CHARS"),
-    ("connection_id", "MAX_ACTOR_ID_CHARS"))
+# (field, the limit bounding it)
+_OPTIONAL_ACTOR_FIELDS: tuple[tuple[str, Callable[[Limits], int]], ...] = (
+    ("display_name", lambda lim: lim.MAX_ACTOR_LABEL_CHARS), ("profile", lambda lim: lim.MAX_ACTOR_ID_CHARS),
+    ("connection_id", lambda lim: lim.MAX_ACTOR_ID_CHARS))
 _ACTOR_FIELDS = frozenset({"kind", "id", *(field for field, _ in _OPTIONAL_ACTOR_FIELDS)})
 _EVENT_FIELDS = frozenset({"event_id", "kind", "actor", "payload"})
 
 
 # --- validation (pure; limits read at call time) -------------------------------------------------------------
 
-
-def _lim(limits: Limits | None) -> Limits:
-    return default_limits if limits is None else limits
 
 
 def _identifier(value: Any, label: str, max_chars: int) -> str:
@@ -108,13 +103,9 @@ def _non_negative(value: Any, label: str) -> int:
     return bounded_int(value, error=HostedRoomError, message=f"{label} must be a non-negative integer", high=INT64_MAX)
 
 
-def _actor_max_bytes(lim: Limits) -> int:
-    # Not a constant of the reference module (it hard-codes 4 KiB), so a facade namespace may lack it.
-    return int(getattr(lim, "MAX_ACTOR_JSON_BYTES", default_limits.MAX_ACTOR_JSON_BYTES))
-
 
 def _actor_json(value: Any, lim: Limits) -> str:
-    return canonical_json(value, error=HostedRoomError, label="actor", max_bytes=_actor_max_bytes(lim))
+    return canonical_json(value, error=HostedRoomError, label="actor", max_bytes=lim.MAX_ACTOR_JSON_BYTES)
 
 
 def _payload_json(value: Any, lim: Limits) -> str:
@@ -159,14 +150,14 @@ def _actor(value: Any, *, kind: str, lim: Limits) -> tuple[dict[str, str], str]:
     if kind not in EVENT_KINDS_BY_ACTOR[actor_kind]:
         raise HostedRoomError(f"actor kind '{actor_kind}' cannot append '{kind}'")
     actor = {"kind": actor_kind, "id": _actor_id(value.get("id"), "actor.id", lim)}
-    for field, limit_name in _OPTIONAL_ACTOR_FIELDS:
+    for field, max_chars in _OPTIONAL_ACTOR_FIELDS:
         field_value = value.get(field)
         if field_value is None:
             continue
         if not isinstance(field_value, str):
             raise HostedRoomError(f"actor.{field} must be a string")
         field_value = field_value.strip()
-        if len(field_value) > getattr(lim, limit_name):
+        if len(field_value) > max_chars(lim):
             raise HostedRoomError(f"actor.{field} is too long")
         if field_value:
             actor[field] = field_value
@@ -204,14 +195,14 @@ payload_json = _payload_json
 
 def user_event_id(client_event_id: Any, *, limits: Limits | None = None) -> str:
     """Map a client retry key into the server-owned user-event namespace."""
-    client = _event_id(client_event_id, _lim(limits))
+    client = _event_id(client_event_id, in_force(limits))
     return f"user:{hashlib.sha256(client.encode('utf-8')).hexdigest()}"
 
 
 def max_event_bytes(limits: Limits | None = None) -> int:
     """The most bytes one validated event can account for (ids and kinds are ASCII)."""
-    lim = _lim(limits)
-    return int(lim.MAX_EVENT_ID_CHARS + lim.MAX_EVENT_KIND_CHARS + _actor_max_bytes(lim) + lim.MAX_EVENT_JSON_BYTES)
+    lim = in_force(limits)
+    return int(lim.MAX_EVENT_ID_CHARS + lim.MAX_EVENT_KIND_CHARS + lim.MAX_ACTOR_JSON_BYTES + lim.MAX_EVENT_JSON_BYTES)
 
 
 @dataclass(slots=True)
@@ -327,7 +318,7 @@ def room_stop_event(
 
     The seed-compatible facade passes them to its module's ``append_event``, looked up at call time.
     """
-    cancel = _identifier(cancel_id, "cancel_id", _lim(limits).MAX_EVENT_ID_CHARS)
+    cancel = _identifier(cancel_id, "cancel_id", in_force(limits).MAX_EVENT_ID_CHARS)
     return {"event_id": f"room-stop:{hashlib.sha256(cancel.encode()).hexdigest()[:32]}",
             "kind": "room.stop_requested", "actor": {"kind": "gateway", "id": expected_gateway_id},
             "payload": {"cancel_id": cancel}, "authority_gateway_id": expected_gateway_id,

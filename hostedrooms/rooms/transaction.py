@@ -39,6 +39,7 @@ from ..errors import (
     RoomHistoryExpiredError,
     RoomNotFoundError,
 )
+from ..limits import Limits, in_force
 from ..store import (
     GATEWAY_BYTES_LOCK_KEY,
     ROOM_CREATION_LOCK_KEY,
@@ -49,7 +50,7 @@ from ..store import (
     room_store,
 )
 from ..uow import UnitOfWork
-from .rules import Limits, PreparedEvent, _lim, max_event_bytes
+from .rules import PreparedEvent, max_event_bytes
 
 __all__ = [
     "GATEWAY_BYTES_LOCK_KEY",
@@ -112,7 +113,7 @@ class RoomTransaction:
     ) -> None:
         self.uow = uow
         self.store: RoomStore = room_store(uow.dialect)
-        self.limits = _lim(limits)
+        self.limits = in_force(limits)
         # Where writers never overlap (SQLite) the budget is always exact: behave as the exclusive holder.
         self.exclusive = exclusive or not self.store.concurrent_writers
         self.fast = fast and self.store.fast_path
