@@ -1,0 +1,212 @@
+"""The store's one-statement append and the full path agree on every outcome, on both backends.
+
+Each generated example runs one sequence of room operations twice on an emptied database: once as the services
+run it (the one-statement append first), once with :meth:`RoomStore.without_fast_path`, so every append takes the
+full path. The two runs must return the same results, raise the same errors with the same messages (so the same
+precedence) and leave the same rows. Sequences mix fresh appends, batches, replays, conflicting ids, repeated
+ids within a batch, stale and moved authority, control kinds, disbanded rooms, absent rooms, and limits lowered
+near the edge the sequence reaches.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Engine
+
+from hostedrooms import limits, models, rooms
+from hostedrooms.dialect import dialect_for
+from hostedrooms.errors import HostedRoomError
+from hostedrooms.store import RoomStore, room_store
+
+ROOMS = ("r1", "r2", "r3")  # r3 never exists
+GATEWAYS = ("g1", "g2")
+EVENT_IDS = tuple(f"e{n}" for n in range(1, 9))
+TEXTS = ("a", "a", "bb", "c" * 40)
+
+
+def lowered(**overrides: int) -> SimpleNamespace:
+    values = {name: getattr(limits, name) for name in limits.LIMIT_NAMES}
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+# --- generated operations ------------------------------------------------------------------------------------
+
+def _item(kind: str, actor: str, event_id: str, text: str) -> dict[str, Any]:
+    """One event item; a ``gateway`` actor takes the operation's authority gateway id when it runs."""
+    actors = {"user": {"kind": "user", "id": "u1"}, "gateway": {"kind": "gateway"},
+              "other-gateway": {"kind": "gateway", "id": "g9"}}
+    return {"event_id": event_id, "kind": kind, "actor": actors[actor], "payload": {"text": text}}
+
+
+def _authored(item: dict[str, Any], gateway: str) -> dict[str, Any]:
+    return item if "id" in item["actor"] else {**item, "actor": {**item["actor"], "id": gateway}}
+
+
+# Weighted choices: mostly admissible operations on the live rooms at their current authority, so sequences reach
+# the limits; the rest are refused by the rules, stale, conflicting, or aimed at absent or disbanded rooms.
+KINDS = (*(("message.user", "user"),) * 8, *(("turn.started", "gateway"),) * 3,
+         *(("room.stop_requested", "gateway"),) * 3, ("message.user", "gateway"), ("turn.started", "other-gateway"),
+         ("authority.lost", "gateway"))
+AUTHORITIES = (*(("g1", 1),) * 8, ("g2", 1), ("g1", 2), ("g2", 2))
+
+
+def _operation(rng: random.Random) -> tuple[Any, ...]:
+    def item() -> dict[str, Any]:
+        return _item(*rng.choice(KINDS), rng.choice(EVENT_IDS), rng.choice(TEXTS))
+
+    room = rng.choice(ROOMS) if rng.random() < 0.1 else rng.choice(ROOMS[:2])
+    authority = rng.choice(AUTHORITIES)
+    roll = rng.random()
+    if roll < 0.6:
+        return ("append", room, authority, item())
+    if roll < 0.85:
+        return ("batch", room, authority, [item() for _ in range(rng.randint(1, 4))])
+    if roll < 0.95:
+        return ("claim", room, authority, rng.choice(("c1", "c2")))
+    return ("disband", room, authority, None)
+
+
+def _limits(rng: random.Random) -> Any:
+    if rng.random() < 0.25:
+        return None
+    return lowered(
+        MAX_EVENTS_PER_ROOM=rng.randint(0, 12), MAX_ROOM_EVENT_BYTES=rng.randint(0, 1000),
+        MAX_GATEWAY_EVENT_BYTES=rng.randint(0, 500), CONTROL_EVENT_COUNT_RESERVE=rng.randint(0, 2),
+        CONTROL_EVENT_BYTE_RESERVE=rng.randint(0, 200), MAX_EVENT_JSON_BYTES=rng.choice((20, 4096, 4096, 4096)))
+
+
+def _run(engine: Engine, operation: tuple[Any, ...], lim: Any, now: float) -> Any:
+    name, room_id, (gateway, epoch), detail = operation
+    if name == "append":
+        return rooms.append_event(engine, room_id=room_id, **_authored(detail, gateway), authority_gateway_id=gateway,
+                                  authority_epoch=epoch, now=now, limits=lim)
+    if name == "batch":
+        items = [_authored(item, gateway) for item in detail]
+        return rooms.append_events(engine, room_id, items, gateway, epoch, now, limits=lim)
+    if name == "claim":
+        other = GATEWAYS[1 - GATEWAYS.index(gateway)]
+        return rooms.claim_authority(engine, room_id=room_id, expected_gateway_id=gateway, expected_epoch=epoch,
+                                     new_gateway_id=other, event_id=detail, now=now, limits=lim)
+    return rooms.disband_room(engine, room_id=room_id, expected_gateway_id=gateway, expected_epoch=epoch, now=now,
+                              limits=lim)
+
+
+def _outcomes(engine: Engine, operations: list[tuple[Any, ...]], lim: Any) -> list[Any]:
+    """Each operation's result, or its error's class and message."""
+    outcomes: list[Any] = []
+    for index, operation in enumerate(operations):
+        try:
+            outcomes.append(_run(engine, operation, lim, now=2000.0 + index))
+        except HostedRoomError as exc:
+            outcomes.append((type(exc).__name__, str(exc)))
+    return outcomes
+
+
+def _rows(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
+    tables = (models.rooms, models.events, models.retired_ids)
+    with engine.connect() as connection:
+        return {table.name: [tuple(row) for row in connection.execute(
+            sa.select(table).order_by(*table.primary_key.columns))] for table in tables}
+
+
+def _fresh(engine: Engine) -> None:
+    """Empty the room log, then two live rooms owned by g1 at epoch 1."""
+    with engine.begin() as connection:
+        for table in reversed(models.metadata.sorted_tables):
+            connection.execute(sa.delete(table))
+    for room_id in ROOMS[:2]:
+        rooms.create_room(engine, room_id=room_id, name=room_id, members=[], authority_gateway_id="g1", now=1000.0)
+
+
+def _both_ways(
+    engine: Engine, store: RoomStore, operations: list[tuple[Any, ...]], lim: Any
+) -> Iterator[tuple[list[Any], dict[str, list[tuple[Any, ...]]]]]:
+    contexts: tuple[Callable[[], AbstractContextManager[None]], ...] = (nullcontext, store.without_fast_path)
+    for context in contexts:
+        _fresh(engine)
+        with context():
+            outcomes = _outcomes(engine, operations, lim)
+        yield outcomes, _rows(engine)
+
+
+@pytest.fixture
+def counted(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How often the one-statement append applied and declined while the test ran."""
+    store = room_store(dialect_for(engine))
+    counts = {"applied": 0, "declined": 0}
+    original = store.append_fast
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        rows = original(*args, **kwargs)
+        counts["applied" if rows is not None else "declined"] += 1
+        return rows
+
+    monkeypatch.setattr(store, "append_fast", counting)
+    return counts
+
+
+def test_fast_and_full_appends_agree_on_generated_sequences(engine: Engine, counted: dict[str, int]) -> None:
+    store = room_store(dialect_for(engine))
+
+    @settings(max_examples=100, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(st.randoms(use_true_random=False))
+    def agree(rng: random.Random) -> None:
+        operations = [_operation(rng) for _ in range(rng.randint(1, 20))]
+        lim = _limits(rng)
+        (fast, fast_rows), (full, full_rows) = _both_ways(engine, store, operations, lim)
+        assert fast == full
+        assert fast_rows == full_rows
+
+    agree()
+    # Both branches ran: the comparison is not vacuous.
+    assert counted["applied"] > 0 and counted["declined"] > 0, counted
+
+
+def test_without_fast_path_really_takes_the_full_path(engine: Engine, counted: dict[str, int]) -> None:
+    store = room_store(dialect_for(engine))
+    operations = [("append", "r1", ("g1", 1), _item("message.user", "user", "e1", "a"))]
+    (fast, _), (full, _) = _both_ways(engine, store, operations, None)
+    assert counted == {"applied": 1, "declined": 0}
+    assert fast == full and fast[0]["seq"] == 1
+
+
+@pytest.mark.parametrize(("operations", "lim", "expected"), [
+    # Conflict beats stale authority, a disbanded room and full limits; replays are answered before the limits.
+    ([("append", "r1", ("g1", 1), _item("message.user", "user", "e1", "a")),
+      ("disband", "r1", ("g1", 1), None),
+      ("append", "r1", ("g2", 2), _item("message.user", "user", "e1", "bb"))],
+     lowered(MAX_EVENTS_PER_ROOM=1), ("EventConflictError", "event_id already exists with different content")),
+    ([("append", "r1", ("g1", 1), _item("message.user", "user", "e1", "a")),
+      ("append", "r1", ("g1", 1), _item("message.user", "user", "e1", "a"))],
+     lowered(MAX_EVENTS_PER_ROOM=1), "idempotent"),
+    # Stale authority beats the limits.
+    ([("append", "r1", ("g2", 1), _item("message.user", "user", "e1", "a"))],
+     lowered(MAX_EVENTS_PER_ROOM=0), ("AuthorityConflictError", "stale hosted room authority")),
+    # A control kind may use the reserve the room's user limit no longer leaves.
+    ([("append", "r1", ("g1", 1), _item("room.stop_requested", "gateway", "e1", "a"))],
+     lowered(MAX_EVENTS_PER_ROOM=0, CONTROL_EVENT_COUNT_RESERVE=1), "written"),
+])
+def test_fast_and_full_agree_on_precedence_cases(
+    engine: Engine, operations: list[tuple[Any, ...]], lim: Any, expected: Any
+) -> None:
+    store = room_store(dialect_for(engine))
+    (fast, fast_rows), (full, full_rows) = _both_ways(engine, store, operations, lim)
+    assert fast == full and fast_rows == full_rows
+    last = fast[-1]
+    if expected == "idempotent":
+        assert last["idempotent"] is True
+    elif expected == "written":
+        assert last["idempotent"] is False
+    else:
+        assert last == expected
