@@ -396,28 +396,9 @@ def promote_replica(
     actor_json = system_actor_json("authority-control", lim)
 
     def body(tx: RoomTransaction) -> dict[str, Any]:
-        # Lock order: room creation, room row, replica row, gateway budget (inside check_capacity).
-        tx.lock_room_creation()
-        existing_room = tx.lock_room(room_id)
-        replica = _lock_replica(tx.uow, room_id)
-        if replica is None:
-            raise ReplicaError("replica not found")
-        if replica["authority_gateway_id"] == local:
-            raise ReplicaError("this gateway already holds the room authority")
-        if existing_room is not None:
-            raise RoomConflictError("room_id already exists in the local authoritative store")
-        if tx.is_retired(room_id):
-            raise RoomConflictError("room_id belongs to a disbanded room")
+        replica, log = _promotable(tx, room_id, local)
         previous_gateway, previous_epoch = str(replica["authority_gateway_id"]), int(replica["authority_epoch"])
         last_seq = int(replica["last_seq"])
-        if last_seq < int(replica["latest_seq"]):
-            raise ReplicaError("replica is not caught up with the authority log; ingest the remaining pages first")
-        log = _replica_log(tx.uow, room_id)
-        if log.disbanded:
-            raise ReplicaError("replica log ends in room.disbanded; a disbanded room cannot be promoted")
-        if log.count != last_seq or (log.count and (log.first != 1 or log.last != last_seq)):
-            raise ReplicaError("replica log is not contiguous")
-        tx.check_room_slot()
         if previous_epoch >= MAX_EPOCH:  # only a row stored before epochs were bounded can be there
             raise ReplicaError("replica authority epoch is beyond the largest authority epoch; it cannot be promoted")
         target_epoch = previous_epoch + 1
@@ -445,6 +426,33 @@ def promote_replica(
                 "claim_seq": int(row["seq"]), "latest_seq": int(row["seq"])}
 
     return run_room_write(engine, lim, body)
+
+
+def _promotable(tx: RoomTransaction, room_id: str, local: str) -> tuple[Mapping[Any, Any], _LogStats]:
+    """The locked replica row and its log, refused unless the replica can become the local room (in this order:
+    the reference's checks, then the log's, then the active-room cap)."""
+    # Lock order: room creation, room row, replica row, gateway budget (inside check_capacity).
+    tx.lock_room_creation()
+    existing_room = tx.lock_room(room_id)
+    replica = _lock_replica(tx.uow, room_id)
+    if replica is None:
+        raise ReplicaError("replica not found")
+    if replica["authority_gateway_id"] == local:
+        raise ReplicaError("this gateway already holds the room authority")
+    if existing_room is not None:
+        raise RoomConflictError("room_id already exists in the local authoritative store")
+    if tx.is_retired(room_id):
+        raise RoomConflictError("room_id belongs to a disbanded room")
+    last_seq = int(replica["last_seq"])
+    if last_seq < int(replica["latest_seq"]):
+        raise ReplicaError("replica is not caught up with the authority log; ingest the remaining pages first")
+    log = _replica_log(tx.uow, room_id)
+    if log.disbanded:
+        raise ReplicaError("replica log ends in room.disbanded; a disbanded room cannot be promoted")
+    if log.count != last_seq or (log.count and (log.first != 1 or log.last != last_seq)):
+        raise ReplicaError("replica log is not contiguous")
+    tx.check_room_slot()
+    return replica, log
 
 
 # --- demotion --------------------------------------------------------------------------------------------------
