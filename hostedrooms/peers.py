@@ -203,6 +203,11 @@ def _receipt_values(record: Any, columns: tuple[str, ...]) -> dict[str, Any]:
     return values
 
 
+def _room_and_profile(room_id: Any, target_profile: Any, limits: Limits) -> tuple[str, str]:
+    """A reservation lookup's validated room id and target profile."""
+    return _room_id(room_id, limits), _actor_id(target_profile, "target_profile", limits)
+
+
 def _reservation_claims(claims: Any, limits: Limits) -> dict[str, Any]:
     """Validated (room_id, member_id, target_profile, authority_gateway_id, authority_epoch), stripped."""
     claims = _mapping(claims, "claims")
@@ -444,9 +449,7 @@ def peer_room_is_reserved(
     engine: EngineSource, *, room_id: str, target_profile: str, now: float | None = None, limits: Limits | None = None
 ) -> bool:
     """Whether a live (unexpired, unrevoked) reservation of the room/profile fences Desktop prompts."""
-    lim = in_force(limits)
-    room_id = _room_id(room_id, lim)
-    target_profile = _actor_id(target_profile, "target_profile", lim)
+    room_id, target_profile = _room_and_profile(room_id, target_profile, in_force(limits))
     timestamp = clock(now)
     return _exists(engine, select(1).where(*_live_reservations(room_id, target_profile, timestamp)))
 
@@ -579,9 +582,7 @@ def probe_peer_room_reservation(
     target: Target, *, room_id: Any, target_profile: Any, now: float | None = None, limits: Limits | None = None
 ) -> bool:
     """Whether a live peer reservation fences the room/profile; never creates, migrates or blocks."""
-    lim = in_force(limits)
-    room_id = _room_id(room_id, lim)
-    target_profile = _actor_id(target_profile, "target_profile", lim)
+    room_id, target_profile = _room_and_profile(room_id, target_profile, in_force(limits))
     timestamp = clock(now)
     stmt = select(1).where(*_live_reservations(room_id, target_profile, timestamp))
     return _probe(target, models.peer_reservations.name, stmt, "peer room ownership is temporarily unavailable")
