@@ -110,9 +110,6 @@ class StoreDialect:
         """``expr`` compared by code point (SQLite's BINARY), whatever the database's default collation."""
         return expr
 
-    #: Whether write transactions can run concurrently (PostgreSQL); SQLite's BEGIN IMMEDIATE serialises them.
-    concurrent_writers = False
-
     def serialize_shared(self, connection: Connection, key: int) -> int:
         """Take ``key`` in shared mode until the transaction ends (``serialize`` waits for every sharer);
         return how many transactions hold it shared now, this one included (1 where writers are serialised)."""
@@ -272,8 +269,6 @@ class PostgreSQLDialect(StoreDialect):
 
     def serialize(self, connection: Connection, key: int) -> None:
         connection.execute(func.pg_advisory_xact_lock(key).select())
-
-    concurrent_writers = True
 
     def serialize_shared(self, connection: Connection, key: int) -> int:
         # Two statements: the count must see the lock this transaction was just granted.
