@@ -104,7 +104,9 @@ def _results(
 ) -> list[dict[str, Any]]:
     """Each item's dict: the first item of each written event id is the fresh row (its actor as given, its
     payload parsed once for the lot); a replay, or a repeat of an item written by this call, is idempotent."""
-    if len(written) == len(prepared):  # the common case: every item is new and written in order
+    if len(written) == len(prepared) == 1:  # the commonest case: one new event
+        return [appended(written[0], dict(prepared[0][1]))]
+    if len(written) == len(prepared):  # every item is new and written in order
         parsed = parse_all([row["payload_json"] for row in written])
         return [appended(row, dict(actor), payload)
                 for row, (_, actor), payload in zip(written, prepared, parsed, strict=True)]

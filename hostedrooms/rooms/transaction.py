@@ -251,7 +251,7 @@ class RoomTransaction:
         if self.fast:
             rows = self.store.append_fast(
                 self.uow.connection, room_id, events, gateway_id=gateway_id, now=now, limits=self.limits,
-                per_writer=max_event_bytes(self.limits))
+                per_writer=max_event_bytes(self.limits) if self.store.concurrent_writers else 0)
             if rows is None:
                 raise TakeFullPath
             return rows, {}

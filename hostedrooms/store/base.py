@@ -314,7 +314,8 @@ class RoomStore:
         A batch holding a control kind never applies (the reserves apply per event); otherwise checking the
         batch's last event against the limits is checking each of them, since counts and bytes only grow. A
         stored (or repeated) event_id surfaces as the unique constraint. ``per_writer``: the most bytes one
-        event can account for (what a concurrent writer's slack assumes of every other).
+        event can account for (what a concurrent writer's slack assumes of every other; unused where writers
+        are serialised).
         """
         if len(events) > 1 and any(event.control for event in events):
             return None
