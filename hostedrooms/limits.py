@@ -9,6 +9,7 @@ lowering a limit on ``hostedrooms.compat.hosted_rooms`` takes effect too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Protocol
 
 PROTOCOL_VERSION = 2
@@ -151,11 +152,16 @@ class LimitValues:
     def read(cls, *sources: object) -> LimitValues:
         """Each limit from the first of ``sources`` that defines it (a facade module first), else from this
         module, all read now and taken as ints (a facade constant patched to ``1e6`` means 1,000,000)."""
-        values: dict[str, int] = {}
-        for name in LIMIT_NAMES:
-            value = next((getattr(source, name) for source in sources if hasattr(source, name)), None)
-            values[name] = int(globals()[name] if value is None else value)
-        return cls(**values)
+        # A module's namespace is read directly (a facade reads this on every call); the last source read wins.
+        values = {name: globals()[name] for name in LIMIT_NAMES}
+        for source in reversed(sources):
+            namespace = vars(source) if isinstance(source, ModuleType) else None
+            for name in LIMIT_NAMES:
+                if namespace is not None and name in namespace:
+                    values[name] = namespace[name]
+                elif namespace is None and hasattr(source, name):
+                    values[name] = getattr(source, name)
+        return cls(**{name: int(value) for name, value in values.items()})
 
 
 def in_force(limits: Limits | None) -> Limits:
