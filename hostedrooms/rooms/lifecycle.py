@@ -14,7 +14,7 @@ from ..errors import (
     RoomNotFoundError,
 )
 from ..limits import Limits, in_force
-from ..store import RoomChange, room_store
+from ..store import RoomChange, RowLike, room_store
 from ..uow import UnitOfWork
 from ..validation import (
     MAX_EPOCH,
@@ -23,7 +23,6 @@ from ..validation import (
 from .rows import event_to_dict, room_to_dict
 from .rules import (
     PreparedEvent,
-    RowLike,
     _actor_id,
     _bounded_limit,
     _claim_payload_json,

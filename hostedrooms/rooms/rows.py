@@ -11,6 +11,7 @@ from ..errors import (
     StorageError,
 )
 from ..limits import Limits, in_force
+from ..store import RowLike
 from ..validation import (
     INT64_MAX,
     json_depth_within,
@@ -18,7 +19,7 @@ from ..validation import (
     stored_json,
     utf8_len,
 )
-from .rules import RowLike, _event_id, _event_kind
+from .rules import _event_id, _event_kind
 
 __all__ = ["appended", "event_page_checker", "event_to_dict", "fit_page", "parse_all", "room_to_dict"]
 

@@ -15,6 +15,7 @@ from ..errors import (
     HostedRoomError,
 )
 from ..limits import Limits, in_force
+from ..store import RowLike
 from ..validation import (
     INT64_MAX,
     MAX_EPOCH,
@@ -24,9 +25,6 @@ from ..validation import (
     identifier,
     utf8_len,
 )
-
-#: A row as a mapping: a SQLAlchemy RowMapping or a plain dict of column values.
-RowLike = Mapping[Any, Any]
 
 _EVENT_KIND_RE = re.compile(r"^[a-z][a-z0-9_.-]*$")
 CONTROL_EVENT_KINDS = frozenset({"authority.claimed", "authority.lost", "room.disbanded", "room.stop_requested"})
