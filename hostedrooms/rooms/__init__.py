@@ -9,7 +9,8 @@ operators can lower them, and the compat facade passes its own module so lowerin
 
 The package, by concern: :mod:`.rules` (validation, :class:`PreparedEvent`), :mod:`.rows` (row mappers, replay
 page checks), :mod:`.transaction` (:class:`RoomTransaction`, :func:`run_room_write`, and the concurrency
-argument), :mod:`.events` (append, read) and :mod:`.lifecycle` (create, rename, claim, disband, prune).
+argument), :mod:`.events` (append, read) and :mod:`.lifecycle` (create, rename, claim, disband, prune). Every
+statement they run is a method of the backend's :class:`hostedrooms.store.RoomStore`.
 """
 
 from __future__ import annotations
