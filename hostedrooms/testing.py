@@ -35,7 +35,7 @@ import pytest
 import sqlalchemy as sa
 
 from . import migrate
-from .db import create_engine
+from .db import create_engine, resolve_url
 
 POSTGRES_URL_ENV = "HOSTEDROOMS_TEST_POSTGRES_URL"
 
@@ -55,9 +55,8 @@ def _admin(admin_url: str) -> sa.Engine:
 
 
 def migrate_url(url: str) -> sa.URL:
-    """A PostgreSQL URL with the psycopg 3 driver."""
-    parsed = sa.make_url(url)
-    return parsed.set(drivername="postgresql+psycopg") if parsed.drivername == "postgresql" else parsed
+    """``url`` with the driver hostedrooms uses (psycopg 3 for PostgreSQL)."""
+    return resolve_url(url)
 
 
 def create_database(admin_url: str, name: str, *, template: str | None = None) -> str:
