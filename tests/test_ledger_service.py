@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
+import factories
 import pytest
-import sqlalchemy as sa
 from sqlalchemy import Engine
 
 from hostedrooms import limits
@@ -42,32 +43,10 @@ def ledger(engine: Engine, clock: FakeClock) -> DeliveryLedger:
     return DeliveryLedger(engine, clock=clock)
 
 
-def envelope(n: int, **overrides: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "envelope_id": f"env-{n}", "request_id": f"req-{n}", "team_id": "team-1", "source_peer_id": "peer-a",
-        "source_server_identity": "srv-a", "source_route_id": "route-a", "source_route_revision": "rev-1",
-        "target_peer_id": None, "target_server_identity": "srv-b", "target_route_id": "route-b",
-        "target_route_revision": "rev-2", "action": "request_reply", "kind": "request_reply", "exchange_id": "ex-1",
-        "parent_envelope_id": None, "parent_leg": None, "used_legs": 1, "max_legs": 6,
-        "expires_at": START + 3600, "body": {"message": "please answer é"},
-    }
-    data.update(overrides)
-    return data
-
-
-def prepare(ledger: DeliveryLedger, n: int | str, *, lease: str = "lease-1", chat: str = "chat-1",
-            connection: str = "conn-1", **overrides: Any) -> tuple[dict[str, Any], bool]:
-    data = envelope(0, **overrides) if isinstance(n, str) else envelope(n, **overrides)
-    if isinstance(n, str):
-        data["envelope_id"] = n
-    return ledger.prepare(data, transport_role="host", connection_id=connection, lease_token=lease,
-                          target_chat_id=chat)
-
-
-def snapshot_tables(engine: Engine) -> list[Any]:
-    with engine.connect() as connection:
-        return [sorted(tuple(row) for row in connection.execute(sa.select(table)))
-                for table in (deliveries, outbound_intents)]
+# This file's envelopes expire an hour after START and carry a message that is not ASCII.
+envelope = partial(factories.envelope, expires_at=START + 3600, message="please answer é")
+prepare = partial(factories.prepare, expires_at=START + 3600, message="please answer é")
+snapshot_tables = partial(factories.snapshot, tables=(deliveries, outbound_intents))
 
 
 def ids(rows: list[dict[str, Any]], key: str = "envelope_id") -> list[str]:
@@ -155,14 +134,14 @@ def test_prepare_replay_lease_refresh_and_digest_change(ledger: DeliveryLedger, 
     clock.advance(10)
     again, created = prepare(ledger, 1)
     assert created is False and again == first  # same lease: nothing changes
-    refreshed, created = prepare(ledger, 1, lease="lease-2")
+    refreshed, created = prepare(ledger, 1, lease_token="lease-2")
     assert created is False and refreshed["lease_token"] == "lease-2" and refreshed["updated_at"] == START + 10
     assert refreshed["claim_digest"] == first["claim_digest"]
     ledger.authorize("env-1")
-    kept, created = prepare(ledger, 1, lease="lease-3")
+    kept, created = prepare(ledger, 1, lease_token="lease-3")
     assert created is False and kept["lease_token"] == "lease-2"  # only a prepared claim takes a new token
     before = snapshot_tables(ledger.engine)
-    for changed in ({"body": {"message": "different"}}, {"connection": "conn-2"}, {"chat": "chat-2"}):
+    for changed in ({"body": {"message": "different"}}, {"connection_id": "conn-2"}, {"target_chat_id": "chat-2"}):
         with pytest.raises(RuntimeError, match="^secure peer envelope identity changed$"):
             prepare(ledger, 1, **changed)
     assert snapshot_tables(ledger.engine) == before
@@ -219,7 +198,7 @@ def test_capacity_counts_nonterminal_deliveries(
     with pytest.raises(RuntimeError, match="^secure peer delivery capacity is full$"):
         prepare(ledger, 3)
     assert snapshot_tables(ledger.engine) == before
-    assert prepare(ledger, 2, lease="lease-2")[1] is False  # known envelopes are not capacity-checked
+    assert prepare(ledger, 2, lease_token="lease-2")[1] is False  # known envelopes are not capacity-checked
     ledger.finish("env-2", succeeded=False)
     assert prepare(ledger, 3)[1] is True
     clock.advance(10)  # env-1 expires: the sweep runs before the count, freeing its slot
@@ -334,9 +313,7 @@ SNAPSHOT = {"connection_id": "c1", "source_route_id": "sr1", "source_route_revis
             "source_chat_id": "chat-1", "action": "request_reply", "note": "é"}
 
 
-def outbound_args(**overrides: Any) -> dict[str, Any]:
-    return {"request_id": "out-1", "source_session_id": "chat-1", "source_run_id": "run-x", "snapshot": SNAPSHOT,
-            "body": "hello", "action": "request_reply", "expires_at": START + 600, **overrides}
+outbound_args = partial(factories.outbound, source_run_id="run-x", snapshot=SNAPSHOT, expires_at=START + 600)
 
 
 def test_outbound_lifecycle(ledger: DeliveryLedger, clock: FakeClock) -> None:
