@@ -60,7 +60,7 @@ def make_room(engine: Any, room_id: str = "room-1", *, gateway: str = LOCAL, nam
               **kwargs: Any) -> dict[str, Any]:
     """Create room ``room_id`` owned by ``gateway`` (members: one, ``m1``, unless given)."""
     return rooms.create_room(engine, room_id=room_id, name=name,
-                             members=[{"id": "m1"}] if members is None else members,
+                             members=[{"id": "m1"}] if members is None else list(members),
                              authority_gateway_id=gateway, now=now, **kwargs)
 
 
