@@ -9,14 +9,18 @@ fields, so a test states only what it is about. Nothing here asserts: the tests 
   :func:`replica_snapshot`
 - peer links: :func:`link`
 - the delivery ledger: :func:`envelope`, :func:`prepare`, :func:`outbound`, :func:`outbound_snapshot`
-- harness: :func:`private_store`, :func:`run_together`, :func:`run_cli`, :func:`captured`, :func:`every_text`,
-  :func:`connect_error`
+- harness: :func:`private_store`, :func:`run_together`, :func:`race`, :func:`run_cli`, :func:`captured`,
+  :func:`every_text`, :func:`connect_error`
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -219,6 +223,36 @@ def run_together(work: Callable[[int], Any], workers: int) -> list[Any]:
     for thread in threads:
         thread.join(timeout=120)
     return results
+
+
+#: The start of a racing child script (run as ``python -c SCRIPT TARGET GO`` by :func:`race`): it waits for the
+#: file GO, logs Alembic's "Running upgrade" lines to standard output and imports ``migrate``.
+RACER_START = """
+import logging, sys, time
+from pathlib import Path
+go = Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.005)
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
+logging.getLogger("alembic.runtime.migration").setLevel(logging.INFO)
+from hostedrooms import migrate
+"""
+
+
+def race(script: str, target: str, tmp_path: Path, *, processes: int, timeout: float) -> list[tuple[int, str]]:
+    """Start ``processes`` children running ``script`` on ``target``, release them at once, and return each
+    one's exit code and output (standard output and error)."""
+    go = tmp_path / "go"
+    env = dict(os.environ, PYTHONPATH=str(Path(migrate.__file__).resolve().parent.parent))
+    children = [subprocess.Popen([sys.executable, "-c", script, target, str(go)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, env=env) for _ in range(processes)]
+    time.sleep(1.0)  # let every child import and start polling
+    go.touch()
+    finished = []
+    for child in children:
+        out, _ = child.communicate(timeout=timeout)
+        finished.append((child.returncode, out))
+    return finished
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
