@@ -94,6 +94,13 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:10]}"
 
 
+def postgres_admin_url(config: pytest.Config) -> str | None:
+    """The admin URL given by ``--hostedrooms-postgres-url`` or ``$HOSTEDROOMS_TEST_POSTGRES_URL``, or None (the
+    option is read only where this plugin is loaded)."""
+    given = config.getoption("--hostedrooms-postgres-url", default=None) or os.environ.get(POSTGRES_URL_ENV)
+    return str(given) if given else None
+
+
 @contextlib.contextmanager
 def postgres_database(admin_url: str, name: str, *, template: str | None = None) -> Iterator[str]:
     """A new PostgreSQL database ``name`` (empty, or cloned from database ``template``) for the ``with`` block:
@@ -146,8 +153,7 @@ def open_engine(target: str) -> Iterator[sa.Engine]:
 @pytest.fixture(scope="session")
 def hostedrooms_postgres_url(request: pytest.FixtureRequest) -> str | None:
     """The admin URL given by option or environment, or None (SQLite)."""
-    given = request.config.getoption("--hostedrooms-postgres-url") or os.environ.get(POSTGRES_URL_ENV)
-    return str(given) if given else None
+    return postgres_admin_url(request.config)
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ Fixtures
 - ``empty_target``: a brand-new empty database (never migrated) for migration tests.
 - ``pg_admin_url``: an admin URL of the PostgreSQL server (skips when there is none).
 
-The databases come from the helpers of hostedrooms' own pytest plugin (``hostedrooms.testing``, loaded through
-its ``pytest11`` entry point), the code a host application's tests use.
+The databases come from the helpers of hostedrooms' own pytest plugin (``hostedrooms.testing``), the code a host
+application's tests use; this harness needs only its functions, so it works whether or not the plugin is loaded.
 
 PostgreSQL comes from ``$HOSTEDROOMS_TEST_POSTGRES_URL`` (or the plugin's ``--hostedrooms-postgres-url``; an admin
 URL whose role may CREATE DATABASE), or else a throwaway cluster started from Debian's ``postgresql`` binaries
@@ -44,10 +44,11 @@ def _worker() -> str:
 
 
 @pytest.fixture(scope="session")
-def pg_admin_url(hostedrooms_postgres_url: str | None) -> Iterator[str]:
+def pg_admin_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """An admin URL for a PostgreSQL server, or skip (fail when HOSTEDROOMS_REQUIRE_POSTGRES=1)."""
-    if hostedrooms_postgres_url:
-        yield hostedrooms_postgres_url
+    given = testing.postgres_admin_url(request.config)
+    if given:
+        yield given
         return
     cluster = None
     problem = HOW_TO_ENABLE

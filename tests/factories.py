@@ -9,14 +9,15 @@ fields, so a test states only what it is about. Nothing here asserts: the tests 
   :func:`replica_snapshot`
 - peer links: :func:`link`
 - the delivery ledger: :func:`envelope`, :func:`prepare`, :func:`outbound`, :func:`outbound_snapshot`
-- harness: :func:`private_store`, :func:`run_together`, :func:`race`, :func:`run_cli`, :func:`captured`,
-  :func:`every_text`, :func:`connect_error`
+- harness: :func:`private_store`, :func:`file_mode`, :func:`run_together`, :func:`race`, :func:`run_cli`,
+  :func:`captured`, :func:`every_text`, :func:`connect_error`
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -203,6 +204,11 @@ def private_store(tmp_path: Path, *, room_id: str, name: str, gateway: str) -> P
     finally:
         engine.dispose()
     return path
+
+
+def file_mode(path: Path) -> int:
+    """The permission bits of ``path`` itself (a symlink is not followed)."""
+    return stat.S_IMODE(os.lstat(path).st_mode)
 
 
 def run_together(work: Callable[[int], Any], workers: int) -> list[Any]:

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import file_mode as mode
 from factories import link, prepare, private_store
 
 import hostedrooms
@@ -68,10 +69,6 @@ def lock_holder(path: Path, start: int, length: int) -> int:
 def assert_locks_held(path: Path) -> None:
     assert lock_holder(path, SHARED_FIRST, SHARED_SIZE) == os.getpid(), "database SHARED lock lost"
     assert lock_holder(Path(f"{path}-shm"), SHM_DMS_BYTE, 1) == os.getpid(), "-shm DMS lock lost"
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
 
 
 @pytest.fixture

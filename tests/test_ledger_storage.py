@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import sqlite3
-import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from factories import envelope, outbound, prepare, run_together
+from factories import file_mode as mode
 from sqlalchemy import Engine
 
 from hostedrooms import limits
@@ -25,10 +25,6 @@ from hostedrooms.db import create_engine
 from hostedrooms.errors import StorageError
 from hostedrooms.ledger import DeliveryLedger
 from hostedrooms.models import deliveries
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
 
 
 @pytest.fixture
