@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy import Engine
 
 import hostedrooms
-from hostedrooms import migrate, models, replicas, rooms
+from hostedrooms import models, replicas, rooms
 from hostedrooms.errors import StorageError
 from hostedrooms.limits import LimitValues
 from hostedrooms.uow import UnitOfWork
@@ -194,6 +194,8 @@ def outbound(**overrides: Any) -> dict[str, Any]:
 
 def private_store(tmp_path: Path, *, room_id: str, name: str, gateway: str) -> Path:
     """A migrated SQLite file ``store/state.db`` holding one room, in a private directory under ``tmp_path``."""
+    from hostedrooms import migrate  # here: the child scripts importing this module never migrate
+
     directory = tmp_path / "store"
     directory.mkdir(mode=0o700)
     path = directory / "state.db"
@@ -249,7 +251,7 @@ def race(script: str, target: str, tmp_path: Path, *, processes: int, timeout: f
     """Start ``processes`` children running ``script`` on ``target``, release them at once, and return each
     one's exit code and output (standard output and error)."""
     go = tmp_path / "go"
-    env = dict(os.environ, PYTHONPATH=str(Path(migrate.__file__).resolve().parent.parent))
+    env = dict(os.environ, PYTHONPATH=str(Path(hostedrooms.__file__).resolve().parent.parent))
     children = [subprocess.Popen([sys.executable, "-c", script, target, str(go)], stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, env=env) for _ in range(processes)]
     time.sleep(1.0)  # let every child import and start polling
