@@ -1,7 +1,8 @@
 """Builders of valid inputs shared by the test files (and the child scripts they start).
 
 Each builder returns what the reference accepts, with fixed, readable values; keyword arguments replace single
-fields, so a test states only what it is about. Nothing here asserts: the tests do.
+fields, so a test states only what it is about. The tests assert; :func:`connect_error` only requires that the
+error it returns is raised.
 
 - limits: :func:`lowered`
 - rooms and events: :func:`make_room`, :func:`message`, :func:`snapshot`
