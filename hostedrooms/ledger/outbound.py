@@ -1,0 +1,188 @@
+"""Outbound intents: a request this side sends, bound to its digest before it leaves, retried or failed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import ColumnElement, RowMapping, func, select, update
+
+from ..uow import UnitOfWork
+from .base import LedgerBase
+from .claims import (
+    EXPIRED_ERROR,
+    MAX_RETRY_BATCH,
+    _error_text,
+    _key,
+    _limit,
+    _response_text,
+    outbound_claim,
+    retry_delay,
+)
+from .rows import OUT, _outbound, _public_outbound, _public_rows
+
+
+def _expire_pending_outbound(uow: UnitOfWork, timestamp: int) -> None:
+    uow.execute(
+        update(OUT)
+        .where(OUT.c.state == "pending", OUT.c.expires_at <= timestamp)
+        .values(state="failed", retry_at=None, last_error=EXPIRED_ERROR, updated_at=timestamp)
+    )
+
+
+class OutboundIntents(LedgerBase):
+    """Outbound intents (a part of :class:`~hostedrooms.ledger.DeliveryLedger`)."""
+
+    def _pending_outbound_where(self, now: Any, *conditions: ColumnElement[bool]) -> list[dict[str, Any]]:
+        timestamp = self._timestamp(now)
+
+        def work(uow: UnitOfWork) -> list[dict[str, Any]]:
+            _expire_pending_outbound(uow, timestamp)  # expiring intents fail before anyone sees them
+            statement = (select(OUT).where(OUT.c.state == "pending", *conditions)
+                         .order_by(*self._order(uow, table=OUT)))
+            return _public_rows(uow, statement, _public_outbound)
+
+        return self._write(work)
+
+    def prepare_outbound(
+        self, *, request_id: str, source_session_id: str, source_run_id: str, snapshot: Mapping[str, Any],
+        body: str, action: str, expires_at: int,
+    ) -> tuple[dict[str, Any], bool]:
+        """Bind an outbound request to its digest before it is sent; return ``(row, created)``.
+
+        Replaying the same intent returns the stored row; a different intent under the same ``request_id``
+        raises ``RuntimeError``.
+        """
+        values, digest, snapshot_text = outbound_claim(
+            request_id=request_id, source_session_id=source_session_id, source_run_id=source_run_id,
+            snapshot=snapshot, body=body, action=action, expires_at=expires_at)
+        timestamp = self._now()
+
+        def known(row: RowMapping) -> tuple[dict[str, Any], bool]:
+            if row["intent_digest"] != digest:
+                raise RuntimeError("secure peer outbound intent changed")
+            public = _public_outbound(row)
+            assert public is not None
+            return public, False
+
+        def work(uow: UnitOfWork) -> tuple[dict[str, Any], bool]:
+            row = _outbound(uow, request_id, lock=True)
+            if row is not None:
+                return known(row)
+            # ON CONFLICT DO NOTHING: a concurrent prepare of the same id (PostgreSQL) becomes a replay.
+            # (RETURNING tells whether this insert won: psycopg reports no rowcount for it.)
+            inserted = uow.execute(uow.dialect.insert(OUT).values(
+                **values, intent_digest=digest, snapshot_json=snapshot_text, state="pending",
+                retry_at=timestamp, created_at=timestamp, updated_at=timestamp,
+            ).on_conflict_do_nothing(index_elements=["request_id"]).returning(OUT.c.request_id)).first()
+            row = _outbound(uow, request_id)
+            assert row is not None
+            if inserted is None:
+                return known(row)
+            public = _public_outbound(row)
+            assert public is not None
+            return public, True
+
+        return self._write(work)
+
+    def pending_outbound_for_chat(self, source_session_id: str, *, now: int | None = None) -> list[dict[str, Any]]:
+        """Pending outbound intents of one chat, oldest first (expired ones are failed first)."""
+        key = _key(source_session_id, "source_session_id")
+        return self._pending_outbound_where(now, OUT.c.source_session_id == key)
+
+    def pending_outbound_for_route(
+        self, connection_id: str, source_route_id: str, source_route_revision: str, *, now: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Pending outbound intents of one exact route revision, oldest first (expired ones failed first)."""
+        keys = (_key(connection_id, "connection_id"), _key(source_route_id, "source_route_id"),
+                _key(source_route_revision, "source_route_revision"))
+        return self._pending_outbound_where(
+            now, OUT.c.connection_id == keys[0], OUT.c.source_route_id == keys[1],
+            OUT.c.source_route_revision == keys[2])
+
+    def pending_outbound_for_connection(self, connection_id: str, *, now: int | None = None) -> list[dict[str, Any]]:
+        """Pending outbound intents of one connection, oldest first (expired ones are failed first)."""
+        key = _key(connection_id, "connection_id")
+        return self._pending_outbound_where(now, OUT.c.connection_id == key)
+
+    def outbound(self, request_id: str) -> dict[str, Any] | None:
+        """The outbound intent ``request_id``, or None."""
+        key = _key(request_id, "request_id")
+        return self._read(lambda uow: _public_outbound(_outbound(uow, key)))
+
+    def commit_outbound(self, request_id: str, response: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Store the Hub's response of a pending intent (idempotent; a different response raises)."""
+        key = _key(request_id, "request_id")
+        text, timestamp = _response_text(response), self._now()
+
+        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+            row = _outbound(uow, key, lock=True)
+            if row is None:
+                return None
+            if row["state"] == "committed" and str(row["response_json"] or "") != text:
+                raise RuntimeError("secure peer outbound result changed")
+            if row["state"] != "pending":
+                return _public_outbound(row)
+            uow.execute(
+                update(OUT).where(OUT.c.request_id == key, OUT.c.state == "pending")
+                .values(state="committed", response_json=text, retry_at=None, last_error=None, updated_at=timestamp)
+            )
+            return _public_outbound(_outbound(uow, key))
+
+        return self._write(work)
+
+    def defer_outbound(self, request_id: str, error: str) -> dict[str, Any] | None:
+        """Schedule another send of a pending intent (backoff); return the row."""
+        key = _key(request_id, "request_id")
+        text, timestamp = _error_text(error), self._now()
+
+        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+            row = _outbound(uow, key, lock=True)
+            if row is None or row["state"] != "pending":
+                return _public_outbound(row)
+            attempts = int(row["attempts"] or 0) + 1
+            uow.execute(
+                update(OUT).where(OUT.c.request_id == key, OUT.c.state == "pending")
+                .values(attempts=attempts, retry_at=timestamp + retry_delay(attempts), last_error=text,
+                        updated_at=timestamp)
+            )
+            return _public_outbound(_outbound(uow, key))
+
+        return self._write(work)
+
+    def fail_outbound(self, request_id: str, error: str) -> dict[str, Any] | None:
+        """Fail a pending intent; return the current row."""
+        key = _key(request_id, "request_id")
+        text, timestamp = _error_text(error), self._now()
+
+        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+            uow.execute(
+                update(OUT).where(OUT.c.request_id == key, OUT.c.state == "pending")
+                .values(state="failed", retry_at=None, last_error=text, updated_at=timestamp)
+            )
+            return _public_outbound(_outbound(uow, key))
+
+        return self._write(work)
+
+    def pending_outbound(self, *, limit: int = 8, now: int | None = None) -> list[dict[str, Any]]:
+        """Pending intents whose send is due, soonest first."""
+        count = _limit(limit, MAX_RETRY_BATCH, "secure peer outbound retry limit is invalid")
+        timestamp = self._timestamp(now)
+        due = func.coalesce(OUT.c.retry_at, 0)
+
+        def work(uow: UnitOfWork) -> list[dict[str, Any]]:
+            statement = (select(OUT).where(OUT.c.state == "pending", due <= timestamp)
+                         .order_by(*self._order(uow, due, table=OUT)))
+            return _public_rows(uow, statement, _public_outbound, count)
+
+        return self._read(work)
+
+    def recoverable_outbound(self, *, limit: int = 50) -> list[dict[str, Any]]:
+        """Return every nonterminal outbound intent, including future retries (oldest first)."""
+        count = _limit(limit, MAX_RETRY_BATCH, "secure peer outbound recovery limit is invalid")
+
+        def work(uow: UnitOfWork) -> list[dict[str, Any]]:
+            statement = select(OUT).where(OUT.c.state == "pending").order_by(*self._order(uow, table=OUT))
+            return _public_rows(uow, statement, _public_outbound, count)
+
+        return self._read(work)

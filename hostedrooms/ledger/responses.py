@@ -1,0 +1,137 @@
+"""Response intents: the reply owed to the Hub for a request delivery, bound to its digest before it leaves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from ..uow import UnitOfWork
+from ..validation import storable_text
+from .base import LedgerBase
+from .claims import (
+    ACTIVE_DELIVERY_STATES,
+    MAX_MESSAGE_CHARS,
+    _digest,
+    _error_text,
+    _key,
+    _limit,
+    _optional_key,
+    retry_delay,
+)
+from .rows import D, _changed, _delivery, _public_delivery, _public_rows
+
+
+class ResponseIntents(LedgerBase):
+    """Response intents of admitted deliveries (a part of :class:`~hostedrooms.ledger.DeliveryLedger`)."""
+
+    def prepare_response(
+        self, envelope_id: str, *, request_id: str, body: str, request_response: bool
+    ) -> dict[str, Any] | None:
+        """Bind the reply owed for a request delivery to its digest before it is sent (idempotent)."""
+        key = _key(envelope_id, "envelope_id")
+        if (
+            not isinstance(request_id, str)
+            or not request_id
+            or not storable_text(request_id)
+            or not isinstance(body, str)
+            or not storable_text(body)
+            or not body.strip()
+            or len(body) > MAX_MESSAGE_CHARS
+            or type(request_response) is not bool
+        ):
+            raise ValueError("secure peer response intent is invalid")
+        digest = _digest({"request_id": request_id, "body": body, "request_response": request_response})
+        timestamp = self._now()
+
+        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+            row = _delivery(uow, key, lock=True)
+            if row is None or row["state"] not in ACTIVE_DELIVERY_STATES or row["kind"] == "instruction":
+                return None
+            if row["response_request_digest"] is not None:
+                if row["response_request_digest"] != digest:
+                    raise RuntimeError("secure peer response intent changed")
+                return _public_delivery(row)
+            uow.execute(
+                update(D).where(D.c.envelope_id == key, D.c.response_request_digest.is_(None),
+                                D.c.response_committed == 0, D.c.state.in_(ACTIVE_DELIVERY_STATES))
+                .values(response_request_id=request_id, response_request_digest=digest, response_body=body,
+                        response_request_response=int(request_response), response_retry_at=timestamp,
+                        response_attempts=0, response_last_error=None, updated_at=timestamp)
+            )
+            return _public_delivery(_delivery(uow, key))
+
+        return self._write(work)
+
+    def mark_response_committed(self, envelope_id: str, *, request_id: str | None = None) -> dict[str, Any] | None:
+        """Record that the reply (``request_id``, or any when None) reached the Hub; return the row."""
+        key = _key(envelope_id, "envelope_id")
+        request = _optional_key(request_id, "request_id")
+        timestamp = self._now()
+
+        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+            conditions = [D.c.envelope_id == key, D.c.state.in_(ACTIVE_DELIVERY_STATES), D.c.response_committed == 0]
+            if request is not None:
+                conditions.append(D.c.response_request_id == request)
+            statement = update(D).where(*conditions).values(
+                response_committed=1, response_retry_at=None, response_last_error=None, updated_at=timestamp)
+            if _changed(uow, statement) not in (0, 1):
+                raise RuntimeError("secure peer response state is ambiguous")
+            return _public_delivery(_delivery(uow, key))
+
+        return self._write(work)
+
+    def clear_response_intent(self, envelope_id: str, *, request_id: str) -> dict[str, Any] | None:
+        """Drop an uncommitted response intent ``request_id`` (so another may be prepared); return the row."""
+        key, request = _key(envelope_id, "envelope_id"), _key(request_id, "request_id")
+        timestamp = self._now()
+
+        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+            uow.execute(
+                update(D).where(D.c.envelope_id == key, D.c.response_request_id == request,
+                                D.c.response_committed == 0, D.c.state.in_(ACTIVE_DELIVERY_STATES))
+                .values(response_request_id=None, response_request_digest=None, response_body=None,
+                        response_request_response=None, response_retry_at=None, response_attempts=0,
+                        response_last_error=None, updated_at=timestamp)
+            )
+            return _public_delivery(_delivery(uow, key))
+
+        return self._write(work)
+
+    def defer_response(self, envelope_id: str, *, request_id: str, error: str) -> dict[str, Any] | None:
+        """Persist bounded exponential retry state for one response intent; return the row."""
+        key, request = _key(envelope_id, "envelope_id"), _key(request_id, "request_id")
+        text, timestamp = _error_text(error), self._now()
+
+        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+            row = _delivery(uow, key, lock=True)
+            if row is None or row["state"] not in ACTIVE_DELIVERY_STATES or row["response_request_id"] != request \
+                    or int(row["response_committed"] or 0) != 0:
+                return _public_delivery(row)
+            attempts = int(row["response_attempts"] or 0) + 1
+            uow.execute(
+                update(D).where(D.c.envelope_id == key, D.c.response_request_id == request,
+                                D.c.response_committed == 0, D.c.state.in_(ACTIVE_DELIVERY_STATES))
+                .values(response_attempts=attempts, response_retry_at=timestamp + retry_delay(attempts),
+                        response_last_error=text, updated_at=timestamp)
+            )
+            return _public_delivery(_delivery(uow, key))
+
+        return self._write(work)
+
+    def pending_responses(self, *, limit: int = 8, now: int | None = None) -> list[dict[str, Any]]:
+        """Uncommitted response intents whose retry is due, soonest first (limit up to the capacity)."""
+        count = _limit(limit, self._capacity(), "secure peer response retry limit is invalid")
+        timestamp = self._timestamp(now)
+        due = func.coalesce(D.c.response_retry_at, 0)
+
+        def work(uow: UnitOfWork) -> list[dict[str, Any]]:
+            statement = (
+                select(D).where(D.c.state.in_(ACTIVE_DELIVERY_STATES), D.c.response_request_id.is_not(None),
+                                D.c.response_committed == 0, due <= timestamp)
+                .order_by(*self._order(uow, due))
+            )
+            return _public_rows(uow, statement, _public_delivery, count)
+
+        return self._read(work)
+
