@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import ColumnElement, RowMapping, bindparam, func, select, update
 
+from ..dialect import StoreDialect
 from ..uow import UnitOfWork
 from ..validation import canonical_json_bytes
 from .base import LedgerBase
@@ -48,13 +48,15 @@ _BIND_RUN = (
     .returning(*D.c))
 
 
-@functools.cache
-def _transition_statement(expected: tuple[str, ...], names: tuple[str, ...]) -> Any:
-    """``UPDATE deliveries SET <names>, updated_at WHERE envelope_id = :key AND state IN <expected> RETURNING *``,
-    built once per shape (parameters ``key``, ``set_<name>``, ``set_updated_at``)."""
-    return (update(D).where(D.c.envelope_id == bindparam("key"), D.c.state.in_(expected))
-            .values({name: bindparam(f"set_{name}") for name in (*names, "updated_at")}).returning(*D.c))
+def _transition_statement(expected: tuple[str, ...], names: tuple[str, ...]) -> Callable[[StoreDialect], Any]:
+    """A builder of ``UPDATE deliveries SET <names>, updated_at WHERE envelope_id = :key AND state IN <expected>
+    RETURNING *`` (parameters ``key``, ``set_<name>``, ``set_updated_at``), built once per shape and backend."""
 
+    def build(_dialect: StoreDialect) -> Any:
+        return (update(D).where(D.c.envelope_id == bindparam("key"), D.c.state.in_(expected))
+                .values({name: bindparam(f"set_{name}") for name in (*names, "updated_at")}).returning(*D.c))
+
+    return build
 
 
 class Deliveries(LedgerBase):
@@ -129,10 +131,11 @@ class Deliveries(LedgerBase):
         key = _key(envelope_id, "envelope_id")
         timestamp = self._now()
 
-        statement = _transition_statement(tuple(sorted(expected)), tuple(sorted(values)))
+        shape = (tuple(sorted(expected)), tuple(sorted(values)))
         params = {"key": key, "set_updated_at": timestamp, **{f"set_{name}": value for name, value in values.items()}}
 
         def work(uow: UnitOfWork) -> dict[str, Any] | None:
+            statement = uow.dialect.statement(("ledger.transition", *shape), _transition_statement(*shape))
             return _public_delivery(uow.execute(statement, params).mappings().first())
 
         return self._write(work)

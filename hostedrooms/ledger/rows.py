@@ -8,6 +8,7 @@ from typing import Any, cast
 
 from sqlalchemy import ColumnElement, CursorResult, RowMapping, Select, Table, bindparam, select
 
+from ..dialect import StoreDialect
 from ..errors import StorageError
 from ..models import deliveries, outbound_intents
 from ..uow import UnitOfWork
@@ -86,24 +87,30 @@ def _fetch(uow: UnitOfWork, table: Table, key: ColumnElement[bool], *, lock: boo
     return uow.execute(statement).mappings().first()
 
 
-# Built once: a delivery is read by key several times per transition, and building the statement (cache key
-# included) cost more than running it.
-_SELECT_DELIVERY = select(D).where(D.c.envelope_id == bindparam("envelope_id"))
-_LOCK_DELIVERY: dict[str, Select[Any]] = {}
+# Built once: a row is read by key several times per transition, and building the statement (cache key included)
+# cost more than running it. The locking variants differ by backend: StoreDialect.statement() keeps one per backend.
+_SELECT_DELIVERY = select(D).where(D.c.envelope_id == bindparam("key"))
+_SELECT_OUTBOUND = select(OUT).where(OUT.c.request_id == bindparam("key"))
+
+
+def _lock_delivery(dialect: StoreDialect) -> Select[Any]:
+    return dialect.for_update(_SELECT_DELIVERY)
+
+
+def _lock_outbound(dialect: StoreDialect) -> Select[Any]:
+    return dialect.for_update(_SELECT_OUTBOUND)
 
 
 def _delivery(uow: UnitOfWork, envelope_id: str, *, lock: bool = False) -> RowMapping | None:
-    statement = _SELECT_DELIVERY
-    if lock:
-        locked = _LOCK_DELIVERY.get(uow.dialect.name)
-        if locked is None:
-            locked = _LOCK_DELIVERY[uow.dialect.name] = uow.dialect.for_update(_SELECT_DELIVERY)
-        statement = locked
-    return uow.execute(statement, {"envelope_id": envelope_id}).mappings().first()
+    """The delivery row of ``envelope_id`` (locked until the transaction ends with ``lock``), or None."""
+    statement = uow.dialect.statement("ledger.lock_delivery", _lock_delivery) if lock else _SELECT_DELIVERY
+    return uow.execute(statement, {"key": envelope_id}).mappings().first()
 
 
 def _outbound(uow: UnitOfWork, request_id: str, *, lock: bool = False) -> RowMapping | None:
-    return _fetch(uow, OUT, OUT.c.request_id == request_id, lock=lock)
+    """The outbound intent row of ``request_id`` (locked until the transaction ends with ``lock``), or None."""
+    statement = uow.dialect.statement("ledger.lock_outbound", _lock_outbound) if lock else _SELECT_OUTBOUND
+    return uow.execute(statement, {"key": request_id}).mappings().first()
 
 
 def _changed(uow: UnitOfWork, statement: Any) -> int:
