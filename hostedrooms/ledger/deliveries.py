@@ -26,13 +26,19 @@ from .claims import (
     delivery_claim,
     retry_delay,
 )
-from .rows import D, _delivery, _fetch, _public_delivery, _public_rows
+from .rows import D, _delivery, _fetch, _public_delivery, _public_rows, _returned
 
 # prepare(): fail expired prepared rows, count what is in flight, insert (returning the row).
 _EXPIRE_PREPARED = (update(D).where(D.c.state == "prepared", D.c.expires_at <= bindparam("now"))
                     .values(state="failed", error=EXPIRED_ERROR, updated_at=bindparam("expired_at")))
 _IN_FLIGHT = select(func.count()).select_from(D).where(D.c.state.in_(NONTERMINAL_DELIVERY_STATES))
 _INSERT_DELIVERY = D.insert().returning(*D.c)
+# prepare() of a known envelope still prepared: its new lease token.
+_REFRESH_LEASE = (
+    update(D).where(D.c.envelope_id == bindparam("key"), D.c.state == "prepared",
+                    D.c.claim_digest == bindparam("digest"))
+    .values(lease_token=bindparam("lease"), updated_at=bindparam("now"))
+    .returning(*D.c))
 # bind_owner(): an ownerless authorized delivery gets its owner; a queued one its run.
 _BIND_AUTHORIZED = (
     update(D).where(D.c.envelope_id == bindparam("key"), D.c.state == "authorized", D.c.queued_id.is_(None),
@@ -111,12 +117,10 @@ class Deliveries(LedgerBase):
         if row["claim_digest"] != digest:
             raise RuntimeError("secure peer envelope identity changed")
         if row["state"] == "prepared" and str(row["lease_token"] or "") != claim["lease_token"]:
-            uow.execute(
-                update(D).where(D.c.envelope_id == claim["envelope_id"], D.c.state == "prepared",
-                                D.c.claim_digest == digest)
-                .values(lease_token=claim["lease_token"], updated_at=timestamp)
-            )
-            row = _delivery(uow, claim["envelope_id"]) or row
+            # The row is locked (prepare read it FOR UPDATE; SQLite's write lock): unchanged when the guard misses.
+            changed = _returned(uow, _REFRESH_LEASE, {
+                "key": claim["envelope_id"], "digest": digest, "lease": claim["lease_token"], "now": timestamp})
+            row = row if changed is None else changed
         public = _public_delivery(row)
         assert public is not None
         return public

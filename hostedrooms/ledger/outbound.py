@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import ColumnElement, RowMapping, func, select, update
+from sqlalchemy import ColumnElement, RowMapping, bindparam, func, select, update
 
+from ..dialect import StoreDialect
 from ..uow import UnitOfWork
 from .base import LedgerBase
 from .claims import (
@@ -19,7 +20,7 @@ from .claims import (
     outbound_claim,
     retry_delay,
 )
-from .rows import OUT, _outbound, _public_outbound, _public_rows
+from .rows import OUT, _outbound, _public_outbound, _public_rows, _returned
 
 
 def _expire_pending_outbound(uow: UnitOfWork, timestamp: int) -> None:
@@ -28,6 +29,19 @@ def _expire_pending_outbound(uow: UnitOfWork, timestamp: int) -> None:
         .where(OUT.c.state == "pending", OUT.c.expires_at <= timestamp)
         .values(state="failed", retry_at=None, last_error=EXPIRED_ERROR, updated_at=timestamp)
     )
+
+
+def _insert_outbound(dialect: StoreDialect) -> Any:
+    """INSERT ... ON CONFLICT DO NOTHING RETURNING *: a concurrent prepare of the same id (PostgreSQL) returns
+    no row and becomes a replay (psycopg reports no rowcount for it). Its columns are the parameters'."""
+    return dialect.insert(OUT).on_conflict_do_nothing(index_elements=["request_id"]).returning(*OUT.c)
+
+
+_COMMIT = (
+    update(OUT).where(OUT.c.request_id == bindparam("key"), OUT.c.state == "pending")
+    .values(state="committed", response_json=bindparam("response"), retry_at=None, last_error=None,
+            updated_at=bindparam("now"))
+    .returning(*OUT.c))
 
 
 class OutboundIntents(LedgerBase):
@@ -69,17 +83,14 @@ class OutboundIntents(LedgerBase):
             row = _outbound(uow, request_id, lock=True)
             if row is not None:
                 return known(row)
-            # ON CONFLICT DO NOTHING: a concurrent prepare of the same id (PostgreSQL) becomes a replay.
-            # (RETURNING tells whether this insert won: psycopg reports no rowcount for it.)
-            inserted = uow.execute(uow.dialect.insert(OUT).values(
-                **values, intent_digest=digest, snapshot_json=snapshot_text, state="pending",
-                retry_at=timestamp, created_at=timestamp, updated_at=timestamp,
-            ).on_conflict_do_nothing(index_elements=["request_id"]).returning(OUT.c.request_id)).first()
-            row = _outbound(uow, request_id)
-            assert row is not None
+            inserted = _returned(uow, uow.dialect.statement("ledger.insert_outbound", _insert_outbound), {
+                **values, "intent_digest": digest, "snapshot_json": snapshot_text, "state": "pending",
+                "retry_at": timestamp, "created_at": timestamp, "updated_at": timestamp})
             if inserted is None:
+                row = _outbound(uow, request_id)
+                assert row is not None
                 return known(row)
-            public = _public_outbound(row)
+            public = _public_outbound(inserted)
             assert public is not None
             return public, True
 
@@ -123,11 +134,9 @@ class OutboundIntents(LedgerBase):
                 raise RuntimeError("secure peer outbound result changed")
             if row["state"] != "pending":
                 return _public_outbound(row)
-            uow.execute(
-                update(OUT).where(OUT.c.request_id == key, OUT.c.state == "pending")
-                .values(state="committed", response_json=text, retry_at=None, last_error=None, updated_at=timestamp)
-            )
-            return _public_outbound(_outbound(uow, key))
+            # The row is locked (PostgreSQL FOR UPDATE; SQLite's write lock): unchanged when the guard misses.
+            changed = _returned(uow, _COMMIT, {"key": key, "response": text, "now": timestamp})
+            return _public_outbound(row if changed is None else changed)
 
         return self._write(work)
 

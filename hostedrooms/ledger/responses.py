@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 
 from ..uow import UnitOfWork
 from ..validation import storable_text
@@ -19,7 +19,30 @@ from .claims import (
     _optional_key,
     retry_delay,
 )
-from .rows import D, _changed, _delivery, _public_delivery, _public_rows
+from .rows import D, _delivery, _public_delivery, _public_rows, _returned
+
+_ADMITTED = D.c.state.in_(ACTIVE_DELIVERY_STATES)
+# Guarded UPDATE ... RETURNING: the changed row, or none when the guard matched nothing (built once).
+_PREPARE = (
+    update(D).where(D.c.envelope_id == bindparam("key"), D.c.response_request_digest.is_(None),
+                    D.c.response_committed == 0, _ADMITTED)
+    .values(response_request_id=bindparam("request"), response_request_digest=bindparam("digest"),
+            response_body=bindparam("body"), response_request_response=bindparam("request_response"),
+            response_retry_at=bindparam("now"), response_attempts=0, response_last_error=None,
+            updated_at=bindparam("now"))
+    .returning(*D.c))
+_COMMIT_ANY = (
+    update(D).where(D.c.envelope_id == bindparam("key"), _ADMITTED, D.c.response_committed == 0)
+    .values(response_committed=1, response_retry_at=None, response_last_error=None, updated_at=bindparam("now"))
+    .returning(*D.c))
+_COMMIT = _COMMIT_ANY.where(D.c.response_request_id == bindparam("request"))
+_CLEAR = (
+    update(D).where(D.c.envelope_id == bindparam("key"), D.c.response_request_id == bindparam("request"),
+                    D.c.response_committed == 0, _ADMITTED)
+    .values(response_request_id=None, response_request_digest=None, response_body=None,
+            response_request_response=None, response_retry_at=None, response_attempts=0,
+            response_last_error=None, updated_at=bindparam("now"))
+    .returning(*D.c))
 
 
 class ResponseIntents(LedgerBase):
@@ -52,14 +75,11 @@ class ResponseIntents(LedgerBase):
                 if row["response_request_digest"] != digest:
                     raise RuntimeError("secure peer response intent changed")
                 return _public_delivery(row)
-            uow.execute(
-                update(D).where(D.c.envelope_id == key, D.c.response_request_digest.is_(None),
-                                D.c.response_committed == 0, D.c.state.in_(ACTIVE_DELIVERY_STATES))
-                .values(response_request_id=request_id, response_request_digest=digest, response_body=body,
-                        response_request_response=int(request_response), response_retry_at=timestamp,
-                        response_attempts=0, response_last_error=None, updated_at=timestamp)
-            )
-            return _public_delivery(_delivery(uow, key))
+            # The row is locked (PostgreSQL FOR UPDATE; SQLite's write lock): unchanged when the guard misses.
+            changed = _returned(uow, _PREPARE, {
+                "key": key, "request": request_id, "digest": digest, "body": body,
+                "request_response": int(request_response), "now": timestamp})
+            return _public_delivery(row if changed is None else changed)
 
         return self._write(work)
 
@@ -70,14 +90,11 @@ class ResponseIntents(LedgerBase):
         timestamp = self._now()
 
         def work(uow: UnitOfWork) -> dict[str, Any] | None:
-            conditions = [D.c.envelope_id == key, D.c.state.in_(ACTIVE_DELIVERY_STATES), D.c.response_committed == 0]
-            if request is not None:
-                conditions.append(D.c.response_request_id == request)
-            statement = update(D).where(*conditions).values(
-                response_committed=1, response_retry_at=None, response_last_error=None, updated_at=timestamp)
-            if _changed(uow, statement) not in (0, 1):
+            statement = _COMMIT_ANY if request is None else _COMMIT
+            changed = uow.execute(statement, {"key": key, "request": request, "now": timestamp}).mappings().all()
+            if len(changed) > 1:
                 raise RuntimeError("secure peer response state is ambiguous")
-            return _public_delivery(_delivery(uow, key))
+            return _public_delivery(changed[0] if changed else _delivery(uow, key))
 
         return self._write(work)
 
@@ -87,14 +104,8 @@ class ResponseIntents(LedgerBase):
         timestamp = self._now()
 
         def work(uow: UnitOfWork) -> dict[str, Any] | None:
-            uow.execute(
-                update(D).where(D.c.envelope_id == key, D.c.response_request_id == request,
-                                D.c.response_committed == 0, D.c.state.in_(ACTIVE_DELIVERY_STATES))
-                .values(response_request_id=None, response_request_digest=None, response_body=None,
-                        response_request_response=None, response_retry_at=None, response_attempts=0,
-                        response_last_error=None, updated_at=timestamp)
-            )
-            return _public_delivery(_delivery(uow, key))
+            changed = _returned(uow, _CLEAR, {"key": key, "request": request, "now": timestamp})
+            return _public_delivery(_delivery(uow, key) if changed is None else changed)
 
         return self._write(work)
 

@@ -113,6 +113,11 @@ def _outbound(uow: UnitOfWork, request_id: str, *, lock: bool = False) -> RowMap
     return uow.execute(statement, {"key": request_id}).mappings().first()
 
 
+def _returned(uow: UnitOfWork, statement: Any, params: dict[str, Any]) -> RowMapping | None:
+    """The row a guarded ``UPDATE ... RETURNING`` changed, or None when its guard matched no row."""
+    return uow.execute(statement, params).mappings().first()
+
+
 def _changed(uow: UnitOfWork, statement: Any) -> int:
     result = cast("CursorResult[Any]", uow.execute(statement))
     return int(result.rowcount or 0)
