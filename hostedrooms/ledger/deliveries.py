@@ -10,22 +10,20 @@ from sqlalchemy import ColumnElement, RowMapping, bindparam, func, select, updat
 from ..dialect import StoreDialect
 from ..uow import UnitOfWork
 from ..validation import canonical_json_bytes
-from .base import LedgerBase
 from .claims import (
     ACTIVE_DELIVERY_STATES,
     EXPIRED_ERROR,
     MAX_RETRY_BATCH,
     NONTERMINAL_DELIVERY_STATES,
     PREPARE_LOCK_KEY,
-    _error_text,
     _key,
     _limit,
     _optional_key,
     _recorded_text,
     _result_hash,
     delivery_claim,
-    retry_delay,
 )
+from .retries import ERROR, Retrying, retry_machine
 from .rows import D, _delivery, _fetch, _public_delivery, _public_rows, _returned
 
 # prepare(): fail expired prepared rows, count what is in flight, insert (returning the row).
@@ -39,10 +37,11 @@ _REFRESH_LEASE = (
                     D.c.claim_digest == bindparam("digest"))
     .values(lease_token=bindparam("lease"), updated_at=bindparam("now"))
     .returning(*D.c))
+#: An authorized delivery no queue entry or run owns yet: it awaits admission.
+_OWNERLESS = (D.c.state == "authorized", D.c.queued_id.is_(None), D.c.run_id.is_(None))
 # bind_owner(): an ownerless authorized delivery gets its owner; a queued one its run.
 _BIND_AUTHORIZED = (
-    update(D).where(D.c.envelope_id == bindparam("key"), D.c.state == "authorized", D.c.queued_id.is_(None),
-                    D.c.run_id.is_(None))
+    update(D).where(D.c.envelope_id == bindparam("key"), *_OWNERLESS)
     .values(state=bindparam("set_state"), queued_id=bindparam("set_queued_id"), run_id=bindparam("set_run_id"),
             admission_retry_at=None, admission_last_error=None, updated_at=bindparam("set_updated_at"))
     .returning(*D.c))
@@ -52,6 +51,14 @@ _BIND_RUN = (
     .values(state="running", run_id=bindparam("set_run_id"), admission_retry_at=None, admission_last_error=None,
             updated_at=bindparam("set_updated_at"))
     .returning(*D.c))
+
+# Admission of an ownerless authorized delivery: retried with backoff until a queue entry or run owns it, or failed.
+_ADMISSION = retry_machine(
+    D, "envelope_id", _OWNERLESS,
+    retryable=lambda row, _: row["state"] == "authorized" and row["queued_id"] is None and row["run_id"] is None,
+    attempts="admission_attempts", retry_at="admission_retry_at", last_error="admission_last_error",
+    failed={"state": "failed", "error": ERROR, "admission_retry_at": None, "admission_last_error": None},
+    fetch=_delivery, public=_public_delivery)
 
 
 def _transition_statement(expected: tuple[str, ...], names: tuple[str, ...]) -> Callable[[StoreDialect], Any]:
@@ -65,7 +72,7 @@ def _transition_statement(expected: tuple[str, ...], names: tuple[str, ...]) -> 
     return build
 
 
-class Deliveries(LedgerBase):
+class Deliveries(Retrying):
     """The delivery state machine (a part of :class:`~hostedrooms.ledger.DeliveryLedger`)."""
 
     def _deliveries_where(self, *conditions: ColumnElement[bool]) -> list[dict[str, Any]]:
@@ -150,19 +157,7 @@ class Deliveries(LedgerBase):
 
     def fail_ownerless_authorized(self, envelope_id: str, *, error: str) -> dict[str, Any] | None:
         """Fail only an ``authorized`` delivery that has no queued/run owner; return the current row."""
-        key = _key(envelope_id, "envelope_id")
-        text, timestamp = _error_text(error), self._now()
-
-        def work(uow: UnitOfWork) -> dict[str, Any] | None:
-            uow.execute(
-                update(D).where(D.c.envelope_id == key, D.c.state == "authorized",
-                                D.c.queued_id.is_(None), D.c.run_id.is_(None))
-                .values(state="failed", error=text, admission_retry_at=None, admission_last_error=None,
-                        updated_at=timestamp)
-            )
-            return _public_delivery(_delivery(uow, key))
-
-        return self._write(work)
+        return self._fail(_ADMISSION, _key(envelope_id, "envelope_id"), error)
 
     def bind_owner(self, envelope_id: str, *, queued_id: str | None, run_id: str | None) -> dict[str, Any] | None:
         """Bind a queue entry and/or run to an admitted delivery.
@@ -202,40 +197,12 @@ class Deliveries(LedgerBase):
 
     def defer_admission(self, envelope_id: str, *, error: str) -> dict[str, Any] | None:
         """Schedule another admission try of an ownerless ``authorized`` delivery (backoff); return the row."""
-        key = _key(envelope_id, "envelope_id")
-        text, timestamp = _error_text(error), self._now()
-
-        def work(uow: UnitOfWork) -> dict[str, Any] | None:
-            row = _delivery(uow, key, lock=True)
-            if row is None or row["state"] != "authorized" or row["queued_id"] is not None \
-                    or row["run_id"] is not None:
-                return _public_delivery(row)
-            attempts = int(row["admission_attempts"] or 0) + 1
-            uow.execute(
-                update(D).where(D.c.envelope_id == key, D.c.state == "authorized",
-                                D.c.queued_id.is_(None), D.c.run_id.is_(None))
-                .values(admission_attempts=attempts, admission_retry_at=timestamp + retry_delay(attempts),
-                        admission_last_error=text, updated_at=timestamp)
-            )
-            return _public_delivery(_delivery(uow, key))
-
-        return self._write(work)
+        return self._retry(_ADMISSION, _key(envelope_id, "envelope_id"), error)
 
     def pending_admissions(self, *, limit: int = 20, now: int | None = None) -> list[dict[str, Any]]:
         """Ownerless ``authorized`` deliveries whose admission retry is due, soonest first."""
         count = _limit(limit, MAX_RETRY_BATCH, "secure peer admission retry limit is invalid")
-        timestamp = self._timestamp(now)
-        due = func.coalesce(D.c.admission_retry_at, 0)
-
-        def work(uow: UnitOfWork) -> list[dict[str, Any]]:
-            statement = (
-                select(D).where(D.c.state == "authorized", D.c.queued_id.is_(None), D.c.run_id.is_(None),
-                                due <= timestamp)
-                .order_by(*self._order(uow, due))
-            )
-            return _public_rows(uow, statement, _public_delivery, count)
-
-        return self._read(work)
+        return self._due(_ADMISSION, count, now)
 
     def nonterminal_for_chat(self, chat_id: str) -> list[dict[str, Any]]:
         """Every unfinished delivery targeting ``chat_id``, oldest first."""

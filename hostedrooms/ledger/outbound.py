@@ -5,21 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import ColumnElement, RowMapping, bindparam, func, select, update
+from sqlalchemy import ColumnElement, RowMapping, bindparam, select, update
 
 from ..dialect import StoreDialect
 from ..uow import UnitOfWork
-from .base import LedgerBase
 from .claims import (
     EXPIRED_ERROR,
     MAX_RETRY_BATCH,
-    _error_text,
     _key,
     _limit,
     _response_text,
     outbound_claim,
-    retry_delay,
 )
+from .retries import ERROR, Retrying, retry_machine
 from .rows import OUT, _outbound, _public_outbound, _public_rows, _returned
 
 
@@ -43,8 +41,14 @@ _COMMIT = (
             updated_at=bindparam("now"))
     .returning(*OUT.c))
 
+# A pending intent's send: retried with backoff until the Hub's response is committed, or failed.
+_SEND = retry_machine(
+    OUT, "request_id", (OUT.c.state == "pending",), retryable=lambda row, _: row["state"] == "pending",
+    attempts="attempts", retry_at="retry_at", last_error="last_error",
+    failed={"state": "failed", "retry_at": None, "last_error": ERROR}, fetch=_outbound, public=_public_outbound)
 
-class OutboundIntents(LedgerBase):
+
+class OutboundIntents(Retrying):
     """Outbound intents (a part of :class:`~hostedrooms.ledger.DeliveryLedger`)."""
 
     def _pending_outbound_where(self, now: Any, *conditions: ColumnElement[bool]) -> list[dict[str, Any]]:
@@ -142,49 +146,15 @@ class OutboundIntents(LedgerBase):
 
     def defer_outbound(self, request_id: str, error: str) -> dict[str, Any] | None:
         """Schedule another send of a pending intent (backoff); return the row."""
-        key = _key(request_id, "request_id")
-        text, timestamp = _error_text(error), self._now()
-
-        def work(uow: UnitOfWork) -> dict[str, Any] | None:
-            row = _outbound(uow, key, lock=True)
-            if row is None or row["state"] != "pending":
-                return _public_outbound(row)
-            attempts = int(row["attempts"] or 0) + 1
-            uow.execute(
-                update(OUT).where(OUT.c.request_id == key, OUT.c.state == "pending")
-                .values(attempts=attempts, retry_at=timestamp + retry_delay(attempts), last_error=text,
-                        updated_at=timestamp)
-            )
-            return _public_outbound(_outbound(uow, key))
-
-        return self._write(work)
+        return self._retry(_SEND, _key(request_id, "request_id"), error)
 
     def fail_outbound(self, request_id: str, error: str) -> dict[str, Any] | None:
         """Fail a pending intent; return the current row."""
-        key = _key(request_id, "request_id")
-        text, timestamp = _error_text(error), self._now()
-
-        def work(uow: UnitOfWork) -> dict[str, Any] | None:
-            uow.execute(
-                update(OUT).where(OUT.c.request_id == key, OUT.c.state == "pending")
-                .values(state="failed", retry_at=None, last_error=text, updated_at=timestamp)
-            )
-            return _public_outbound(_outbound(uow, key))
-
-        return self._write(work)
+        return self._fail(_SEND, _key(request_id, "request_id"), error)
 
     def pending_outbound(self, *, limit: int = 8, now: int | None = None) -> list[dict[str, Any]]:
         """Pending intents whose send is due, soonest first."""
-        count = _limit(limit, MAX_RETRY_BATCH, "secure peer outbound retry limit is invalid")
-        timestamp = self._timestamp(now)
-        due = func.coalesce(OUT.c.retry_at, 0)
-
-        def work(uow: UnitOfWork) -> list[dict[str, Any]]:
-            statement = (select(OUT).where(OUT.c.state == "pending", due <= timestamp)
-                         .order_by(*self._order(uow, due, table=OUT)))
-            return _public_rows(uow, statement, _public_outbound, count)
-
-        return self._read(work)
+        return self._due(_SEND, _limit(limit, MAX_RETRY_BATCH, "secure peer outbound retry limit is invalid"), now)
 
     def recoverable_outbound(self, *, limit: int = 50) -> list[dict[str, Any]]:
         """Return every nonterminal outbound intent, including future retries (oldest first)."""

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import bindparam, update
 
 from ..uow import UnitOfWork
 from ..validation import storable_text
-from .base import LedgerBase
 from .claims import (
     ACTIVE_DELIVERY_STATES,
     MAX_MESSAGE_CHARS,
     _digest,
-    _error_text,
     _key,
     _limit,
     _optional_key,
-    retry_delay,
 )
-from .rows import D, _delivery, _public_delivery, _public_rows, _returned
+from .retries import Retrying, retry_machine
+from .rows import D, _delivery, _public_delivery, _returned
 
 _ADMITTED = D.c.state.in_(ACTIVE_DELIVERY_STATES)
 # Guarded UPDATE ... RETURNING: the changed row, or none when the guard matched nothing (built once).
@@ -44,8 +42,18 @@ _CLEAR = (
             response_last_error=None, updated_at=bindparam("now"))
     .returning(*D.c))
 
+# An uncommitted response intent (``request``): retried with backoff until the Hub has it, or cleared.
+_RESPONSE = retry_machine(
+    D, "envelope_id", (_ADMITTED, D.c.response_request_id.is_not(None), D.c.response_committed == 0),
+    guard=(D.c.response_request_id == bindparam("request"),),
+    retryable=lambda row, guard: (row["state"] in ACTIVE_DELIVERY_STATES
+                                  and row["response_request_id"] == guard["request"]
+                                  and int(row["response_committed"] or 0) == 0),
+    attempts="response_attempts", retry_at="response_retry_at", last_error="response_last_error", failed=None,
+    fetch=_delivery, public=_public_delivery)
 
-class ResponseIntents(LedgerBase):
+
+class ResponseIntents(Retrying):
     """Response intents of admitted deliveries (a part of :class:`~hostedrooms.ledger.DeliveryLedger`)."""
 
     def prepare_response(
@@ -112,37 +120,8 @@ class ResponseIntents(LedgerBase):
     def defer_response(self, envelope_id: str, *, request_id: str, error: str) -> dict[str, Any] | None:
         """Persist bounded exponential retry state for one response intent; return the row."""
         key, request = _key(envelope_id, "envelope_id"), _key(request_id, "request_id")
-        text, timestamp = _error_text(error), self._now()
-
-        def work(uow: UnitOfWork) -> dict[str, Any] | None:
-            row = _delivery(uow, key, lock=True)
-            if row is None or row["state"] not in ACTIVE_DELIVERY_STATES or row["response_request_id"] != request \
-                    or int(row["response_committed"] or 0) != 0:
-                return _public_delivery(row)
-            attempts = int(row["response_attempts"] or 0) + 1
-            uow.execute(
-                update(D).where(D.c.envelope_id == key, D.c.response_request_id == request,
-                                D.c.response_committed == 0, D.c.state.in_(ACTIVE_DELIVERY_STATES))
-                .values(response_attempts=attempts, response_retry_at=timestamp + retry_delay(attempts),
-                        response_last_error=text, updated_at=timestamp)
-            )
-            return _public_delivery(_delivery(uow, key))
-
-        return self._write(work)
+        return self._retry(_RESPONSE, key, error, request=request)
 
     def pending_responses(self, *, limit: int = 8, now: int | None = None) -> list[dict[str, Any]]:
         """Uncommitted response intents whose retry is due, soonest first (limit up to the capacity)."""
-        count = _limit(limit, self._capacity(), "secure peer response retry limit is invalid")
-        timestamp = self._timestamp(now)
-        due = func.coalesce(D.c.response_retry_at, 0)
-
-        def work(uow: UnitOfWork) -> list[dict[str, Any]]:
-            statement = (
-                select(D).where(D.c.state.in_(ACTIVE_DELIVERY_STATES), D.c.response_request_id.is_not(None),
-                                D.c.response_committed == 0, due <= timestamp)
-                .order_by(*self._order(uow, due))
-            )
-            return _public_rows(uow, statement, _public_delivery, count)
-
-        return self._read(work)
-
+        return self._due(_RESPONSE, _limit(limit, self._capacity(), "secure peer response retry limit is invalid"), now)
