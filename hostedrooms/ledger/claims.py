@@ -259,6 +259,22 @@ def outbound_claim(
     return {**values, **route}, digest, snapshot_text
 
 
+def response_claim(*, request_id: Any, body: Any, request_response: Any) -> str:
+    """Validate a response intent (the reply owed for a request delivery); return its digest."""
+    if (
+        not isinstance(request_id, str)
+        or not request_id
+        or not storable_text(request_id)
+        or not isinstance(body, str)
+        or not storable_text(body)
+        or not body.strip()
+        or len(body) > MAX_MESSAGE_CHARS
+        or type(request_response) is not bool
+    ):
+        raise ValueError("secure peer response intent is invalid")
+    return _digest({"request_id": request_id, "body": body, "request_response": request_response})
+
+
 def _response_text(response: Any) -> str:
     try:
         text = canonical_json_bytes(dict(response)).decode("utf-8")

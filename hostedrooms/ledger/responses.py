@@ -7,14 +7,12 @@ from typing import Any
 from sqlalchemy import bindparam, update
 
 from ..uow import UnitOfWork
-from ..validation import storable_text
 from .claims import (
     ACTIVE_DELIVERY_STATES,
-    MAX_MESSAGE_CHARS,
-    _digest,
     _key,
     _limit,
     _optional_key,
+    response_claim,
 )
 from .retries import Retrying, retry_machine
 from .rows import D, _delivery, _public_delivery, _returned
@@ -61,18 +59,7 @@ class ResponseIntents(Retrying):
     ) -> dict[str, Any] | None:
         """Bind the reply owed for a request delivery to its digest before it is sent (idempotent)."""
         key = _key(envelope_id, "envelope_id")
-        if (
-            not isinstance(request_id, str)
-            or not request_id
-            or not storable_text(request_id)
-            or not isinstance(body, str)
-            or not storable_text(body)
-            or not body.strip()
-            or len(body) > MAX_MESSAGE_CHARS
-            or type(request_response) is not bool
-        ):
-            raise ValueError("secure peer response intent is invalid")
-        digest = _digest({"request_id": request_id, "body": body, "request_response": request_response})
+        digest = response_claim(request_id=request_id, body=body, request_response=request_response)
         timestamp = self._now()
 
         def work(uow: UnitOfWork) -> dict[str, Any] | None:
