@@ -17,6 +17,7 @@ contract (UTF-8 bytes).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from ..ledger import (
     ensure_private_directory,
     prepare_ledger_file,
 )
+from ..limits import Limits, LimitValues
 from ..validation import canonical_json_bytes as canonical_json
 from ._engine import engine_for
 
@@ -83,7 +85,7 @@ class SecurePeerDeliveryLedger(DeliveryLedger):
                 raise
         self._owns_engine = owned
         try:
-            super().__init__(engine, path=file, clock=_clock)
+            super().__init__(engine, path=file, clock=_clock, limits=_limits)
         except BaseException:
             self.close()
             raise
@@ -97,8 +99,11 @@ class SecurePeerDeliveryLedger(DeliveryLedger):
             ensure_private_directory(directory)
             self._prepared = directory
 
-    def _capacity(self) -> int:
-        return int(MAX_NONTERMINAL_DELIVERIES)  # this module's global, read at call time
+
+def _limits() -> Limits:
+    """The limits of one call: this module's MAX_NONTERMINAL_DELIVERIES read now (so lowering it takes effect),
+    every other limit from :mod:`hostedrooms.limits`."""
+    return LimitValues.read(sys.modules[__name__])
 
 
 def _clock() -> float:

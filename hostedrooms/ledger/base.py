@@ -15,10 +15,11 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine, Table
 
-from .. import limits
+from .. import limits as default_limits
 from ..db import sqlite_path
 from ..errors import StorageError
 from ..files import ensure_private_directory
+from ..limits import Limits
 from ..uow import UnitOfWork
 from .claims import _integer
 from .guard import FileIdentity, prepare_ledger_file, secure_ledger_file
@@ -32,10 +33,12 @@ class LedgerBase:
     """A ledger's engine, clock and guarded file, and the transaction helpers its parts share."""
 
     def __init__(
-        self, engine: Engine, *, clock: Clock | None = None, path: str | os.PathLike[str] | None = None
+        self, engine: Engine, *, clock: Clock | None = None, path: str | os.PathLike[str] | None = None,
+        limits: Limits | Callable[[], Limits] | None = None,
     ) -> None:
         self.engine = engine
         self._clock = clock
+        self._limit_source = limits
         guarded = Path(os.path.abspath(path)) if path is not None else sqlite_path(engine)
         self.file: Path | None = guarded
         self._identity: FileIdentity | None = None
@@ -51,9 +54,17 @@ class LedgerBase:
         """Make the ledger's folder owner-private (the facade substitutes its module's patchable function)."""
         ensure_private_directory(directory)
 
+    def _limits(self) -> Limits:
+        """The limits now: ``limits`` as given, what a provider returns when called, or :mod:`hostedrooms.limits`
+        (read at call time, so lowering a constant there takes effect)."""
+        source = self._limit_source
+        if source is None:
+            return default_limits
+        return source() if callable(source) else source
+
     def _capacity(self) -> int:
-        """MAX_NONTERMINAL_DELIVERIES, read at call time (the facade reads its own module's value)."""
-        return int(limits.MAX_NONTERMINAL_DELIVERIES)
+        """MAX_NONTERMINAL_DELIVERIES, read at call time."""
+        return int(self._limits().MAX_NONTERMINAL_DELIVERIES)
 
     def _now(self) -> int:
         return int(self._clock() if self._clock is not None else time.time())

@@ -13,7 +13,10 @@ class DeliveryLedger(Deliveries, ResponseIntents, OutboundIntents, Retention):
 
     ``clock`` returns the current time in seconds (default: ``time.time`` read at call time); ledger
     timestamps are ``int(clock())``. ``path`` is the SQLite file to guard when it differs from the engine's
-    own (the seed-compatible facade passes the path it was given, before symlink resolution). Every method
+    own (the seed-compatible facade passes the path it was given, before symlink resolution). ``limits`` is
+    where MAX_NONTERMINAL_DELIVERIES is read, at call time: a :class:`~hostedrooms.limits.Limits` (default: the
+    :mod:`hostedrooms.limits` module), or a zero-argument provider of one (the facade resolves its own module's
+    constant with :meth:`~hostedrooms.limits.LimitValues.read`). Every method
     is one transaction and returns the reference's shapes: a delivery row with ``body`` decoded, an outbound
     row with ``snapshot`` and ``response`` decoded, or None.
 
