@@ -11,6 +11,7 @@ import contextlib
 import os
 import urllib.parse
 from collections.abc import Callable, Hashable, Iterator
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import (
@@ -156,6 +157,10 @@ class StoreDialect:
         """Whether an error raised while connecting means the database itself does not exist."""
         return False
 
+    def file_path(self, url: URL) -> Path | None:
+        """The database file ``url`` names, or None (a database server, an in-memory database)."""
+        return None
+
 
 class SQLiteDialect(StoreDialect):
     """SQLite: WAL, durable commits, and ``BEGIN IMMEDIATE`` for every write transaction.
@@ -238,6 +243,9 @@ class SQLiteDialect(StoreDialect):
         probe_url = URL.create("sqlite", database=uri, query={"mode": "ro", "uri": "true"})
         return _sa_create_engine(
             probe_url, poolclass=NullPool, connect_args={"timeout": seconds, "check_same_thread": False})
+
+    def file_path(self, url: URL) -> Path | None:
+        return None if url.database in (None, "", ":memory:") else Path(str(url.database))
 
     @contextlib.contextmanager
     def probe_timeouts(self, connection: Connection, seconds: float) -> Iterator[None]:
@@ -352,3 +360,8 @@ def dialect_for(bind: Engine | Connection) -> StoreDialect:
 def dialect_for_url(url: URL) -> StoreDialect:
     """The :class:`StoreDialect` of a resolved URL (only supported backends reach here)."""
     return _DIALECTS[url.get_backend_name()]
+
+
+def dialect_named(name: str) -> StoreDialect | None:
+    """The :class:`StoreDialect` of SQLAlchemy backend ``name`` ("sqlite", "postgresql"), or None if unsupported."""
+    return _DIALECTS.get(name)

@@ -26,6 +26,7 @@ from sqlalchemy import URL, Engine, make_url
 
 from .. import migrate
 from ..db import create_engine, reject_async
+from ..dialect import dialect_named
 from ..ledger import (
     DELIVERY_STATES,
     TERMINAL_DELIVERY_STATES,
@@ -55,12 +56,13 @@ def _ledger_file(target: Any) -> Path | None:
         return None  # an Engine's file is guarded by DeliveryLedger itself
     if isinstance(target, URL) or "://" in os.fspath(target):
         url = target if isinstance(target, URL) else make_url(os.fspath(target))
-        if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        dialect = dialect_named(url.get_backend_name())  # None: unsupported, refused by engine_for below
+        file = dialect.file_path(url) if dialect is not None else None
+        if file is None:
             return None
-        database = str(url.database)
     else:
-        database = os.fspath(target)
-    return Path(os.path.abspath(Path(database).expanduser()))
+        file = Path(os.fspath(target))
+    return Path(os.path.abspath(file.expanduser()))
 
 
 class SecurePeerDeliveryLedger(DeliveryLedger):
