@@ -151,6 +151,10 @@ _REQUIRED_CLAIM_FIELDS = (
 )
 
 
+_IDENTITY = "secure peer delivery identity is invalid"
+_LEGS = "secure peer delivery leg budget is invalid"
+
+
 def delivery_claim(
     envelope: Any, *, transport_role: Any, connection_id: Any, lease_token: Any, target_chat_id: Any
 ) -> tuple[dict[str, Any], str]:
@@ -163,13 +167,28 @@ def delivery_claim(
         raise ValueError("secure peer delivery role is invalid")
     if not isinstance(envelope, Mapping):
         raise ValueError("secure peer delivery envelope is invalid")
+    action, kind, body = _exchange(envelope)
+    claim = _claim_values(envelope, transport_role=transport_role, connection_id=connection_id,
+                          lease_token=lease_token, target_chat_id=target_chat_id, action=action, kind=kind, body=body)
+    if any(not claim[name] for name in _REQUIRED_CLAIM_FIELDS):
+        raise ValueError("secure peer delivery identity is incomplete")
+    if claim["max_legs"] != MAX_LEGS or not 1 <= claim["used_legs"] <= MAX_LEGS:
+        raise ValueError(_LEGS)
+    immutable = {name: value for name, value in claim.items() if name != "lease_token"}
+    try:
+        return claim, _digest(immutable)
+    except UnicodeEncodeError:  # a lone surrogate in the message (the only text not checked above)
+        pass
+    raise ValueError("secure peer delivery body is invalid")
 
-    identity = "secure peer delivery identity is invalid"
 
-    def text(name: str) -> str:
-        return _stored_text(envelope.get(name) or "", identity)
+def _envelope_text(envelope: Mapping[str, Any], name: str) -> str:
+    return _stored_text(envelope.get(name) or "", _IDENTITY)
 
-    action, kind = text("action"), text("kind")
+
+def _exchange(envelope: Mapping[str, Any]) -> tuple[str, str, Any]:
+    """The envelope's action, kind and body, checked in that order."""
+    action, kind = _envelope_text(envelope, "action"), _envelope_text(envelope, "kind")
     if action not in ACTIONS:
         raise ValueError("secure peer delivery action is invalid")
     if kind not in KINDS:
@@ -177,44 +196,45 @@ def delivery_claim(
     body = envelope.get("body")
     if not _valid_message(body):
         raise ValueError("secure peer delivery body is invalid")
-    legs = "secure peer delivery leg budget is invalid"
+    return action, kind, body
+
+
+def _claim_values(
+    envelope: Mapping[str, Any], *, transport_role: str, connection_id: Any, lease_token: Any, target_chat_id: Any,
+    action: str, kind: str, body: Any,
+) -> dict[str, Any]:
+    """Every stored field of a claim, coerced like the reference (each checked in this order)."""
+
+    def text(name: str) -> str:
+        return _envelope_text(envelope, name)
+
     parent_leg = envelope.get("parent_leg")
-    claim: dict[str, Any] = {
+    return {
         "envelope_id": text("envelope_id"),
         "request_id": text("request_id"),
         "transport_role": transport_role,
-        "connection_id": _stored_text(connection_id, identity),
-        "lease_token": _stored_text(lease_token, identity),
+        "connection_id": _stored_text(connection_id, _IDENTITY),
+        "lease_token": _stored_text(lease_token, _IDENTITY),
         "team_id": text("team_id"),
-        "source_peer_id": _optional_text(envelope.get("source_peer_id"), identity),
+        "source_peer_id": _optional_text(envelope.get("source_peer_id"), _IDENTITY),
         "source_server_identity": text("source_server_identity"),
         "source_route_id": text("source_route_id"),
         "source_route_revision": text("source_route_revision"),
-        "target_peer_id": _optional_text(envelope.get("target_peer_id"), identity),
+        "target_peer_id": _optional_text(envelope.get("target_peer_id"), _IDENTITY),
         "target_server_identity": text("target_server_identity"),
         "target_route_id": text("target_route_id"),
         "target_route_revision": text("target_route_revision"),
-        "target_chat_id": _stored_text(target_chat_id, identity),
+        "target_chat_id": _stored_text(target_chat_id, _IDENTITY),
         "action": action,
         "kind": kind,
         "exchange_id": text("exchange_id"),
-        "parent_envelope_id": _optional_text(envelope.get("parent_envelope_id"), identity),
-        "parent_leg": _integer(parent_leg, legs) if parent_leg is not None else None,
-        "used_legs": _integer(envelope.get("used_legs") or 0, legs),
-        "max_legs": _integer(envelope.get("max_legs") or 0, legs),
+        "parent_envelope_id": _optional_text(envelope.get("parent_envelope_id"), _IDENTITY),
+        "parent_leg": _integer(parent_leg, _LEGS) if parent_leg is not None else None,
+        "used_legs": _integer(envelope.get("used_legs") or 0, _LEGS),
+        "max_legs": _integer(envelope.get("max_legs") or 0, _LEGS),
         "expires_at": _integer(envelope.get("expires_at") or 0, "secure peer delivery expiry is invalid"),
         "body": body,
     }
-    if any(not claim[name] for name in _REQUIRED_CLAIM_FIELDS):
-        raise ValueError("secure peer delivery identity is incomplete")
-    if claim["max_legs"] != MAX_LEGS or not 1 <= claim["used_legs"] <= MAX_LEGS:
-        raise ValueError(legs)
-    immutable = {name: value for name, value in claim.items() if name != "lease_token"}
-    try:
-        return claim, _digest(immutable)
-    except UnicodeEncodeError:  # a lone surrogate in the message (the only text not checked above)
-        pass
-    raise ValueError("secure peer delivery body is invalid")
 
 
 def outbound_claim(
