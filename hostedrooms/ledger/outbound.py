@@ -20,13 +20,9 @@ from .claims import (
 from .retries import ERROR, Retrying, retry_machine
 from .rows import OUT, _outbound, _public_outbound, _public_rows, _returned
 
-
-def _expire_pending_outbound(uow: UnitOfWork, timestamp: int) -> None:
-    uow.execute(
-        update(OUT)
-        .where(OUT.c.state == "pending", OUT.c.expires_at <= timestamp)
-        .values(state="failed", retry_at=None, last_error=EXPIRED_ERROR, updated_at=timestamp)
-    )
+# Before a chat's, route's or connection's pending intents are listed, those expiring by then fail.
+_EXPIRE_PENDING = (update(OUT).where(OUT.c.state == "pending", OUT.c.expires_at <= bindparam("now"))
+                   .values(state="failed", retry_at=None, last_error=EXPIRED_ERROR, updated_at=bindparam("expired_at")))
 
 
 def _insert_outbound(dialect: StoreDialect) -> Any:
@@ -55,7 +51,7 @@ class OutboundIntents(Retrying):
         timestamp = self._timestamp(now)
 
         def work(uow: UnitOfWork) -> list[dict[str, Any]]:
-            _expire_pending_outbound(uow, timestamp)  # expiring intents fail before anyone sees them
+            uow.execute(_EXPIRE_PENDING, {"now": timestamp, "expired_at": timestamp})
             statement = (select(OUT).where(OUT.c.state == "pending", *conditions)
                          .order_by(*self._order(uow, table=OUT)))
             return _public_rows(uow, statement, _public_outbound)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, delete
 
 from ..uow import UnitOfWork
 from .base import LedgerBase
 from .claims import _INT64_MAX, _INT64_MIN, DEFAULT_RETAIN_SECONDS, TERMINAL_DELIVERY_STATES
-from .rows import OUT, D, _changed
+from .rows import OUT, D
+
+
+def _changed(uow: UnitOfWork, statement: Any) -> int:
+    result = cast("CursorResult[Any]", uow.execute(statement))
+    return int(result.rowcount or 0)
 
 
 class Retention(LedgerBase):

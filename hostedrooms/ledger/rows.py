@@ -1,12 +1,13 @@
-"""Reading ledger rows: lookups by key, ordered listings, and decoding rows into the public shapes."""
+"""Ledger rows: lookups by key, ordered listings, the row a guarded UPDATE returned, and decoding rows into the
+public shapes."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import ColumnElement, CursorResult, RowMapping, Select, Table, bindparam, select
+from sqlalchemy import ColumnElement, RowMapping, Select, Table, bindparam, select
 
 from ..dialect import StoreDialect
 from ..errors import StorageError
@@ -116,9 +117,3 @@ def _outbound(uow: UnitOfWork, request_id: str, *, lock: bool = False) -> RowMap
 def _returned(uow: UnitOfWork, statement: Any, params: dict[str, Any]) -> RowMapping | None:
     """The row a guarded ``UPDATE ... RETURNING`` changed, or None when its guard matched no row."""
     return uow.execute(statement, params).mappings().first()
-
-
-def _changed(uow: UnitOfWork, statement: Any) -> int:
-    result = cast("CursorResult[Any]", uow.execute(statement))
-    return int(result.rowcount or 0)
-
