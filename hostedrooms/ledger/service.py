@@ -16,9 +16,9 @@ class DeliveryLedger(Deliveries, ResponseIntents, OutboundIntents, Retention):
     own (the seed-compatible facade passes the path it was given, before symlink resolution). ``limits`` is
     where MAX_NONTERMINAL_DELIVERIES is read, at call time: a :class:`~hostedrooms.limits.Limits` (default: the
     :mod:`hostedrooms.limits` module), or a zero-argument provider of one (the facade resolves its own module's
-    constant with :meth:`~hostedrooms.limits.LimitValues.read`). Every method
-    is one transaction and returns the reference's shapes: a delivery row with ``body`` decoded, an outbound
-    row with ``snapshot`` and ``response`` decoded, or None.
+    constant with :meth:`~hostedrooms.limits.LimitValues.read`). Every method is one transaction and returns
+    the reference's shapes: a delivery row with ``body`` decoded, an outbound row with ``snapshot`` and
+    ``response`` decoded, or None.
 
     Stored values follow the store's rules (README, "Limits on stored values"): text with a NUL character or a
     lone surrogate is refused with ``ValueError`` (a caller's error text is recorded escaped instead), and
