@@ -22,7 +22,7 @@ from hostedrooms import limits
 from hostedrooms.compat import secure_peer_delivery as facade
 from hostedrooms.compat.secure_peer_delivery import SecurePeerDeliveryLedger
 from hostedrooms.db import create_engine
-from hostedrooms.errors import StorageError
+from hostedrooms.errors import HostedRoomError, StorageError
 from hostedrooms.ledger import DeliveryLedger
 from hostedrooms.models import deliveries
 
@@ -178,6 +178,21 @@ def test_facade_on_every_backend(target: str) -> None:
         assert created and row["body"] == {"message": "hi"} and ledger.recoverable() == [row]
     finally:
         ledger.close()
+
+
+def test_facade_guards_the_file_a_sqlite_url_names_as_given(tmp_path: Path) -> None:
+    path = tmp_path / "ledger" / "ledger.db"
+    for target in (f"sqlite:///{path}", sa.make_url(f"sqlite:///{path}")):
+        ledger = SecurePeerDeliveryLedger(target)
+        try:
+            assert ledger.file == path and ledger.path == path and mode(path) == 0o600 and mode(path.parent) == 0o700
+        finally:
+            ledger.close()
+    (tmp_path / "alias.db").symlink_to(path)
+    with pytest.raises(PermissionError, match="^secure peer delivery ledger must not be a symlink$"):
+        SecurePeerDeliveryLedger(f"sqlite:///{tmp_path / 'alias.db'}")  # the link itself, never resolved
+    with pytest.raises(HostedRoomError, match="unsupported database dialect 'mysql'"):
+        SecurePeerDeliveryLedger("mysql://user@localhost/ledger")
 
 
 # --- crash recovery -------------------------------------------------------------------------------------------
