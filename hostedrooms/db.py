@@ -11,19 +11,16 @@ a file that already exists, for tools that must never leave a stray file behind 
 from __future__ import annotations
 
 import os
-import urllib.parse
 import weakref
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy
-from sqlalchemy import URL, Engine, event, make_url
+from sqlalchemy import URL, Engine, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.base import OptionEngine
-from sqlalchemy.pool import StaticPool
 
-from .dialect import SUPPORTED_DIALECTS, dialect_for
-from .errors import HostedRoomError, StoreConfigurationError, StoreMissingError, describe_target, mask_url_text
+from .dialect import dialect_for_url, dialect_named
+from .errors import HostedRoomError, describe_target, mask_url_text
 
 Target = str | os.PathLike[str] | URL | Engine
 
@@ -60,13 +57,12 @@ def resolve_url(target: str | os.PathLike[str] | URL) -> URL:
             url = make_url(str(target))
         except (sa_exc.ArgumentError, ValueError) as exc:
             raise HostedRoomError(f"malformed database URL: {_mask_raw(str(target))}") from exc
-    backend = url.get_backend_name()
-    if backend not in SUPPORTED_DIALECTS:
+    dialect = dialect_named(url.get_backend_name())
+    if dialect is None:
         raise HostedRoomError(
-            f"unsupported database dialect {backend!r} in {describe_target(url)}; use sqlite or postgresql")
-    if backend == "postgresql" and url.get_driver_name() in ("psycopg2", "psycopg", ""):
-        url = url.set(drivername="postgresql+psycopg")
-    return url
+            f"unsupported database dialect {url.get_backend_name()!r} in {describe_target(url)}; "
+            "use sqlite or postgresql")
+    return dialect.normalise_url(url)
 
 
 def _mask_raw(text: str) -> str:
@@ -100,19 +96,12 @@ def create_engine(
     if isinstance(target, Engine):
         return _adopt_engine(target, synchronous=synchronous, busy_timeout=busy_timeout)
     url = resolve_url(target)
-    existing_file: str | None = None
-    if url.get_backend_name() == "sqlite":
-        existing_file = _prepare_sqlite_file(url, create=create)
-        if url.database in (None, "", ":memory:"):
-            engine_kwargs.setdefault("poolclass", StaticPool)
-        engine_kwargs.setdefault("connect_args", {}).setdefault("check_same_thread", False)
+    dialect = dialect_for_url(url)
     try:
-        engine = sqlalchemy.create_engine(url, **engine_kwargs)
+        engine = dialect.build_engine(url, create=create, **engine_kwargs)
     except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ImportError) as exc:
         raise HostedRoomError(f"cannot use database {describe_target(url)}: {exc}") from exc
-    if existing_file is not None:
-        _open_existing_only(engine, existing_file)
-    dialect_for(engine).configure_engine(engine, synchronous=synchronous, busy_timeout=busy_timeout)
+    dialect.configure_engine(engine, synchronous=synchronous, busy_timeout=busy_timeout)
     _keep_secrets_out_of_logs(engine)
     _configured.add(engine)
     return engine
@@ -148,46 +137,20 @@ def _keep_secrets_out_of_logs(engine: Engine) -> None:
 
 def _adopt_engine(engine: Engine, *, synchronous: str, busy_timeout: float) -> Engine:
     """Use a caller's Engine as given, installing our connection hooks once if it lacks them."""
-    if engine.dialect.name not in SUPPORTED_DIALECTS:
+    dialect = dialect_named(engine.dialect.name)
+    if dialect is None:
         raise HostedRoomError(
             f"unsupported database dialect {engine.dialect.name!r} in {describe_target(engine.url)}")
     if engine not in _configured:
-        dialect_for(engine).configure_engine(engine, synchronous=synchronous, busy_timeout=busy_timeout)
+        dialect.configure_engine(engine, synchronous=synchronous, busy_timeout=busy_timeout)
         _keep_secrets_out_of_logs(engine)
         engine.pool.dispose()  # pooled connections predate the hooks
         _configured.add(engine)
     return engine
 
 
-def _prepare_sqlite_file(url: URL, *, create: bool) -> str | None:
-    """Check a SQLite file target (and make its folder when ``create``); return the file that must exist."""
-    database = url.database
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return None  # in memory, or a URI whose mode= the caller chose
-    path = Path(database)
-    if path.is_dir():
-        raise StoreConfigurationError(f"hosted room store {database} is a directory, not a SQLite file")
-    if create:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return None
-    if not path.exists():
-        raise StoreMissingError(f"hosted room store {database} does not exist (no SQLite file there)")
-    return database
-
-
-def _open_existing_only(engine: Engine, database: str) -> None:
-    """Connect with SQLite's ``mode=rw`` URI, so a file removed after the check is never created again."""
-    uri = f"file:{urllib.parse.quote(database)}?mode=rw"
-
-    @event.listens_for(engine, "do_connect")
-    def _connect_existing(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
-        cargs[:] = [uri]
-        cparams["uri"] = True
-
-
 def sqlite_path(engine: Engine) -> Path | None:
     """The file behind a SQLite engine, or None (PostgreSQL, in-memory)."""
     reject_async(engine)
-    if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
-        return None
-    return Path(str(engine.url.database))
+    dialect = dialect_named(engine.dialect.name)
+    return None if dialect is None else dialect.file_path(engine.url)

@@ -1,8 +1,9 @@
 """Everything that differs between SQLite and PostgreSQL, behind one interface.
 
-Services never test ``dialect.name``; they ask :func:`dialect_for` for a :class:`StoreDialect` and call it:
-transaction start (SQLite ``BEGIN IMMEDIATE`` versus PostgreSQL ``BEGIN`` plus row locks), upserts,
-scalar maximum, advisory locks, and the short timeouts of non-blocking probes.
+Nothing else tests ``dialect.name``; callers ask :func:`dialect_for` (or :func:`dialect_for_url`,
+:func:`dialect_named`) for a :class:`StoreDialect` and call it: transaction start (SQLite ``BEGIN IMMEDIATE``
+versus PostgreSQL ``BEGIN`` plus row locks), upserts, scalar maximum, advisory locks, the short timeouts of
+non-blocking probes, and the engine and URL defaults of each backend (driver, file checks, Alembic batch mode).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import os
 import urllib.parse
 from collections.abc import Callable, Hashable, Iterator
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import (
@@ -33,7 +35,9 @@ from sqlalchemy import (
 )
 from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.pool import StaticPool
 
+from .errors import StoreConfigurationError, StoreMissingError
 from .files import PRIVATE_FILE_MODE, SQLITE_SIDECARS, restrict_file
 from .statements import HotStatement
 
@@ -153,6 +157,24 @@ class StoreDialect:
         """Whether an error raised while connecting means the database itself does not exist."""
         return False
 
+    # --- URLs, engines and migrations (db.py, migrate.py, testing.py) ---------------------------------------------
+
+    #: Whether Alembic must emulate ALTER TABLE by copying tables ("batch" mode: SQLite's ALTER is limited).
+    render_as_batch = False
+
+    def normalise_url(self, url: URL) -> URL:
+        """``url`` with the driver hostedrooms uses on this backend."""
+        return url
+
+    def file_path(self, url: URL) -> Path | None:
+        """The database file ``url`` names, or None (a database server, an in-memory database)."""
+        return None
+
+    def build_engine(self, url: URL, *, create: bool, **engine_kwargs: Any) -> Engine:
+        """A plain SQLAlchemy Engine on ``url`` with this backend's defaults (``create``: see
+        :func:`hostedrooms.db.create_engine`); raises SQLAlchemy's own errors for a bad URL or driver."""
+        return _sa_create_engine(url, **engine_kwargs)
+
 
 class SQLiteDialect(StoreDialect):
     """SQLite: WAL, durable commits, and ``BEGIN IMMEDIATE`` for every write transaction.
@@ -236,6 +258,23 @@ class SQLiteDialect(StoreDialect):
         return _sa_create_engine(
             probe_url, poolclass=NullPool, connect_args={"timeout": seconds, "check_same_thread": False})
 
+    # --- URLs, engines and migrations ---------------------------------------------------------------------------
+
+    render_as_batch = True
+
+    def file_path(self, url: URL) -> Path | None:
+        return None if url.database in (None, "", ":memory:") else Path(str(url.database))
+
+    def build_engine(self, url: URL, *, create: bool, **engine_kwargs: Any) -> Engine:
+        existing_file = _prepare_sqlite_file(url, create=create)
+        if url.database in (None, "", ":memory:"):
+            engine_kwargs.setdefault("poolclass", StaticPool)
+        engine_kwargs.setdefault("connect_args", {}).setdefault("check_same_thread", False)
+        engine = _sa_create_engine(url, **engine_kwargs)
+        if existing_file is not None:
+            _open_existing_only(engine, existing_file)
+        return engine
+
     @contextlib.contextmanager
     def probe_timeouts(self, connection: Connection, seconds: float) -> Iterator[None]:
         raw = connection.connection.dbapi_connection
@@ -294,6 +333,11 @@ class PostgreSQLDialect(StoreDialect):
         return _sa_create_engine(
             url, pool_size=1, max_overflow=4, pool_timeout=seconds, connect_args=connect_args)
 
+    def normalise_url(self, url: URL) -> URL:
+        if url.get_driver_name() in ("psycopg2", "psycopg", ""):
+            return url.set(drivername="postgresql+psycopg")
+        return url
+
     def is_missing_store(self, exc: BaseException) -> bool:
         original = getattr(exc, "orig", None) or exc
         if getattr(original, "sqlstate", None) == "3D000":  # invalid_catalog_name
@@ -313,6 +357,32 @@ class PostgreSQLDialect(StoreDialect):
 
 _DIALECTS: dict[str, StoreDialect] = {d.name: d for d in (SQLiteDialect(), PostgreSQLDialect())}
 SUPPORTED_DIALECTS = frozenset(_DIALECTS)
+
+
+def _prepare_sqlite_file(url: URL, *, create: bool) -> str | None:
+    """Check a SQLite file target (and make its folder when ``create``); return the file that must exist."""
+    database = url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None  # in memory, or a URI whose mode= the caller chose
+    path = Path(database)
+    if path.is_dir():
+        raise StoreConfigurationError(f"hosted room store {database} is a directory, not a SQLite file")
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return None
+    if not path.exists():
+        raise StoreMissingError(f"hosted room store {database} does not exist (no SQLite file there)")
+    return database
+
+
+def _open_existing_only(engine: Engine, database: str) -> None:
+    """Connect with SQLite's ``mode=rw`` URI, so a file removed after the check is never created again."""
+    uri = f"file:{urllib.parse.quote(database)}?mode=rw"
+
+    @event.listens_for(engine, "do_connect")
+    def _connect_existing(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
+        cargs[:] = [uri]
+        cparams["uri"] = True
 
 
 # Built once (on a hot path: every append on PostgreSQL takes the gateway budget lock shared).
@@ -347,3 +417,8 @@ def dialect_for(bind: Engine | Connection) -> StoreDialect:
 def dialect_for_url(url: URL) -> StoreDialect:
     """The :class:`StoreDialect` of a resolved URL (only supported backends reach here)."""
     return _DIALECTS[url.get_backend_name()]
+
+
+def dialect_named(name: str) -> StoreDialect | None:
+    """The :class:`StoreDialect` of SQLAlchemy backend ``name`` ("sqlite", "postgresql"), or None if unsupported."""
+    return _DIALECTS.get(name)

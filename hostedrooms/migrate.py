@@ -300,7 +300,7 @@ def _configure(context: EnvironmentContext, connection: Connection) -> None:
         version_table=VERSION_TABLE,
         include_name=include_name,
         include_object=include_object,
-        render_as_batch=connection.dialect.name == "sqlite",
+        render_as_batch=dialect_for(connection).render_as_batch,
         # SQLite DDL is transactional once we control BEGIN; one transaction makes a failed upgrade a no-op.
         transactional_ddl=True,
         transaction_per_migration=False,

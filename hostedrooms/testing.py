@@ -21,10 +21,15 @@ session fixture) to return the application's ``MetaData`` or a callable taking t
     @pytest.fixture(scope="session")
     def hostedrooms_host_setup():
         return myapp.models.metadata
+
+The functions the fixtures are built from are public too (a PostgreSQL database for a ``with`` block, a
+template prepared once, its per-test copy, an Engine disposed afterwards): hostedrooms' own test harness
+(``tests/conftest.py``, every test on SQLite and PostgreSQL) is built from them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -35,7 +40,7 @@ import pytest
 import sqlalchemy as sa
 
 from . import migrate
-from .db import create_engine
+from .db import create_engine, resolve_url
 
 POSTGRES_URL_ENV = "HOSTEDROOMS_TEST_POSTGRES_URL"
 
@@ -55,9 +60,8 @@ def _admin(admin_url: str) -> sa.Engine:
 
 
 def migrate_url(url: str) -> sa.URL:
-    """A PostgreSQL URL with the psycopg 3 driver."""
-    parsed = sa.make_url(url)
-    return parsed.set(drivername="postgresql+psycopg") if parsed.drivername == "postgresql" else parsed
+    """``url`` with the driver hostedrooms uses (psycopg 3 for PostgreSQL)."""
+    return resolve_url(url)
 
 
 def create_database(admin_url: str, name: str, *, template: str | None = None) -> str:
@@ -90,11 +94,66 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:10]}"
 
 
+def postgres_admin_url(config: pytest.Config) -> str | None:
+    """The admin URL given by ``--hostedrooms-postgres-url`` or ``$HOSTEDROOMS_TEST_POSTGRES_URL``, or None (the
+    option is read only where this plugin is loaded)."""
+    given = config.getoption("--hostedrooms-postgres-url", default=None) or os.environ.get(POSTGRES_URL_ENV)
+    return str(given) if given else None
+
+
+@contextlib.contextmanager
+def postgres_database(admin_url: str, name: str, *, template: str | None = None) -> Iterator[str]:
+    """A new PostgreSQL database ``name`` (empty, or cloned from database ``template``) for the ``with`` block:
+    yields its URL; dropped afterwards, whatever happened."""
+    url = create_database(admin_url, name, template=template)
+    try:
+        yield url
+    finally:
+        drop_database(admin_url, name)
+
+
+def prepare_template(target: str, host_setup: HostSetup = None) -> None:
+    """Migrate the database ``target`` to head, then add the host's tables (see ``hostedrooms_host_setup``)."""
+    migrate.upgrade(target)
+    if host_setup is None:
+        return
+    with open_engine(target) as engine:  # disposed: PostgreSQL clones a template only when nobody is connected
+        if isinstance(host_setup, sa.MetaData):
+            host_setup.create_all(engine)
+        else:
+            host_setup(engine)
+
+
+def sqlite_template(directory: Path, host_setup: HostSetup = None) -> Path:
+    """A SQLite file ``template.db`` in ``directory``, prepared by :func:`prepare_template`."""
+    path = directory / "template.db"
+    prepare_template(str(path), host_setup)
+    return path
+
+
+def copy_template(template: str | os.PathLike[str], path: Path) -> str:
+    """A copy of the SQLite ``template`` file at ``path`` (one test's own database), as a target string."""
+    shutil.copyfile(template, path)
+    return str(path)
+
+
+@contextlib.contextmanager
+def open_engine(target: str) -> Iterator[sa.Engine]:
+    """A hostedrooms Engine on ``target`` for the ``with`` block, disposed afterwards."""
+    engine = create_engine(target)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+# --- fixtures ---------------------------------------------------------------------------------------------------
+
+
 @pytest.fixture(scope="session")
 def hostedrooms_postgres_url(request: pytest.FixtureRequest) -> str | None:
     """The admin URL given by option or environment, or None (SQLite)."""
-    given = request.config.getoption("--hostedrooms-postgres-url") or os.environ.get(POSTGRES_URL_ENV)
-    return str(given) if given else None
+    return postgres_admin_url(request.config)
 
 
 @pytest.fixture(scope="session")
@@ -105,20 +164,6 @@ def hostedrooms_host_setup() -> HostSetup:
     return None
 
 
-def _prepare_template(target: str, host_setup: HostSetup) -> None:
-    migrate.upgrade(target)
-    if host_setup is None:
-        return
-    engine = create_engine(target)
-    try:
-        if isinstance(host_setup, sa.MetaData):
-            host_setup.create_all(engine)
-        else:
-            host_setup(engine)
-    finally:
-        engine.dispose()  # PostgreSQL clones a template only when nobody is connected to it
-
-
 @pytest.fixture(scope="session")
 def _hostedrooms_template(
     hostedrooms_postgres_url: str | None, hostedrooms_host_setup: HostSetup, tmp_path_factory: pytest.TempPathFactory
@@ -126,17 +171,12 @@ def _hostedrooms_template(
     """A database migrated to head once per session (with the host's tables): a SQLite file path, or a
     PostgreSQL database name."""
     if hostedrooms_postgres_url is None:
-        path = tmp_path_factory.mktemp("hostedrooms-template") / "template.db"
-        _prepare_template(str(path), hostedrooms_host_setup)
-        yield str(path)
+        yield str(sqlite_template(tmp_path_factory.mktemp("hostedrooms-template"), hostedrooms_host_setup))
         return
     name = unique_name("hostedrooms_template")
-    url = create_database(hostedrooms_postgres_url, name)
-    try:
-        _prepare_template(url, hostedrooms_host_setup)
+    with postgres_database(hostedrooms_postgres_url, name) as url:
+        prepare_template(url, hostedrooms_host_setup)
         yield name
-    finally:
-        drop_database(hostedrooms_postgres_url, name)
 
 
 @pytest.fixture
@@ -145,18 +185,15 @@ def hostedrooms_target(
 ) -> Iterator[str]:
     """A migrated hostedrooms database of this test alone, as a path or URL string."""
     if hostedrooms_postgres_url is None:
-        path = tmp_path / "hostedrooms.db"
-        shutil.copyfile(_hostedrooms_template, path)
-        yield str(path)
+        yield copy_template(_hostedrooms_template, tmp_path / "hostedrooms.db")
         return
     name = unique_name("hostedrooms_test")
-    yield create_database(hostedrooms_postgres_url, name, template=_hostedrooms_template)
-    drop_database(hostedrooms_postgres_url, name)
+    with postgres_database(hostedrooms_postgres_url, name, template=_hostedrooms_template) as url:
+        yield url
 
 
 @pytest.fixture
 def hostedrooms_engine(hostedrooms_target: str) -> Iterator[sa.Engine]:
     """An Engine on this test's migrated hostedrooms database (disposed afterwards)."""
-    engine = create_engine(hostedrooms_target)
-    yield engine
-    engine.dispose()
+    with open_engine(hostedrooms_target) as engine:
+        yield engine

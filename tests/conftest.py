@@ -8,33 +8,32 @@ Fixtures
 - ``empty_target``: a brand-new empty database (never migrated) for migration tests.
 - ``pg_admin_url``: an admin URL of the PostgreSQL server (skips when there is none).
 
-PostgreSQL comes from ``$HOSTEDROOMS_TEST_POSTGRES_URL`` (an admin URL whose role may CREATE DATABASE), or
-else a throwaway cluster started from Debian's ``postgresql`` binaries for this test run (each xdist
-worker gets its own database). Without either the PostgreSQL tests skip, saying how to enable them;
-``HOSTEDROOMS_REQUIRE_POSTGRES=1`` (set by .ci/run) turns that skip into a failure.
+The databases come from the helpers of hostedrooms' own pytest plugin (``hostedrooms.testing``), the code a host
+application's tests use; this harness needs only its functions, so it works whether or not the plugin is loaded.
+
+PostgreSQL comes from ``$HOSTEDROOMS_TEST_POSTGRES_URL`` (or the plugin's ``--hostedrooms-postgres-url``; an admin
+URL whose role may CREATE DATABASE), or else a throwaway cluster started from Debian's ``postgresql`` binaries
+for this test run (each xdist worker gets its own database). Without either the PostgreSQL tests skip, saying
+how to enable them; ``HOSTEDROOMS_REQUIRE_POSTGRES=1`` (set by .ci/run) turns that skip into a failure.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
-from hostedrooms import migrate, pgcluster
-from hostedrooms.db import create_engine
+from hostedrooms import pgcluster, testing
 from hostedrooms.models import metadata
-from hostedrooms.testing import create_database, drop_database, unique_name
 
 BACKENDS = ("sqlite", "postgresql")
-PG_URL_ENV = "HOSTEDROOMS_TEST_POSTGRES_URL"
 REQUIRE_PG_ENV = "HOSTEDROOMS_REQUIRE_POSTGRES"
 HOW_TO_ENABLE = (
     f"PostgreSQL tests need a server: `apt-get install postgresql` (the harness starts a throwaway cluster) "
-    f"or set {PG_URL_ENV} to an admin URL that may CREATE DATABASE")
+    f"or set {testing.POSTGRES_URL_ENV} to an admin URL that may CREATE DATABASE")
 
 
 def _worker() -> str:
@@ -45,9 +44,9 @@ def _worker() -> str:
 
 
 @pytest.fixture(scope="session")
-def pg_admin_url() -> Iterator[str]:
+def pg_admin_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """An admin URL for a PostgreSQL server, or skip (fail when HOSTEDROOMS_REQUIRE_POSTGRES=1)."""
-    given = os.environ.get(PG_URL_ENV)
+    given = testing.postgres_admin_url(request.config)
     if given:
         yield given
         return
@@ -72,13 +71,9 @@ def pg_admin_url() -> Iterator[str]:
 def pg_worker_url(pg_admin_url: str) -> Iterator[str]:
     """This worker's own migrated PostgreSQL database (tests empty it before use), dropped at the end of the
     session: on a server of the user's own ($HOSTEDROOMS_TEST_POSTGRES_URL) a run leaves nothing behind."""
-    name = f"hostedrooms_test_{_worker()}_{os.getpid()}"
-    url = create_database(pg_admin_url, name)
-    try:
-        migrate.upgrade(url)
+    with testing.postgres_database(pg_admin_url, f"hostedrooms_test_{_worker()}_{os.getpid()}") as url:
+        testing.prepare_template(url)
         yield url
-    finally:
-        drop_database(pg_admin_url, name)
 
 
 # --- SQLite template ---------------------------------------------------------------------------------------
@@ -87,9 +82,7 @@ def pg_worker_url(pg_admin_url: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite file migrated to head once per session; tests get copies."""
-    path = tmp_path_factory.mktemp("template") / "template.db"
-    migrate.upgrade(path)
-    return path
+    return testing.sqlite_template(tmp_path_factory.mktemp("template"))
 
 
 # --- per-test databases ------------------------------------------------------------------------------------
@@ -112,26 +105,18 @@ def _truncate_all(engine: Engine) -> None:
 def target(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> str:
     """A migrated, empty database as a facade target string (SQLite file path or PostgreSQL URL)."""
     if backend == "sqlite":
-        path = tmp_path / "state.db"
-        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
-        return str(path)
+        return testing.copy_template(request.getfixturevalue("sqlite_template"), tmp_path / "state.db")
     url: str = request.getfixturevalue("pg_worker_url")
-    engine = create_engine(url)
-    try:
+    with testing.open_engine(url) as engine:
         _truncate_all(engine)
-    finally:
-        engine.dispose()
     return url
 
 
 @pytest.fixture
 def engine(target: str) -> Iterator[Engine]:
     """A configured Engine on a migrated, empty database of ``backend``."""
-    built = create_engine(target)
-    try:
+    with testing.open_engine(target) as built:
         yield built
-    finally:
-        built.dispose()
 
 
 @pytest.fixture
@@ -141,6 +126,5 @@ def empty_target(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -
         yield str(tmp_path / "empty.db")
         return
     admin_url: str = request.getfixturevalue("pg_admin_url")
-    name = unique_name("hostedrooms_empty")
-    yield create_database(admin_url, name)
-    drop_database(admin_url, name)
+    with testing.postgres_database(admin_url, testing.unique_name("hostedrooms_empty")) as url:
+        yield url

@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Any
 
+from factories import prepare
 from sqlalchemy import Engine
 
 import hostedrooms
@@ -47,16 +48,6 @@ def event_item(event_id: str) -> dict[str, Any]:
     return {"event_id": event_id, "kind": "message.user", "actor": USER, "payload": {"text": event_id}}
 
 
-def envelope(envelope_id: str) -> dict[str, Any]:
-    return {
-        "envelope_id": envelope_id, "request_id": f"req-{envelope_id}", "team_id": "team-1",
-        "source_peer_id": "peer-a", "source_server_identity": "srv-a", "source_route_id": "route-a",
-        "source_route_revision": "rev-1", "target_peer_id": None, "target_server_identity": "srv-b",
-        "target_route_id": "route-b", "target_route_revision": "rev-2", "action": "request_reply",
-        "kind": "request_reply", "exchange_id": f"ex-{envelope_id}", "parent_envelope_id": None, "parent_leg": None,
-        "used_legs": 1, "max_legs": 6, "expires_at": 2**40, "body": {"message": f"hello {envelope_id}"}}
-
-
 # --- crash mode --------------------------------------------------------------------------------------------
 
 
@@ -73,8 +64,7 @@ def append_chunk(engine: Engine, room_id: str, ids: list[str], *, gateway: str =
 def ledger_step(ledger: DeliveryLedger, envelope_id: str, state: str) -> dict[str, Any] | None:
     """Move ``envelope_id`` into ``state`` (the next of LEDGER_STEPS); returns the row or None."""
     if state == "prepared":
-        row, _ = ledger.prepare(envelope(envelope_id), transport_role="host", connection_id="conn-1",
-                                lease_token="lease-1", target_chat_id="chat-1")
+        row, _ = prepare(ledger, envelope_id, exchange_id=f"ex-{envelope_id}", message=f"hello {envelope_id}")
         return row
     if state == "authorized":
         return ledger.authorize(envelope_id)

@@ -19,6 +19,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO, TypeVar
 
+from factories import prepare
+
 import hostedrooms
 from hostedrooms import rooms
 from hostedrooms.errors import StoreUnavailableError
@@ -27,16 +29,6 @@ from hostedrooms.ledger import DeliveryLedger
 ROOM = "shared-room"
 GATEWAY = "install:gw-local"
 _T = TypeVar("_T")
-
-
-def envelope(envelope_id: str) -> dict[str, Any]:
-    return {
-        "envelope_id": envelope_id, "request_id": f"req-{envelope_id}", "team_id": "team-1",
-        "source_peer_id": "peer-a", "source_server_identity": "srv-a", "source_route_id": "route-a",
-        "source_route_revision": "rev-1", "target_peer_id": None, "target_server_identity": "srv-b",
-        "target_route_id": "route-b", "target_route_revision": "rev-2", "action": "request_reply",
-        "kind": "request_reply", "exchange_id": f"ex-{envelope_id}", "parent_envelope_id": None, "parent_leg": None,
-        "used_legs": 1, "max_legs": 6, "expires_at": 2**40, "body": {"message": f"hello {envelope_id}"}}
 
 
 def retried(action: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
@@ -60,8 +52,8 @@ def run_ledger(path: str, log: TextIO, name: str, count: int, stop: str) -> None
         n = 0
         while (n < count) if count else not os.path.exists(stop):
             envelope_id = f"{name}-{n}"
-            row, _ = retried(ledger.prepare, envelope(envelope_id), transport_role="host", connection_id="conn-1",
-                             lease_token=f"lease-{envelope_id}", target_chat_id="chat-1")
+            row, _ = retried(prepare, ledger, envelope_id, lease_token=f"lease-{envelope_id}",
+                             exchange_id=f"ex-{envelope_id}", message=f"hello {envelope_id}")
             assert row["state"] == "prepared", row
             ack(log, delivery=envelope_id, state="prepared")
             row = retried(ledger.authorize, envelope_id)

@@ -9,17 +9,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import run_cli as _run
 
 from hostedrooms import UnitOfWork, migrate
 from hostedrooms.cli import main
 from hostedrooms.db import create_engine
 from hostedrooms.models import events, rooms
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_upgrade_current_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,6 +21,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
+from factories import prepare, replica_page
 
 from hostedrooms import migrate
 from hostedrooms.compat import _engine
@@ -212,18 +213,9 @@ def _disband_then_prune(db: str) -> None:
     hr.room_state(db, room_id="r1", include_disbanded=True)  # history still readable unless pruned
 
 
-def _page(gateway: str = "install:gw-other", epoch: int = 1, room_id: str = "r1", text: str = "hi",
-          created_at: float = 1.0) -> dict[str, Any]:
-    event = {"room_id": room_id, "seq": 1, "event_id": "e1", "kind": "message.user",
-             "actor": {"kind": "user", "id": "u1"}, "authority_epoch": epoch, "payload": {"text": text},
-             "created_at": created_at}
-    return {"events": [event], "cursor": 1, "latest_seq": 1, "has_more": False,
-            "authority": {"gateway_id": gateway, "epoch": epoch}}
-
-
-def _ingest(db: str, room_id: str = "r1", **page: Any) -> dict[str, Any]:
+def _ingest(db: str, room_id: str = "r1", gateway: str = "install:gw-other") -> dict[str, Any]:
     return hrr.ingest_page(db, room_id=room_id, room_name="Room", members=[{"id": "m1"}],
-                           page=_page(room_id=room_id, **page), now=NOW)
+                           page=replica_page(1, 1, gateway=gateway, room_id=room_id), now=NOW)
 
 
 # --- limits: lowering one on the facade module takes effect ------------------------------------------------------
@@ -289,9 +281,9 @@ def test_lowering_the_ledger_capacity_on_the_facade_takes_effect(tmp_path: Path,
     monkeypatch.setattr(spd, "MAX_NONTERMINAL_DELIVERIES", 1)
     ledger = spd.SecurePeerDeliveryLedger(tmp_path / "ledger" / "ledger.db")
     try:
-        _prepare(ledger, 1)
+        prepare(ledger, 1)
         with pytest.raises(RuntimeError):
-            _prepare(ledger, 2)
+            prepare(ledger, 2)
     finally:
         ledger.close()
 
@@ -368,7 +360,7 @@ def test_replicas_time_is_read_from_the_module_at_call_time(db: str, install_id:
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     assert hrr.time is time
     monkeypatch.setattr(hrr, "time", SimpleNamespace(time=lambda: 4242.0))
-    hrr.ingest_page(db, room_id="r1", room_name="Room", members=[], page=_page(gateway="install:gw-old"))
+    hrr.ingest_page(db, room_id="r1", room_name="Room", members=[], page=replica_page(1, 1, gateway="install:gw-old"))
     assert hrr.replica_state(db, room_id="r1")["updated_at"] == 4242.0
     monkeypatch.setattr(hrr, "time", SimpleNamespace(time=lambda: 5151.0))
     hrr.promote_replica(db, room_id="r1")
@@ -384,7 +376,7 @@ def test_ledger_time_is_read_from_the_module_at_call_time(tmp_path: Path, monkey
     ledger = spd.SecurePeerDeliveryLedger(tmp_path / "ledger" / "ledger.db")
     try:
         monkeypatch.setattr(spd, "time", SimpleNamespace(time=lambda: 5000.7))
-        record, created = _prepare(ledger, 1)
+        record, created = prepare(ledger, 1)
         assert created and record["created_at"] == record["updated_at"] == 5000  # int(time.time())
         monkeypatch.setattr(spd, "time", SimpleNamespace(time=lambda: 6000.0))
         authorized = ledger.authorize("env-1")
@@ -436,7 +428,7 @@ def test_ledger_prepares_its_folder_through_the_modules_ensure_private_directory
     monkeypatch.setattr(spd, "ensure_private_directory", lambda path: seen.append(Path(path)))
     ledger = spd.SecurePeerDeliveryLedger(folder / "ledger.db")
     try:
-        _prepare(ledger, 1)
+        prepare(ledger, 1)
     finally:
         ledger.close()
     assert seen == [folder]  # called once, like the reference's __init__
@@ -518,19 +510,3 @@ def test_constants_and_classes_read_like_the_reference() -> None:
     assert spd.TERMINAL_DELIVERY_STATES == frozenset({"completed", "failed"})
     assert issubclass(hrr.ReplicaGapError, hrr.ReplicaError) and issubclass(hrr.ReplicaError, hrr.HostedRoomError)
     assert hrr.HostedRoomError is hr.HostedRoomError and hrr.RoomConflictError is hr.RoomConflictError
-
-
-# --- ledger helper ------------------------------------------------------------------------------------------------
-
-
-def _prepare(ledger: Any, n: int) -> tuple[dict[str, Any], bool]:
-    envelope = {
-        "envelope_id": f"env-{n}", "request_id": f"req-{n}", "team_id": "team-1", "source_peer_id": "peer-a",
-        "source_server_identity": "srv-a", "source_route_id": "route-a", "source_route_revision": "rev-1",
-        "target_peer_id": None, "target_server_identity": "srv-b", "target_route_id": "route-b",
-        "target_route_revision": "rev-2", "action": "request_reply", "kind": "request_reply", "exchange_id": "ex-1",
-        "parent_envelope_id": None, "parent_leg": None, "used_legs": 1, "max_legs": 6, "expires_at": 2**40,
-        "body": {"message": "hi"}}
-    result: tuple[dict[str, Any], bool] = ledger.prepare(
-        envelope, transport_role="host", connection_id="conn-1", lease_token="lease-1", target_chat_id="chat-1")
-    return result

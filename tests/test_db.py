@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from factories import connect_error
 
 from hostedrooms import HostedRoomError, StoreUnavailableError, UnitOfWork
 from hostedrooms.db import create_engine, resolve_url
@@ -80,16 +81,11 @@ def test_empty_target_is_refused() -> None:
 
 
 def test_unreachable_database_names_the_target_and_masks_the_password() -> None:
-    engine = create_engine("postgresql://alice:s3cret-pw@127.0.0.1:1/rooms", connect_args={"connect_timeout": 2})
-    try:
-        with pytest.raises(StoreUnavailableError) as caught, UnitOfWork(engine):
-            pass
-    finally:
-        engine.dispose()
-    message = str(caught.value)
+    error = connect_error("postgresql://alice:s3cret-pw@127.0.0.1:1/rooms", StoreUnavailableError, connect_timeout=2)
+    message = str(error)
     assert "127.0.0.1:1/rooms" in message and "***" in message
     assert "s3cret-pw" not in message
-    assert isinstance(caught.value.__cause__, sa.exc.OperationalError)
+    assert isinstance(error.__cause__, sa.exc.OperationalError)
 
 
 def test_statement_parameters_stay_out_of_errors(tmp_path: Path) -> None:

@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import file_mode as mode
+from factories import link, prepare, private_store
 
 import hostedrooms
 from hostedrooms import files, migrate, peers, rooms
@@ -69,23 +71,10 @@ def assert_locks_held(path: Path) -> None:
     assert lock_holder(Path(f"{path}-shm"), SHM_DMS_BYTE, 1) == os.getpid(), "-shm DMS lock lost"
 
 
-def mode(path: Path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
-
-
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
     """A migrated SQLite store holding one room, in a private directory."""
-    directory = tmp_path / "store"
-    directory.mkdir(mode=0o700)
-    path = directory / "state.db"
-    migrate.upgrade(path)
-    engine = hostedrooms.create_engine(path)
-    try:
-        rooms.create_room(engine, room_id="room-1", name="Room", members=[], authority_gateway_id=GATEWAY)
-    finally:
-        engine.dispose()
-    return path
+    return private_store(tmp_path, room_id="room-1", name="Room", gateway=GATEWAY)
 
 
 @pytest.fixture
@@ -98,22 +87,6 @@ def reader(store: Path) -> Iterator[sqlite3.Connection]:
         yield connection
     finally:
         connection.close()
-
-
-def envelope(n: int) -> dict[str, Any]:
-    return {
-        "envelope_id": f"env-{n}", "request_id": f"req-{n}", "team_id": "team-1", "source_peer_id": "peer-a",
-        "source_server_identity": "srv-a", "source_route_id": "route-a", "source_route_revision": "rev-1",
-        "target_peer_id": None, "target_server_identity": "srv-b", "target_route_id": "route-b",
-        "target_route_revision": "rev-2", "action": "request_reply", "kind": "request_reply", "exchange_id": "ex-1",
-        "parent_envelope_id": None, "parent_leg": None, "used_legs": 1, "max_legs": 6, "expires_at": 2**40,
-        "body": {"message": "hi"}}
-
-
-def link(member_id: str = "m1") -> dict[str, Any]:
-    return {"room_id": "room-1", "member_id": member_id, "target_url": "https://peer.example/rooms",
-            "target_profile": "default", "grant": "grant-1", "catalog_json": "{}", "cancellation_scope_id": "s",
-            "trace_id": "t", "transport_security": "tls", "status": "ok", "updated_at": 10.0}
 
 
 # --- the lock probe and the O_PATH claim -------------------------------------------------------------------
@@ -199,7 +172,7 @@ def touch_everything(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
     try:
         ledger = DeliveryLedger(engine)  # repairs the modes of the file and its sidecars
         assert mode(store) == mode(Path(f"{store}-wal")) == 0o600
-        ledger.prepare(envelope(1), transport_role="host", connection_id="c", lease_token="l", target_chat_id="x")
+        prepare(ledger, 1, connection_id="c", lease_token="l", target_chat_id="x")
         assert ledger.authorize("env-1") is not None
         os.chmod(store, 0o640)
         assert ledger.get("env-1") is not None and mode(store) == 0o600  # re-checked and repaired
@@ -215,7 +188,7 @@ def touch_everything(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
         engine.dispose()
     facade = SecurePeerDeliveryLedger(store)
     try:
-        facade.prepare(envelope(2), transport_role="host", connection_id="c", lease_token="l", target_chat_id="x")
+        prepare(facade, 2, connection_id="c", lease_token="l", target_chat_id="x")
     finally:
         facade.close()
     assert hostedrooms.verify(store) == []

@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from factories import RACER_START, race
 from test_readme import readme_block
 
 from hostedrooms import migrate, rooms, verify
@@ -338,16 +338,8 @@ def test_upgrade_on_a_host_connection_outside_a_transaction_commits_its_own(empt
         plain.dispose()
 
 
-RACER = """
-import logging, sys, time
-from pathlib import Path
+RACER = RACER_START + """
 import sqlalchemy as sa
-go = Path(sys.argv[2])
-while not go.exists():
-    time.sleep(0.005)
-logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
-logging.getLogger("alembic.runtime.migration").setLevel(logging.INFO)
-from hostedrooms import migrate
 engine = sa.create_engine(sys.argv[1], connect_args={"timeout": 120} if sys.argv[1].startswith("sqlite") else {})
 with engine.connect() as connection:  # the host's own engine, as in its env.py
     migrate.upgrade(connection)
@@ -359,17 +351,9 @@ print("DONE", migrate.current_revision(sys.argv[1]))
 def test_several_hosts_upgrading_at_once_on_their_own_engines(empty_target: str, tmp_path: Path) -> None:
     """Without hostedrooms' hooks pysqlite would run each DDL statement on its own and the upgraders would
     interleave; the migration's BEGIN IMMEDIATE makes one migrate while the others wait and then find head."""
-    url = _sa_url(empty_target)
-    go = tmp_path / "go"
-    env = dict(os.environ, PYTHONPATH=str(Path(migrate.__file__).resolve().parent.parent))
-    children = [subprocess.Popen([sys.executable, "-c", RACER, url, str(go)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, env=env) for _ in range(4)]
-    time.sleep(1.0)  # let every child import and start polling
-    go.touch()
     outputs = []
-    for child in children:
-        out, _ = child.communicate(timeout=180)
-        assert child.returncode == 0, out
+    for code, out in race(RACER, _sa_url(empty_target), tmp_path, processes=4, timeout=180):
+        assert code == 0, out
         outputs.append(out)
     assert sum("Running upgrade  -> 0001_baseline" in out for out in outputs) == 1, outputs
     assert all(f"DONE {migrate.head_revision()}" in out for out in outputs), outputs

@@ -6,6 +6,7 @@ import hashlib
 from typing import Any
 
 import pytest
+from factories import envelope
 
 from hostedrooms.ledger import delivery_claim, outbound_claim, retry_delay
 
@@ -15,19 +16,6 @@ def test_retry_delay_doubles_then_caps_at_256_seconds() -> None:
     assert retry_delay(10_000) == 256  # the exponent is capped before the power is taken
 
 
-def _envelope(**overrides: Any) -> dict[str, Any]:
-    envelope: dict[str, Any] = {
-        "envelope_id": "env-1", "request_id": "req-1", "team_id": "team-1", "source_peer_id": "peer-a",
-        "source_server_identity": "srv-a", "source_route_id": "route-a", "source_route_revision": "rev-1",
-        "target_peer_id": None, "target_server_identity": "srv-b", "target_route_id": "route-b",
-        "target_route_revision": "rev-2", "action": "request_reply", "kind": "request_reply", "exchange_id": "ex-1",
-        "parent_envelope_id": None, "parent_leg": None, "used_legs": 1, "max_legs": 6, "expires_at": 5000,
-        "body": {"message": "hi"},
-    }
-    envelope.update(overrides)
-    return envelope
-
-
 def _claim(envelope: dict[str, Any], **overrides: Any) -> tuple[dict[str, Any], str]:
     arguments: dict[str, Any] = {"transport_role": "host", "connection_id": "conn-1", "lease_token": "lease-1",
                                  "target_chat_id": "chat-1", **overrides}
@@ -35,18 +23,18 @@ def _claim(envelope: dict[str, Any], **overrides: Any) -> tuple[dict[str, Any], 
 
 
 def test_claim_digest_ignores_lease_token_and_key_order_but_not_routing() -> None:
-    claim, digest = _claim(_envelope())
+    claim, digest = _claim(envelope())
     assert claim["lease_token"] == "lease-1" and len(digest) == 64
-    assert _claim(_envelope(), lease_token="lease-2")[1] == digest
-    reordered = dict(reversed(list(_envelope().items())))
+    assert _claim(envelope(), lease_token="lease-2")[1] == digest
+    reordered = dict(reversed(list(envelope().items())))
     assert _claim(reordered)[1] == digest
-    assert _claim(_envelope(), connection_id="conn-2")[1] != digest
-    assert _claim(_envelope(), target_chat_id="chat-2")[1] != digest
-    assert _claim(_envelope(body={"message": "other"}))[1] != digest
+    assert _claim(envelope(), connection_id="conn-2")[1] != digest
+    assert _claim(envelope(), target_chat_id="chat-2")[1] != digest
+    assert _claim(envelope(body={"message": "other"}))[1] != digest
 
 
 def test_claim_coerces_like_the_reference() -> None:
-    claim, _ = _claim(_envelope(used_legs="3", parent_leg=2.0, target_peer_id=7), connection_id=5)
+    claim, _ = _claim(envelope(used_legs="3", parent_leg=2.0, target_peer_id=7), connection_id=5)
     coerced = (claim["used_legs"], claim["parent_leg"], claim["target_peer_id"], claim["connection_id"])
     assert coerced == (3, 2, "7", "5")
 
@@ -67,12 +55,12 @@ def test_claim_coerces_like_the_reference() -> None:
 )
 def test_claim_refusals(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        _claim(_envelope(**overrides))
+        _claim(envelope(**overrides))
 
 
 def test_claim_refuses_bad_role_and_non_mapping_envelope() -> None:
     with pytest.raises(ValueError, match="role is invalid"):
-        _claim(_envelope(), transport_role="peer")
+        _claim(envelope(), transport_role="peer")
     with pytest.raises(ValueError, match="envelope is invalid"):
         _claim(["not", "a", "mapping"])  # type: ignore[arg-type]
 

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from collections.abc import Callable
+from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
+import factories
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import Engine
@@ -14,6 +19,7 @@ from hostedrooms import limits
 from hostedrooms.compat import secure_peer_delivery as facade
 from hostedrooms.errors import StoreIntegrityError
 from hostedrooms.ledger import DeliveryLedger
+from hostedrooms.limits import LimitValues
 from hostedrooms.models import deliveries, outbound_intents
 
 START = 1_000_000
@@ -42,32 +48,10 @@ def ledger(engine: Engine, clock: FakeClock) -> DeliveryLedger:
     return DeliveryLedger(engine, clock=clock)
 
 
-def envelope(n: int, **overrides: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "envelope_id": f"env-{n}", "request_id": f"req-{n}", "team_id": "team-1", "source_peer_id": "peer-a",
-        "source_server_identity": "srv-a", "source_route_id": "route-a", "source_route_revision": "rev-1",
-        "target_peer_id": None, "target_server_identity": "srv-b", "target_route_id": "route-b",
-        "target_route_revision": "rev-2", "action": "request_reply", "kind": "request_reply", "exchange_id": "ex-1",
-        "parent_envelope_id": None, "parent_leg": None, "used_legs": 1, "max_legs": 6,
-        "expires_at": START + 3600, "body": {"message": "please answer é"},
-    }
-    data.update(overrides)
-    return data
-
-
-def prepare(ledger: DeliveryLedger, n: int | str, *, lease: str = "lease-1", chat: str = "chat-1",
-            connection: str = "conn-1", **overrides: Any) -> tuple[dict[str, Any], bool]:
-    data = envelope(0, **overrides) if isinstance(n, str) else envelope(n, **overrides)
-    if isinstance(n, str):
-        data["envelope_id"] = n
-    return ledger.prepare(data, transport_role="host", connection_id=connection, lease_token=lease,
-                          target_chat_id=chat)
-
-
-def snapshot_tables(engine: Engine) -> list[Any]:
-    with engine.connect() as connection:
-        return [sorted(tuple(row) for row in connection.execute(sa.select(table)))
-                for table in (deliveries, outbound_intents)]
+# This file's envelopes expire an hour after START and carry a message that is not ASCII.
+envelope = partial(factories.envelope, expires_at=START + 3600, message="please answer é")
+prepare = partial(factories.prepare, expires_at=START + 3600, message="please answer é")
+snapshot_tables = partial(factories.snapshot, tables=(deliveries, outbound_intents))
 
 
 def ids(rows: list[dict[str, Any]], key: str = "envelope_id") -> list[str]:
@@ -155,14 +139,14 @@ def test_prepare_replay_lease_refresh_and_digest_change(ledger: DeliveryLedger, 
     clock.advance(10)
     again, created = prepare(ledger, 1)
     assert created is False and again == first  # same lease: nothing changes
-    refreshed, created = prepare(ledger, 1, lease="lease-2")
+    refreshed, created = prepare(ledger, 1, lease_token="lease-2")
     assert created is False and refreshed["lease_token"] == "lease-2" and refreshed["updated_at"] == START + 10
     assert refreshed["claim_digest"] == first["claim_digest"]
     ledger.authorize("env-1")
-    kept, created = prepare(ledger, 1, lease="lease-3")
+    kept, created = prepare(ledger, 1, lease_token="lease-3")
     assert created is False and kept["lease_token"] == "lease-2"  # only a prepared claim takes a new token
     before = snapshot_tables(ledger.engine)
-    for changed in ({"body": {"message": "different"}}, {"connection": "conn-2"}, {"chat": "chat-2"}):
+    for changed in ({"body": {"message": "different"}}, {"connection_id": "conn-2"}, {"target_chat_id": "chat-2"}):
         with pytest.raises(RuntimeError, match="^secure peer envelope identity changed$"):
             prepare(ledger, 1, **changed)
     assert snapshot_tables(ledger.engine) == before
@@ -219,7 +203,7 @@ def test_capacity_counts_nonterminal_deliveries(
     with pytest.raises(RuntimeError, match="^secure peer delivery capacity is full$"):
         prepare(ledger, 3)
     assert snapshot_tables(ledger.engine) == before
-    assert prepare(ledger, 2, lease="lease-2")[1] is False  # known envelopes are not capacity-checked
+    assert prepare(ledger, 2, lease_token="lease-2")[1] is False  # known envelopes are not capacity-checked
     ledger.finish("env-2", succeeded=False)
     assert prepare(ledger, 3)[1] is True
     clock.advance(10)  # env-1 expires: the sweep runs before the count, freeing its slot
@@ -334,9 +318,7 @@ SNAPSHOT = {"connection_id": "c1", "source_route_id": "sr1", "source_route_revis
             "source_chat_id": "chat-1", "action": "request_reply", "note": "é"}
 
 
-def outbound_args(**overrides: Any) -> dict[str, Any]:
-    return {"request_id": "out-1", "source_session_id": "chat-1", "source_run_id": "run-x", "snapshot": SNAPSHOT,
-            "body": "hello", "action": "request_reply", "expires_at": START + 600, **overrides}
+outbound_args = partial(factories.outbound, source_run_id="run-x", snapshot=SNAPSHOT, expires_at=START + 600)
 
 
 def test_outbound_lifecycle(ledger: DeliveryLedger, clock: FakeClock) -> None:
@@ -463,3 +445,166 @@ def test_timestamps_out_of_range_are_refused_before_the_database(ledger: Deliver
     for bad in (2**63, "soon", [1]):
         with pytest.raises(ValueError, match="^secure peer ledger timestamp is invalid$"):
             ledger.pending_outbound(now=bad)  # type: ignore[arg-type]
+
+
+# --- the shared retry/fail transition ---------------------------------------------------------------------
+# Admission, response and outbound retries are one state machine (hostedrooms/ledger/retries.py): each case
+# below runs it through every public call that uses it. Every row a call returns comes from UPDATE ... RETURNING
+# or from the row it locked; the tests compare it with the row read back afterwards.
+
+
+def _admission(ledger: DeliveryLedger) -> str:
+    prepare(ledger, "env-r")
+    ledger.authorize("env-r")
+    return "env-r"
+
+
+def _response(ledger: DeliveryLedger) -> str:
+    _admission(ledger)
+    ledger.prepare_response("env-r", request_id="resp-r", body="answer", request_response=False)
+    return "env-r"
+
+
+def _send(ledger: DeliveryLedger) -> str:
+    ledger.prepare_outbound(**outbound_args(request_id="out-r", expires_at=START + 10**6))
+    return "out-r"
+
+
+# name: (set up a retryable row, retry, fail (None: no failure), read back, the queue of due retries at `now`,
+#        the columns (attempts, retry_at, last_error))
+MACHINES: dict[str, tuple[Any, ...]] = {
+    "admission": (_admission, lambda ledger, key, error: ledger.defer_admission(key, error=error),
+                  lambda ledger, key, error: ledger.fail_ownerless_authorized(key, error=error),
+                  DeliveryLedger.get, lambda ledger, now: ids(ledger.pending_admissions(now=now)),
+                  ("admission_attempts", "admission_retry_at", "admission_last_error")),
+    "response": (_response, lambda ledger, key, error: ledger.defer_response(key, request_id="resp-r", error=error),
+                 None, DeliveryLedger.get, lambda ledger, now: ids(ledger.pending_responses(now=now)),
+                 ("response_attempts", "response_retry_at", "response_last_error")),
+    "outbound": (_send, DeliveryLedger.defer_outbound, DeliveryLedger.fail_outbound, DeliveryLedger.outbound,
+                 lambda ledger, now: ids(ledger.pending_outbound(now=now), "request_id"),
+                 ("attempts", "retry_at", "last_error")),
+}
+
+
+@pytest.mark.parametrize("machine", sorted(MACHINES))
+def test_retry_counts_attempts_and_backs_off(ledger: DeliveryLedger, clock: FakeClock, machine: str) -> None:
+    setup, retry, _, read, due, (attempts, retry_at, last_error) = MACHINES[machine]
+    key = setup(ledger)
+    schedule = []
+    for n in range(1, 11):
+        clock.advance(1)
+        now = int(clock.now)
+        row = retry(ledger, key, f"try {n}\x00" + "x" * 500)
+        assert row == read(ledger, key)  # RETURNING gives the row as stored
+        assert (row[attempts], row[last_error], row["updated_at"]) == (n, (f"try {n}\\x00" + "x" * 500)[:400], now)
+        schedule.append(row[retry_at] - now)
+        assert due(ledger, row[retry_at] - 1) == [] and due(ledger, row[retry_at]) == [key]
+    assert schedule == [2, 4, 8, 16, 32, 64, 128, 256, 256, 256]
+
+
+@pytest.mark.parametrize("machine", ["admission", "outbound"])
+def test_fail_is_terminal(ledger: DeliveryLedger, clock: FakeClock, machine: str) -> None:
+    setup, retry, fail, read, due, (attempts, retry_at, last_error) = MACHINES[machine]
+    key = setup(ledger)
+    retry(ledger, key, "first")
+    clock.advance(3)
+    failed = fail(ledger, key, "given up\x00")
+    assert failed == read(ledger, key) and failed["state"] == "failed" and failed["updated_at"] == int(clock.now)
+    error = failed["error"] if machine == "admission" else failed[last_error]
+    assert (error, failed[attempts], failed[retry_at]) == ("given up\\x00", 1, None)
+    before = snapshot_tables(ledger.engine)
+    clock.advance(3)
+    assert retry(ledger, key, "again") == failed and fail(ledger, key, "twice") == failed
+    assert due(ledger, 2**40) == []
+    if machine == "admission":
+        assert ledger.bind_owner(key, queued_id="q", run_id=None) is None and ledger.recoverable() == []
+    else:
+        assert ledger.commit_outbound(key, {"ok": True}) == failed and ledger.recoverable_outbound() == []
+    assert snapshot_tables(ledger.engine) == before
+
+
+@pytest.mark.parametrize("machine", sorted(MACHINES))
+def test_a_missed_guard_returns_the_row_as_it_stands_and_changes_nothing(
+    ledger: DeliveryLedger, clock: FakeClock, machine: str
+) -> None:
+    setup, retry, fail, read, _, _ = MACHINES[machine]
+    calls = [retry] if fail is None else [retry, fail]
+    for call in calls:
+        assert call(ledger, "missing", "x") is None
+    key = setup(ledger)
+    # the row leaves the machine: owned (admission), committed (response, outbound)
+    if machine == "admission":
+        ledger.bind_owner(key, queued_id="q", run_id=None)
+    elif machine == "response":
+        ledger.mark_response_committed(key)
+    else:
+        ledger.commit_outbound(key, {"ok": True})
+    current = read(ledger, key)
+    before = snapshot_tables(ledger.engine)
+    clock.advance(5)
+    for call in calls:
+        assert call(ledger, key, "late") == current
+    if machine == "response":  # another intent's id misses the guard too
+        ledger.clear_response_intent(key, request_id="resp-r")
+        assert ledger.defer_response(key, request_id="other", error="x") == read(ledger, key)
+    else:
+        assert snapshot_tables(ledger.engine) == before
+
+
+def _blocked_on_a_lock(engine: Engine) -> None:
+    """Wait (generously) until another session of this PostgreSQL database waits for a lock; SQLite gives no
+    such view, so there the loser is only given a head start (the outcome is the same whichever runs first)."""
+    if engine.dialect.name == "sqlite":
+        time.sleep(0.3)
+        return
+    waiting = sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                      "AND wait_event_type = 'Lock'")
+    deadline = time.monotonic() + 30
+    with engine.connect() as connection:
+        while connection.execute(waiting).scalar_one() == 0:
+            assert time.monotonic() < deadline, "the losing call never waited for the row"
+            time.sleep(0.01)
+            connection.rollback()
+
+
+@pytest.mark.parametrize(("machine", "call"), [("admission", 1), ("admission", 2), ("outbound", 1), ("outbound", 2)])
+def test_a_lost_race_returns_the_winners_row(ledger: DeliveryLedger, machine: str, call: int) -> None:
+    setup, *calls = MACHINES[machine]
+    read = calls[2]
+    key = setup(ledger)
+    table, column, winner = (
+        (deliveries, deliveries.c.envelope_id, {"state": "queued", "queued_id": "q-winner"}) if machine == "admission"
+        else (outbound_intents, outbound_intents.c.request_id, {"state": "committed", "response_json": "{}"}))
+    result: list[Any] = []
+    with ledger.engine.connect() as connection:
+        connection.begin()  # SQLite: BEGIN IMMEDIATE, the write lock; PostgreSQL: the row lock below
+        connection.execute(sa.update(table).where(column == key).values(**winner))
+        loser = threading.Thread(target=lambda: result.append(calls[call - 1](ledger, key, "lost")))
+        loser.start()
+        _blocked_on_a_lock(ledger.engine)
+        connection.commit()
+    loser.join(timeout=60)
+    assert not loser.is_alive()
+    won = read(ledger, key)
+    assert result == [won] and won["state"] == winner["state"]
+    assert won["attempts" if machine == "outbound" else "admission_attempts"] == 0
+
+
+# --- the limits seam --------------------------------------------------------------------------------------
+
+
+def test_capacity_is_read_from_the_limits_given_at_call_time(engine: Engine, clock: FakeClock) -> None:
+    capacity = [1]
+    provided = DeliveryLedger(engine, clock=clock, limits=lambda: LimitValues.read(
+        SimpleNamespace(MAX_NONTERMINAL_DELIVERIES=capacity[0])))
+    prepare(provided, 1)
+    with pytest.raises(RuntimeError, match="^secure peer delivery capacity is full$"):
+        prepare(provided, 2)
+    with pytest.raises(ValueError, match="^secure peer response retry limit is invalid$"):
+        provided.pending_responses(limit=2)
+    capacity[0] = 2  # a provider is called at call time
+    assert prepare(provided, 2)[1] is True and provided.pending_responses(limit=2) == []
+    fixed = DeliveryLedger(engine, clock=clock, limits=LimitValues.read(SimpleNamespace(MAX_NONTERMINAL_DELIVERIES=3)))
+    assert prepare(fixed, 3)[1] is True
+    with pytest.raises(RuntimeError, match="^secure peer delivery capacity is full$"):
+        prepare(fixed, 4)

@@ -6,49 +6,25 @@ import json
 import os
 import signal
 import sqlite3
-import stat
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import envelope, outbound, prepare, run_together
+from factories import file_mode as mode
 from sqlalchemy import Engine
 
 from hostedrooms import limits
 from hostedrooms.compat import secure_peer_delivery as facade
 from hostedrooms.compat.secure_peer_delivery import SecurePeerDeliveryLedger
 from hostedrooms.db import create_engine
-from hostedrooms.errors import StorageError
+from hostedrooms.errors import HostedRoomError, StorageError
 from hostedrooms.ledger import DeliveryLedger
 from hostedrooms.models import deliveries
-
-FAR = 2**40  # an expiry that never comes
-
-
-def envelope(n: int, **overrides: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "envelope_id": f"env-{n}", "request_id": f"req-{n}", "team_id": "team-1", "source_peer_id": "peer-a",
-        "source_server_identity": "srv-a", "source_route_id": "route-a", "source_route_revision": "rev-1",
-        "target_peer_id": None, "target_server_identity": "srv-b", "target_route_id": "route-b",
-        "target_route_revision": "rev-2", "action": "request_reply", "kind": "request_reply", "exchange_id": "ex-1",
-        "parent_envelope_id": None, "parent_leg": None, "used_legs": 1, "max_legs": 6, "expires_at": FAR,
-        "body": {"message": "hi"},
-    }
-    data.update(overrides)
-    return data
-
-
-def prepare(ledger: DeliveryLedger, n: int, lease: str = "lease-1") -> tuple[dict[str, Any], bool]:
-    return ledger.prepare(envelope(n), transport_role="host", connection_id="conn-1", lease_token=lease,
-                          target_chat_id="chat-1")
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
 
 
 @pytest.fixture
@@ -204,6 +180,21 @@ def test_facade_on_every_backend(target: str) -> None:
         ledger.close()
 
 
+def test_facade_guards_the_file_a_sqlite_url_names_as_given(tmp_path: Path) -> None:
+    path = tmp_path / "ledger" / "ledger.db"
+    for target in (f"sqlite:///{path}", sa.make_url(f"sqlite:///{path}")):
+        ledger = SecurePeerDeliveryLedger(target)
+        try:
+            assert ledger.file == path and ledger.path == path and mode(path) == 0o600 and mode(path.parent) == 0o700
+        finally:
+            ledger.close()
+    (tmp_path / "alias.db").symlink_to(path)
+    with pytest.raises(PermissionError, match="^secure peer delivery ledger must not be a symlink$"):
+        SecurePeerDeliveryLedger(f"sqlite:///{tmp_path / 'alias.db'}")  # the link itself, never resolved
+    with pytest.raises(HostedRoomError, match="unsupported database dialect 'mysql'"):
+        SecurePeerDeliveryLedger("mysql://user@localhost/ledger")
+
+
 # --- crash recovery -------------------------------------------------------------------------------------------
 
 CHILD = """
@@ -230,7 +221,7 @@ def test_prepared_delivery_survives_a_killed_process(target: str) -> None:
         assert [(row["envelope_id"], row["state"], row["lease_token"]) for row in recovered] == [
             ("env-1", "prepared", "lease-1")]
         # the redelivery after the lease deadline resumes the saved intent with a new token
-        resumed, created = prepare(ledger, 1, lease="lease-2")
+        resumed, created = prepare(ledger, 1, lease_token="lease-2")
         assert created is False and resumed["lease_token"] == "lease-2"
         assert (ledger.authorize("env-1") or {}).get("state") == "authorized"
     finally:
@@ -238,26 +229,6 @@ def test_prepared_delivery_survives_a_killed_process(target: str) -> None:
 
 
 # --- concurrent writers ---------------------------------------------------------------------------------------
-
-
-def run_together(workers: int, work: Callable[[int], Any]) -> list[Any]:
-    """Run ``work(i)`` on ``workers`` threads released at once; return each result or exception."""
-    barrier = threading.Barrier(workers)
-    results: list[Any] = [None] * workers
-
-    def run(index: int) -> None:
-        barrier.wait()
-        try:
-            results[index] = work(index)
-        except Exception as exc:
-            results[index] = exc
-
-    threads = [threading.Thread(target=run, args=(index,)) for index in range(workers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    return results
 
 
 def nonterminal(engine: Engine) -> int:
@@ -275,7 +246,7 @@ def test_concurrent_prepares_never_exceed_capacity(engine: Engine, monkeypatch: 
         def work(index: int, ledgers: list[DeliveryLedger] = ledgers, base: int = 100 * round_) -> Any:
             return prepare(ledgers[index], base + index)
 
-        results = run_together(8, work)
+        results = run_together(work, 8)
         created = [result for result in results if isinstance(result, tuple)]
         refused = [result for result in results if isinstance(result, RuntimeError)]
         assert len(created) + len(refused) == 8, results
@@ -287,11 +258,8 @@ def test_concurrent_prepares_never_exceed_capacity(engine: Engine, monkeypatch: 
 
 def test_concurrent_replays_of_one_envelope_and_one_intent(engine: Engine) -> None:
     ledgers = [DeliveryLedger(engine) for _ in range(6)]
-    results = run_together(6, lambda i: prepare(ledgers[i], 1))
+    results = run_together(lambda i: prepare(ledgers[i], 1), 6)
     assert sorted(created for _, created in results) == [False] * 5 + [True], results
-    snapshot = {"connection_id": "c1", "source_route_id": "sr", "source_route_revision": "v1",
-                "source_chat_id": "chat-1", "action": "instruction"}
-    arguments: dict[str, Any] = {"request_id": "out-1", "source_session_id": "chat-1", "source_run_id": "run-1",
-                 "snapshot": snapshot, "body": "hello", "action": "instruction", "expires_at": FAR}
-    results = run_together(6, lambda i: ledgers[i].prepare_outbound(**arguments))
+    arguments = outbound()
+    results = run_together(lambda i: ledgers[i].prepare_outbound(**arguments), 6)
     assert sorted(created for _, created in results) == [False] * 5 + [True], results

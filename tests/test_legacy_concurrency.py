@@ -3,14 +3,11 @@ SQLite, creating a fresh schema on PostgreSQL), the others wait and then find he
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from factories import RACER_START, race
 from test_legacy_adoption import _draft_rooms, _host_state, _select, legacy
 from test_legacy_schemas import dump
 
@@ -18,31 +15,16 @@ from hostedrooms import migrate, models
 from hostedrooms.db import create_engine
 
 PROCESSES = 4
-CHILD = """
-import logging, os, sys, time
-from pathlib import Path
-go = Path(sys.argv[2])
-while not go.exists():
-    time.sleep(0.005)
-logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
-logging.getLogger("alembic.runtime.migration").setLevel(logging.INFO)
-from hostedrooms import migrate
+CHILD = RACER_START + """
 migrate.upgrade(sys.argv[1])
 print("DONE", migrate.current_revision(sys.argv[1]))
 """
 
 
 def _race(target: str, tmp_path: Path) -> list[str]:
-    go = tmp_path / "go"
-    env = dict(os.environ, PYTHONPATH=str(Path(migrate.__file__).resolve().parent.parent))
-    children = [subprocess.Popen([sys.executable, "-c", CHILD, target, str(go)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, env=env) for _ in range(PROCESSES)]
-    time.sleep(1.0)  # let every child import and start polling
-    go.touch()
     outputs = []
-    for child in children:
-        out, _ = child.communicate(timeout=120)
-        assert child.returncode == 0, out
+    for code, out in race(CHILD, target, tmp_path, processes=PROCESSES, timeout=120):
+        assert code == 0, out
         outputs.append(out)
     return outputs
 

@@ -6,13 +6,15 @@ import logging
 import os
 import stat
 import threading
-import traceback
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import factories
 import pytest
 import sqlalchemy as sa
+from factories import every_text
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
@@ -23,13 +25,8 @@ from hostedrooms.errors import HostedRoomError, StorageError
 GRANT = "grant-secret-7f3a9c"
 
 
-def link(member_id: str = "m1", **changes: Any) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "room_id": "room-1", "member_id": member_id, "target_url": "https://peer.example/x",
-        "target_profile": "alpha", "grant": GRANT, "catalog_json": "{}", "cancellation_scope_id": "scope-1",
-        "trace_id": f"trace-{member_id}", "transport_security": "tls", "status": "ready", "updated_at": 10.0}
-    record.update(changes)
-    return record
+link = partial(factories.link, target_url="https://peer.example/x", target_profile="alpha", grant=GRANT,
+               status="ready")
 
 
 def stored(engine: Engine) -> list[dict[str, Any]]:
@@ -171,11 +168,6 @@ def test_orm_loaded_room_link_repr_hides_the_grant(engine: Engine) -> None:
         assert GRANT not in repr(loaded) and GRANT not in str(loaded)
 
 
-def _every_text(exc: BaseException) -> str:
-    chained = "".join(traceback.format_exception(exc))
-    return f"{exc}\n{exc!r}\n{exc.args!r}\n{chained}"
-
-
 def test_store_error_during_a_link_write_never_contains_the_grant(
     engine: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -199,7 +191,7 @@ def _check_store_error_hides_grant(engine: Engine, caplog: pytest.LogCaptureFixt
     with pytest.raises(StorageError) as caught:
         peers.upsert_room_link_record(engine, record=link("m2", trace_id="same"), max_links=5)
     assert "refused a write" in str(caught.value)
-    assert GRANT not in _every_text(caught.value)
+    assert GRANT not in every_text(caught.value)
     assert caught.value.__cause__ is None and caught.value.__context__ is None
     peers.list_room_link_records(engine)  # returns grants, but must not log them
     assert GRANT not in caplog.text
@@ -210,13 +202,13 @@ def test_validation_error_while_a_record_holds_a_grant_never_contains_it(engine:
     record = link(updated_at=object())
     with pytest.raises(HostedRoomError) as caught:
         peers.upsert_room_link_record(engine, record=record, max_links=5)
-    assert GRANT not in _every_text(caught.value)
+    assert GRANT not in every_text(caught.value)
 
 
 def test_cap_error_never_contains_the_grant(engine: Engine) -> None:
     with pytest.raises(HostedRoomError) as caught:
         peers.upsert_room_link_record(engine, record=link(), max_links=0)
-    assert GRANT not in _every_text(caught.value)
+    assert GRANT not in every_text(caught.value)
 
 
 # --- SQLite file mode --------------------------------------------------------------------------------
@@ -261,7 +253,7 @@ def test_sqlite_link_save_fails_cleanly_when_the_mode_cannot_be_set(
     try:
         with pytest.raises(StorageError, match="cannot make the room store owner-only") as caught:
             peers.upsert_room_link_record(engine, record=link(), max_links=5)
-        assert GRANT not in _every_text(caught.value)
+        assert GRANT not in every_text(caught.value)
         monkeypatch.undo()
         assert peers.list_room_link_records(engine) == []  # rolled back: the grant was never committed
     finally:

@@ -9,18 +9,17 @@ runs to completion without reaching the fault (so every statement it sends has f
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
+from factories import every_text, link, make_room, message, outbound, prepare, snapshot
 from sqlalchemy import Engine, event
 
 import hostedrooms
-from hostedrooms import models, peers, rooms
+from hostedrooms import peers, rooms
 from hostedrooms.errors import HostedRoomError, StoreUnavailableError
 from hostedrooms.ledger import DeliveryLedger
 
@@ -28,13 +27,6 @@ LOCAL = "install:gw-local"
 REMOTE = "install:gw-remote"
 GRANT = "grant-secret-7f3a9c"
 NOW = 1_000.0
-
-
-def snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every hostedrooms table, in a stable order."""
-    with engine.connect() as connection:
-        return {table.name: sorted((tuple(row) for row in connection.execute(sa.select(table))), key=repr)
-                for table in models.metadata.sorted_tables}
 
 
 @dataclass
@@ -80,10 +72,6 @@ def injected(engine: Engine) -> Iterator[Injector]:
         event.remove(engine, "before_cursor_execute", injector.before_cursor_execute)
 
 
-def _every_text(exc: BaseException) -> str:
-    return f"{exc}\n{exc!r}\n{''.join(traceback.format_exception(exc))}"
-
-
 def exercise(engine: Engine, operation: Callable[[], Any], *, secret: str | None = None) -> int:
     """Fail statement 1, 2, ... of ``operation`` until it completes without reaching the fault.
 
@@ -101,7 +89,7 @@ def exercise(engine: Engine, operation: Callable[[], Any], *, secret: str | None
                 assert isinstance(exc, StoreUnavailableError), f"statement {n}: {exc!r}"
                 assert "injected fault" in str(exc)
                 if secret is not None:
-                    assert secret not in _every_text(exc)
+                    assert secret not in every_text(exc)
                 assert snapshot(engine) == before, f"statement {n} failed but the database changed"
                 n += 1
                 continue
@@ -119,31 +107,14 @@ class Case:
     secret: str | None = None
 
 
-def make_room(engine: Engine, room_id: str = "room-1") -> dict[str, Any]:
-    return rooms.create_room(engine, room_id=room_id, name="Team", members=[{"id": "m1"}],
-                             authority_gateway_id=LOCAL, now=NOW)
-
-
-def message(engine: Engine, event_id: str, room_id: str = "room-1") -> dict[str, Any]:
-    return rooms.append_event(engine, room_id=room_id, event_id=event_id, kind="message.user",
-                              actor={"kind": "user", "id": "u1"}, payload={"text": event_id},
-                              authority_gateway_id=LOCAL, authority_epoch=1, now=NOW + 1)
-
-
 def room_with_history(engine: Engine) -> None:
     make_room(engine)
-    message(engine, "e-1")
+    message(engine, "room-1", "e-1", "e-1", now=NOW + 1)
 
 
 def disbanded_room(engine: Engine) -> None:
     room_with_history(engine)
     rooms.disband_room(engine, room_id="room-1", expected_gateway_id=LOCAL, expected_epoch=1, now=NOW + 2)
-
-
-def link(member_id: str = "m1") -> dict[str, Any]:
-    return {"room_id": "room-1", "member_id": member_id, "target_url": "https://peer.example/rooms",
-            "target_profile": "default", "grant": GRANT, "catalog_json": "{}", "cancellation_scope_id": "scope-1",
-            "trace_id": f"trace-{member_id}", "transport_security": "tls", "status": "ok", "updated_at": NOW}
 
 
 CLAIMS = {"room_id": "room-1", "home_install_id": "install:home", "authority_gateway_id": LOCAL,
@@ -155,19 +126,9 @@ RECEIPT = {"room_id": "room-1", "home_install_id": "install:home", "authority_ga
            "session_id": "session-1"}
 
 
-def envelope(n: int) -> dict[str, Any]:
-    return {"envelope_id": f"env-{n}", "request_id": f"req-{n}", "team_id": "team-1", "source_peer_id": "peer-a",
-            "source_server_identity": "srv-a", "source_route_id": "route-a", "source_route_revision": "rev-1",
-            "target_peer_id": None, "target_server_identity": "srv-b", "target_route_id": "route-b",
-            "target_route_revision": "rev-2", "action": "request_reply", "kind": "request_reply",
-            "exchange_id": "ex-1", "parent_envelope_id": None, "parent_leg": None, "used_legs": 1, "max_legs": 6,
-            "expires_at": 2**40, "body": {"message": "please answer"}}
-
-
 def prepared_ledger(engine: Engine) -> DeliveryLedger:
     ledger = DeliveryLedger(engine, clock=lambda: NOW)
-    ledger.prepare(envelope(1), transport_role="host", connection_id="conn-1", lease_token="lease-1",
-                   target_chat_id="chat-1")
+    prepare(ledger, 1)
     return ledger
 
 
@@ -179,11 +140,7 @@ def authorized_ledger(engine: Engine) -> DeliveryLedger:
 
 def outbound_ledger(engine: Engine) -> DeliveryLedger:
     ledger = DeliveryLedger(engine, clock=lambda: NOW)
-    ledger.prepare_outbound(request_id="out-1", source_session_id="chat-1", source_run_id="run-1",
-                            snapshot={"connection_id": "conn-1", "source_route_id": "route-a",
-                                      "source_route_revision": "rev-1", "source_chat_id": "chat-1",
-                                      "action": "request_reply"},
-                            body="hello", action="request_reply", expires_at=2**40)
+    ledger.prepare_outbound(**outbound())
     return ledger
 
 
@@ -194,8 +151,8 @@ def nothing(_engine: Engine) -> None:
 CASES = [
     Case("create_room", nothing, lambda e, _: make_room(e)),
     Case("create_room replay", lambda e: make_room(e), lambda e, _: make_room(e)),
-    Case("append_event", lambda e: make_room(e), lambda e, _: message(e, "e-1")),
-    Case("append_event replay", room_with_history, lambda e, _: message(e, "e-1")),
+    Case("append_event", lambda e: make_room(e), lambda e, _: message(e, "room-1", "e-1", "e-1", now=NOW + 1)),
+    Case("append_event replay", room_with_history, lambda e, _: message(e, "room-1", "e-1", "e-1", now=NOW + 1)),
     Case("append_events", room_with_history, lambda e, _: rooms.append_events(
         e, "room-1", [{"event_id": f"b-{i}", "kind": "message.user", "actor": {"kind": "user", "id": "u1"},
                        "payload": {"i": i}} for i in range(3)], LOCAL, 1, now=NOW + 1)),
@@ -211,13 +168,16 @@ CASES = [
     Case("prune_disbanded_rooms", disbanded_room, lambda e, _: rooms.prune_disbanded_rooms(
         e, now=NOW + 10**9)),
     Case("upsert_room_link_record", nothing, lambda e, _: peers.upsert_room_link_record(
-        e, record=link(), max_links=5), secret=GRANT),
-    Case("upsert_room_link_record replace", lambda e: peers.upsert_room_link_record(e, record=link(), max_links=5),
-         lambda e, _: peers.upsert_room_link_record(e, record={**link(), "status": "down"}, max_links=5),
+        e, record=link(grant=GRANT), max_links=5), secret=GRANT),
+    Case("upsert_room_link_record replace",
+         lambda e: peers.upsert_room_link_record(e, record=link(grant=GRANT), max_links=5),
+         lambda e, _: peers.upsert_room_link_record(e, record={**link(grant=GRANT), "status": "down"}, max_links=5),
          secret=GRANT),
-    Case("update_room_link_status", lambda e: peers.upsert_room_link_record(e, record=link(), max_links=5),
+    Case("update_room_link_status",
+         lambda e: peers.upsert_room_link_record(e, record=link(grant=GRANT), max_links=5),
          lambda e, _: peers.update_room_link_status(e, room_id="room-1", member_id="m1", status="down", now=NOW)),
-    Case("delete_room_link_records", lambda e: peers.upsert_room_link_record(e, record=link(), max_links=5),
+    Case("delete_room_link_records",
+         lambda e: peers.upsert_room_link_record(e, record=link(grant=GRANT), max_links=5),
          lambda e, _: peers.delete_room_link_records(e, room_id="room-1")),
     Case("revoke_room_grant_scope", lambda e: peers.reserve_peer_room(
         e, claims=CLAIMS, expires_at=NOW + 100, now=NOW),
@@ -228,9 +188,7 @@ CASES = [
         e, record=RECEIPT, now=NOW)),
     Case("upsert_remote_run_receipt again", lambda e: peers.upsert_remote_run_receipt(e, record=RECEIPT, now=NOW),
          lambda e, _: peers.upsert_remote_run_receipt(e, record=RECEIPT, now=NOW + 1)),
-    Case("ledger.prepare", lambda e: DeliveryLedger(e, clock=lambda: NOW), lambda _, ledger: ledger.prepare(
-        envelope(1), transport_role="host", connection_id="conn-1", lease_token="lease-1",
-        target_chat_id="chat-1")),
+    Case("ledger.prepare", lambda e: DeliveryLedger(e, clock=lambda: NOW), lambda _, ledger: prepare(ledger, 1)),
     Case("ledger.authorize", prepared_ledger, lambda _, ledger: ledger.authorize("env-1")),
     Case("ledger.bind_owner", authorized_ledger, lambda _, ledger: ledger.bind_owner(
         "env-1", queued_id="q-1", run_id="run-1")),
@@ -241,11 +199,7 @@ CASES = [
     Case("ledger.defer_admission", authorized_ledger, lambda _, ledger: ledger.defer_admission(
         "env-1", error="busy")),
     Case("ledger.prepare_outbound", lambda e: DeliveryLedger(e, clock=lambda: NOW),
-         lambda _, ledger: ledger.prepare_outbound(
-             request_id="out-1", source_session_id="chat-1", source_run_id="run-1",
-             snapshot={"connection_id": "conn-1", "source_route_id": "route-a", "source_route_revision": "rev-1",
-                       "source_chat_id": "chat-1", "action": "request_reply"},
-             body="hello", action="request_reply", expires_at=2**40)),
+         lambda _, ledger: ledger.prepare_outbound(**outbound())),
     Case("ledger.commit_outbound", outbound_ledger, lambda _, ledger: ledger.commit_outbound(
         "out-1", {"ok": True})),
     Case("ledger.defer_outbound", outbound_ledger, lambda _, ledger: ledger.defer_outbound("out-1", "busy")),

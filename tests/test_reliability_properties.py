@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
@@ -41,12 +42,6 @@ USER = {"id": "u1", "kind": "user"}
 RENAME_ACTOR = {"id": "room-control", "kind": "system"}
 CLAIM_ACTOR = {"id": "authority-control", "kind": "system"}
 FAR_FUTURE = 10.0**10
-
-
-def snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
-    with engine.connect() as connection:
-        return {table.name: sorted((tuple(row) for row in connection.execute(sa.select(table))), key=repr)
-                for table in models.metadata.sorted_tables}
 
 
 def empty_store(engine: Engine) -> None:

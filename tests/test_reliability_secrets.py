@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import captured, connect_error, link, outbound, outbound_snapshot, prepare
 
 import hostedrooms
-from hostedrooms import HostedRoomError, StoreUnavailableError, UnitOfWork, peers, rooms
+from hostedrooms import HostedRoomError, StoreUnavailableError, peers, rooms
 from hostedrooms.cli import main
 from hostedrooms.db import create_engine
 from hostedrooms.errors import describe_target, translate
@@ -47,13 +48,7 @@ GATEWAY = "install:gw-local"
     f"postgresql://alice:{PASSWORD}@127.0.0.1:1/rooms",
 ])
 def test_an_unreachable_database_masks_every_password(url: str) -> None:
-    engine = create_engine(url, connect_args={"connect_timeout": 2})
-    try:
-        with pytest.raises(StoreUnavailableError) as caught, UnitOfWork(engine):
-            pass
-    finally:
-        engine.dispose()
-    message = str(caught.value)
+    message = str(connect_error(url, StoreUnavailableError, connect_timeout=2))
     assert "127.0.0.1:1/rooms" in message and "***" in message
     assert PASSWORD not in message
 
@@ -146,27 +141,6 @@ def debug_logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFi
     yield caplog
 
 
-def captured(capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> str:
-    out, err = capfd.readouterr()
-    return "\n".join((out, err, caplog.text))
-
-
-def envelope() -> dict[str, Any]:
-    return {
-        "envelope_id": "env-1", "request_id": "req-1", "team_id": "team-1", "source_peer_id": "peer-a",
-        "source_server_identity": "srv-a", "source_route_id": "route-a", "source_route_revision": "rev-1",
-        "target_peer_id": None, "target_server_identity": "srv-b", "target_route_id": "route-b",
-        "target_route_revision": "rev-2", "action": "request_reply", "kind": "request_reply", "exchange_id": "ex-1",
-        "parent_envelope_id": None, "parent_leg": None, "used_legs": 1, "max_legs": 6, "expires_at": 2**40,
-        "body": {"message": ENVELOPE_BODY}}
-
-
-def link() -> dict[str, Any]:
-    return {"room_id": "room-1", "member_id": "m1", "target_url": "https://peer.example/rooms",
-            "target_profile": "default", "grant": GRANT, "catalog_json": "{}", "cancellation_scope_id": "scope-1",
-            "trace_id": "trace-1", "transport_security": "tls", "status": "ok", "updated_at": 10.0}
-
-
 def exercise(engine: sa.Engine) -> None:
     """Write and read back every kind of secret the store holds."""
     rooms.create_room(engine, room_id="room-1", name="Room", members=[], authority_gateway_id=GATEWAY)
@@ -175,20 +149,16 @@ def exercise(engine: sa.Engine) -> None:
                        authority_gateway_id=GATEWAY, authority_epoch=1)
     assert rooms.read_events(engine, room_id="room-1")["events"][-1]["payload"] == {"text": MESSAGE}
     ledger = DeliveryLedger(engine)
-    row, created = ledger.prepare(envelope(), transport_role="host", connection_id="conn-1", lease_token=LEASE,
-                                  target_chat_id="chat-1")
+    row, created = prepare(ledger, 1, lease_token=LEASE, message=ENVELOPE_BODY)
     assert created and row["lease_token"] == LEASE
     assert ledger.authorize("env-1") is not None
     assert ledger.prepare_response("env-1", request_id="resp-1", body=REPLY, request_response=False) is not None
     assert ledger.pending_responses(now=2**41)[0]["response_body"] == REPLY
-    snapshot = {"connection_id": "conn-1", "source_route_id": "route-a", "source_route_revision": "rev-1",
-                "source_chat_id": "chat-1", "action": "request_reply", "note": SNAPSHOT}
-    ledger.prepare_outbound(request_id="out-1", source_session_id="chat-1", source_run_id="run-1",
-                            snapshot=snapshot, body=OUTBOUND_BODY, action="request_reply", expires_at=2**40)
+    ledger.prepare_outbound(**outbound(snapshot=outbound_snapshot(note=SNAPSHOT), body=OUTBOUND_BODY))
     assert ledger.pending_outbound(now=2**39)[0]["body"] == OUTBOUND_BODY
     assert ledger.commit_outbound("out-1", {"text": RESPONSE}) is not None
     assert ledger.outbound("out-1")["response"] == {"text": RESPONSE}  # type: ignore[index]
-    peers.upsert_room_link_record(engine, record=link(), max_links=5)
+    peers.upsert_room_link_record(engine, record=link(grant=GRANT, trace_id="trace-1"), max_links=5)
     assert peers.list_room_link_records(engine)[0]["grant"] == GRANT
     assert hostedrooms.verify(engine) == []
 

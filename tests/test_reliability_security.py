@@ -17,11 +17,14 @@ import logging
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import factories
 import pytest
 import sqlalchemy as sa
+from factories import captured
 
 import hostedrooms
 from hostedrooms import models, peers
@@ -55,12 +58,7 @@ def test_the_s608_check_does_flag_string_built_sql(tmp_path: Path) -> None:
     assert result.returncode != 0 and "S608" in result.stdout
 
 
-def link(member_id: str = "m1", **overrides: Any) -> dict[str, Any]:
-    record = {"room_id": "room-1", "member_id": member_id, "target_url": "https://peer.example/rooms",
-              "target_profile": "default", "grant": GRANT, "catalog_json": "{}", "cancellation_scope_id": "scope-1",
-              "trace_id": f"trace-{member_id}", "transport_security": "tls", "status": "ok", "updated_at": 10.0}
-    record.update(overrides)
-    return record
+link = partial(factories.link, grant=GRANT)
 
 
 @pytest.fixture
@@ -74,11 +72,6 @@ def echoing(target: str, caplog: pytest.LogCaptureFixture) -> Any:
         yield engine
     finally:
         engine.dispose()
-
-
-def captured(capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> str:
-    out, err = capfd.readouterr()
-    return "\n".join((out, err, caplog.text))
 
 
 def test_link_operations_never_log_a_grant(

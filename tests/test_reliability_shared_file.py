@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
+from factories import private_store
 
 import hostedrooms
-from hostedrooms import migrate, rooms
 
 CHILD = str(Path(__file__).with_name("shared_file_child.py"))
 ROOM = "shared-room"
@@ -35,16 +35,7 @@ TIMEOUT = 120
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
     """A migrated SQLite file holding the shared room, in a private directory (the ledger requires one)."""
-    directory = tmp_path / "store"
-    directory.mkdir(mode=0o700)
-    path = directory / "state.db"
-    engine = hostedrooms.create_engine(path)
-    try:
-        migrate.upgrade(engine)
-        rooms.create_room(engine, room_id=ROOM, name="Shared", members=[], authority_gateway_id=GATEWAY)
-    finally:
-        engine.dispose()
-    return path
+    return private_store(tmp_path, room_id=ROOM, name="Shared", gateway=GATEWAY)
 
 
 class Workers:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import MEMBERS, A, B, ingest, lowered, stored_events
+from factories import replica_event as event
+from factories import replica_page as page
+from factories import replica_snapshot as snapshot
 from sqlalchemy import Engine
 
-from hostedrooms import limits, models, replicas, rooms, verify
+from hostedrooms import models, replicas, rooms, verify
 from hostedrooms.compat import hosted_room_replicas as hrr
 from hostedrooms.compat import hosted_rooms as hr
 from hostedrooms.errors import (
@@ -24,54 +27,7 @@ from hostedrooms.errors import (
     RoomConflictError,
 )
 
-A = "install:gw-a"
-B = "install:gw-b"
 C = "install:gw-c"
-MEMBERS = [{"id": "m1"}]
-TABLES = (models.rooms, models.events, models.replicas, models.replica_events, models.retired_ids)
-
-
-def lowered(**overrides: int) -> SimpleNamespace:
-    values = {name: getattr(limits, name) for name in dir(limits) if name.isupper()}
-    values.update(overrides)
-    return SimpleNamespace(**values)
-
-
-def event(seq: int, *, room_id: str = "r1", epoch: int | None = 1, **overrides: Any) -> dict[str, Any]:
-    """One event as the authority's read_events returns it."""
-    value: dict[str, Any] = {
-        "room_id": room_id, "seq": seq, "event_id": f"e{seq}", "kind": "message.user",
-        "actor": {"id": "u1", "kind": "user"}, "authority_epoch": epoch, "payload": {"text": f"hello {seq}"},
-        "created_at": 100.0 + seq, "idempotent": False}
-    value.update(overrides)
-    return value
-
-
-def page(first: int, last: int, *, latest: int | None = None, gateway: str = A, epoch: int = 1,
-         room_id: str = "r1") -> dict[str, Any]:
-    """A read_events page holding seqs first..last (empty when last < first)."""
-    events = [event(seq, room_id=room_id, epoch=epoch) for seq in range(first, last + 1)]
-    latest_seq = last if latest is None else latest
-    cursor = last if events else first - 1
-    return {"events": events, "cursor": cursor, "latest_seq": latest_seq, "has_more": cursor < latest_seq,
-            "authority": {"gateway_id": gateway, "epoch": epoch}}
-
-
-def ingest(engine: Any, pg: dict[str, Any], *, room_id: str = "r1", now: float = 1000.0,
-           **kwargs: Any) -> dict[str, Any]:
-    return replicas.ingest_page(engine, room_id=room_id, room_name="Team", members=MEMBERS, page=pg, now=now,
-                                **kwargs)
-
-
-def snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
-    with engine.connect() as connection:
-        return {table.name: sorted(tuple(row) for row in connection.execute(sa.select(table)))
-                for table in TABLES}
-
-
-def stored_events(engine: Engine, room_id: str = "r1") -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = rooms.read_events(engine, room_id=room_id, limit=500)["events"]
-    return events
 
 
 # --- ingest ----------------------------------------------------------------------------------------------------

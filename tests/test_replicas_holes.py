@@ -15,8 +15,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import MEMBERS, A, B, ingest, lowered, stored_events
+from factories import replica_event as event
+from factories import replica_page as page
+from factories import replica_snapshot as snapshot
 from sqlalchemy import Engine
-from test_replicas_contract import MEMBERS, A, B, event, ingest, lowered, page, snapshot, stored_events
 
 from hostedrooms import models, replicas, rooms, verify
 from hostedrooms.compat import hosted_room_replicas as hrr

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
-from typing import Any
+from functools import partial
 
+import factories
 import pytest
 import sqlalchemy as sa
+from factories import lowered, message, run_together
 from sqlalchemy import Engine
 
-from hostedrooms import limits, models, rooms
+from hostedrooms import models, rooms
 from hostedrooms.compat import _engine as compat_engine
 from hostedrooms.compat import hosted_rooms as hr
 from hostedrooms.errors import AuthorityConflictError, HostedRoomError
@@ -24,35 +23,8 @@ REMOTE = "install:gw-remote"
 THREADS = 8
 
 
-def lowered(**overrides: int) -> SimpleNamespace:
-    values = {name: getattr(limits, name) for name in dir(limits) if name.isupper()}
-    values.update(overrides)
-    return SimpleNamespace(**values)
-
-
-def run_together(worker: Callable[[int], Any], workers: int = THREADS) -> list[Any]:
-    """Run ``worker(i)`` on ``workers`` threads released together; return results or raised exceptions."""
-    barrier = threading.Barrier(workers)
-
-    def start(index: int) -> Any:
-        barrier.wait()
-        try:
-            return worker(index)
-        except Exception as exc:
-            return exc
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(start, range(workers)))
-
-
-def make_room(engine: Engine, room_id: str, **kwargs: Any) -> dict[str, Any]:
-    return rooms.create_room(engine, room_id=room_id, name="Team", members=[], authority_gateway_id=LOCAL, **kwargs)
-
-
-def message(engine: Engine, room_id: str, event_id: str, text: str = "hi", **kwargs: Any) -> dict[str, Any]:
-    return rooms.append_event(engine, room_id=room_id, event_id=event_id, kind="message.user",
-                              actor={"kind": "user", "id": "u1"}, payload={"text": text},
-                              authority_gateway_id=LOCAL, authority_epoch=1, **kwargs)
+# This file's rooms have no members and take the time from the clock.
+make_room = partial(factories.make_room, members=[], now=None)
 
 
 def test_concurrent_appends_to_one_room_get_contiguous_seqs(engine: Engine) -> None:
@@ -61,7 +33,7 @@ def test_concurrent_appends_to_one_room_get_contiguous_seqs(engine: Engine) -> N
     def worker(index: int) -> list[int]:
         return [message(engine, "room-1", f"e-{index}-{n}")["seq"] for n in range(3)]
 
-    results = run_together(worker)
+    results = run_together(worker, THREADS)
     assert not [r for r in results if isinstance(r, Exception)], results
     assert sorted(seq for seqs in results for seq in seqs) == list(range(1, 25))
     page = rooms.read_events(engine, room_id="room-1", limit=500)
@@ -78,7 +50,7 @@ def test_concurrent_appends_to_one_room_get_contiguous_seqs(engine: Engine) -> N
 
 def test_concurrent_appends_of_one_event_id_replay(engine: Engine) -> None:
     make_room(engine, "room-1")
-    results = run_together(lambda _: message(engine, "room-1", "same"))
+    results = run_together(lambda _: message(engine, "room-1", "same"), THREADS)
     assert [r["seq"] for r in results] == [1] * THREADS
     assert sorted(r["idempotent"] for r in results) == [False] + [True] * (THREADS - 1)
 
@@ -89,7 +61,7 @@ def test_concurrent_creates_on_a_fresh_database(empty_target: str, monkeypatch: 
             return [hr.create_room(empty_target, room_id=f"room-{index}-{n}", name="T", members=[],
                                    authority_gateway_id=LOCAL)["idempotent"] for n in range(2)]
 
-        results = run_together(worker)
+        results = run_together(worker, THREADS)
         assert results == [[False, False]] * THREADS
         assert len(hr.list_rooms(empty_target)) == 16
     finally:
@@ -97,14 +69,14 @@ def test_concurrent_creates_on_a_fresh_database(empty_target: str, monkeypatch: 
 
 
 def test_concurrent_create_of_one_id_replays(engine: Engine) -> None:
-    results = run_together(lambda _: make_room(engine, "same"))
+    results = run_together(lambda _: make_room(engine, "same"), THREADS)
     assert not [r for r in results if isinstance(r, Exception)], results
     assert sorted(r["idempotent"] for r in results) == [False] + [True] * (THREADS - 1)
 
 
 def test_active_room_cap_holds_under_concurrent_creates(engine: Engine) -> None:
     cap = lowered(MAX_ACTIVE_ROOMS=5)
-    results = run_together(lambda index: make_room(engine, f"room-{index}", limits=cap))
+    results = run_together(lambda index: make_room(engine, f"room-{index}", limits=cap), THREADS)
     refused = [r for r in results if isinstance(r, Exception)]
     assert len(refused) == THREADS - 5
     assert all(isinstance(r, HostedRoomError) and "too many active" in str(r) for r in refused)
@@ -148,7 +120,7 @@ def test_gateway_byte_limit_holds_under_concurrent_writers(engine: Engine) -> No
             written += 1
         return written
 
-    results = run_together(worker)
+    results = run_together(worker, THREADS)
     assert sum(results) == allowed_events, results  # exact: never over, and nothing refused while room remained
     with engine.connect() as connection:
         total = connection.execute(sa.select(sa.func.sum(models.rooms.c.event_bytes))).scalar_one()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import lowered, make_room
 from sqlalchemy import Engine
 
 from hostedrooms import limits, models, rooms
@@ -28,19 +28,6 @@ LOCAL = "install:gw-local"
 REMOTE = "install:gw-remote"
 OTHER = "install:gw-other"
 DAY = 24 * 60 * 60
-
-
-def lowered(**overrides: int) -> SimpleNamespace:
-    """The default limits with some lowered (what an operator or test does)."""
-    values = {name: getattr(limits, name) for name in dir(limits) if name.isupper()}
-    values.update(overrides)
-    return SimpleNamespace(**values)
-
-
-def make_room(engine: Engine, room_id: str = "room-1", gateway: str = LOCAL, now: float = 1000.0,
-              **kwargs: Any) -> dict[str, Any]:
-    return rooms.create_room(engine, room_id=room_id, name="Team", members=[{"id": "m1"}],
-                             authority_gateway_id=gateway, now=now, **kwargs)
 
 
 def user_msg(engine: Engine, room_id: str, n: object, *, gateway: str = LOCAL, epoch: int = 1,

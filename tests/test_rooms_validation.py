@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
+from factories import snapshot
 from sqlalchemy import Engine
 
-from hostedrooms import errors, models, rooms
+from hostedrooms import errors, rooms
 
 LOCAL = "install:gw-local"
 USER = {"kind": "user", "id": "u1"}
@@ -145,12 +145,6 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
 ]
 
 
-def _snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
-    with engine.connect() as connection:
-        return {table.name: sorted(tuple(row) for row in connection.execute(sa.select(table)))
-                for table in models.metadata.sorted_tables}
-
-
 def _seed(engine: Engine) -> None:
     rooms.create_room(engine, room_id="room-1", name="Team", members=[], authority_gateway_id=LOCAL, now=1.0)
     rooms.append_event(engine, room_id="room-1", event_id="e-1", kind="message.user", actor=USER, payload={"t": 1},
@@ -162,13 +156,13 @@ def _seed(engine: Engine) -> None:
 
 def test_bad_input_is_refused_and_leaves_the_database_unchanged(engine: Engine) -> None:
     _seed(engine)
-    before = _snapshot(engine)
+    before = snapshot(engine)
     for function, kwargs, error_name, message in CASES:
         with pytest.raises(HostedRoomError) as excinfo:
             getattr(rooms, function)(engine, **kwargs)
         assert type(excinfo.value) is getattr(errors, error_name), (function, kwargs, excinfo.value)
         assert str(excinfo.value) == message, (function, kwargs)
-    assert _snapshot(engine) == before
+    assert snapshot(engine) == before
 
 
 def test_user_event_id_validates() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import connect_error
 from sqlalchemy import Engine
 
 from hostedrooms import (
@@ -41,14 +42,9 @@ GATEWAY = "install:gw-a"
 
 def _connect_error(url: str | sa.URL) -> StorageError:
     """What opening a unit of work on ``url`` raises (it must raise)."""
-    engine = create_engine(url, connect_args={"connect_timeout": 5})
-    try:
-        with pytest.raises(StorageError) as caught, UnitOfWork(engine):
-            pass
-    finally:
-        engine.dispose()
-    assert isinstance(caught.value.__cause__, sa.exc.OperationalError)
-    return caught.value
+    error = connect_error(url)
+    assert isinstance(error.__cause__, sa.exc.OperationalError)
+    return error
 
 
 def _assert_configuration(error: StorageError, kind: type[StoreConfigurationError]) -> None:

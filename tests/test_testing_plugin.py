@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from hostedrooms import migrate
-from hostedrooms.testing import _prepare_template
+from hostedrooms.testing import prepare_template
 
 pytest_plugins = ["pytester"]
 
@@ -106,7 +106,7 @@ def test_host_setup_callable_receives_the_migrated_template_engine(tmp_path: Pat
             connection.exec_driver_sql("CREATE TABLE host_orders (id INTEGER PRIMARY KEY)")
 
     template = str(tmp_path / "template.db")
-    _prepare_template(template, my_migrations)
+    prepare_template(template, my_migrations)
     assert len(seen) == 1
     with sqlite3.connect(template) as connection:
         tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}

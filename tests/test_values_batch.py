@@ -8,10 +8,12 @@ later event was stored under an earlier event's author.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from functools import partial
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import make_room
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
@@ -23,8 +25,7 @@ GATEWAY = "install:gw-a"
 AUTHORS = ("alice", "bob", "carol", "dave", "erin", "frank")
 
 
-def _room(engine: Engine, room_id: str) -> None:
-    rooms.create_room(engine, room_id=room_id, name=room_id, members=[], authority_gateway_id=GATEWAY, now=1.0)
+_room = partial(make_room, gateway=GATEWAY, members=[], now=1.0)
 
 
 def _stored(engine: Engine, room_id: str) -> list[tuple[Any, ...]]:

@@ -15,21 +15,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import run_cli as _run
 from sqlalchemy import Engine
 
 from hostedrooms import demo, models, rooms
-from hostedrooms.cli import main
 from hostedrooms.display import terminal_text
 from hostedrooms.ledger import DeliveryLedger
 
 GATEWAY = "install:gw-a"
 EVIL = "evil\x1b[2J\x1b]0;owned\x07\r\nr9  FAKE ROW  install:x \u009b31m \u202eesrever\u2028line"
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def _clean(text: str) -> bool:

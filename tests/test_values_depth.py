@@ -14,10 +14,12 @@ import logging
 import math
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import bare_page, make_room, outbound, outbound_snapshot, prepare, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import Engine
@@ -30,12 +32,6 @@ from hostedrooms.validation import json_depth_within
 
 GATEWAY = "install:gw-a"
 USER = {"kind": "user", "id": "u1"}
-
-
-def snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
-    with engine.connect() as connection:
-        return {table.name: sorted((tuple(row) for row in connection.execute(sa.select(table))), key=repr)
-                for table in models.metadata.sorted_tables}
 
 
 def nested(depth: int) -> dict[str, Any]:
@@ -70,8 +66,7 @@ def shallow(call: Callable[[], Any]) -> Any:
     return value
 
 
-def _room(engine: Engine, room_id: str = "r1") -> None:
-    rooms.create_room(engine, room_id=room_id, name="Team", members=[], authority_gateway_id=GATEWAY, now=1.0)
+_room = partial(make_room, room_id="r1", gateway=GATEWAY, members=[], now=1.0)
 
 
 def _append(engine: Engine, event_id: str, payload: Any, **extra: Any) -> dict[str, Any]:
@@ -135,27 +130,13 @@ def test_deep_members_are_refused(engine: Engine) -> None:
     assert rooms.list_rooms(engine) == []
 
 
-def _page(event: dict[str, Any], epoch: int = 1) -> dict[str, Any]:
-    return {"authority": {"gateway_id": "install:gw-b", "epoch": epoch}, "latest_seq": event.get("seq", 1),
-            "events": [{"seq": 1, "event_id": "e1", "kind": "message.user", "actor": USER, "payload": {},
-                        "authority_epoch": epoch, "created_at": 1.0, **event}]}
-
-
 def test_deep_replicated_events_are_refused(engine: Engine) -> None:
     before = snapshot(engine)
     with pytest.raises(ReplicaError, match="^payload is nested too deeply$"):
-        replicas.ingest_page(engine, room_id="x1", room_name="X", members=[], page=_page({"payload": nested(65)}))
+        replicas.ingest_page(engine, room_id="x1", room_name="X", members=[], page=bare_page({"payload": nested(65)}))
     with pytest.raises(HostedRoomError, match="^members is nested too deeply$"):
-        replicas.ingest_page(engine, room_id="x1", room_name="X", members=[nested(64)], page=_page({}))
+        replicas.ingest_page(engine, room_id="x1", room_name="X", members=[nested(64)], page=bare_page({}))
     assert snapshot(engine) == before
-
-
-def _outbound(ledger: DeliveryLedger, request_id: str, snapshot_extra: dict[str, Any] | None = None) -> Any:
-    return ledger.prepare_outbound(
-        request_id=request_id, source_session_id="chat", source_run_id="run",
-        snapshot={"connection_id": "c", "source_route_id": "r", "source_route_revision": "1",
-                  "source_chat_id": "chat", "action": "instruction", **(snapshot_extra or {})},
-        body="hi", action="instruction", expires_at=2**40)
 
 
 # Regression: a deep snapshot was stored, and pending_outbound()/recoverable_outbound() then raised RecursionError.
@@ -164,9 +145,10 @@ def test_deep_ledger_snapshots_and_responses_are_refused(engine: Engine, depth: 
     ledger = DeliveryLedger(engine, clock=lambda: 1_000)
     before = snapshot(engine)
     with pytest.raises(ValueError, match="^secure peer outbound intent is invalid$"):
-        shallow(lambda: _outbound(ledger, "out-1", {"extra": nested(depth)}))  # the snapshot itself is one more level
+        # the snapshot itself is one more level
+        shallow(lambda: ledger.prepare_outbound(**outbound(snapshot=outbound_snapshot(extra=nested(depth)))))
     assert snapshot(engine) == before
-    _outbound(ledger, "out-1")
+    ledger.prepare_outbound(**outbound())
     before = snapshot(engine)
     with pytest.raises(ValueError, match="^secure peer outbound result is invalid$"):
         shallow(lambda: ledger.commit_outbound("out-1", {"result": nested(depth)}))
@@ -187,9 +169,10 @@ def test_nan_and_infinity_are_refused_everywhere_json_is_stored(engine: Engine, 
         rooms.create_room(engine, room_id="r2", name="Team", members=[{"weight": number}],
                           authority_gateway_id=GATEWAY)
     with pytest.raises(ReplicaError, match="^payload must be JSON-serializable$"):
-        replicas.ingest_page(engine, room_id="x1", room_name="X", members=[], page=_page({"payload": {"n": number}}))
+        replicas.ingest_page(engine, room_id="x1", room_name="X", members=[],
+                             page=bare_page({"payload": {"n": number}}))
     with pytest.raises(ValueError, match="^secure peer outbound intent is invalid$"):
-        _outbound(DeliveryLedger(engine, clock=lambda: 1_000), "out-1", {"n": number})
+        DeliveryLedger(engine, clock=lambda: 1_000).prepare_outbound(**outbound(snapshot=outbound_snapshot(n=number)))
     assert snapshot(engine) == before
 
 
@@ -244,7 +227,7 @@ def test_one_undecodable_outbound_intent_does_not_block_the_queue(
     clock = [1_000]
     ledger = DeliveryLedger(engine, clock=lambda: clock[0])
     for index in range(4):
-        _outbound(ledger, f"out-{index}")
+        ledger.prepare_outbound(**outbound(request_id=f"out-{index}", snapshot=outbound_snapshot(connection_id="c")))
         clock[0] += 1
     _deep_snapshot(engine, "out-0")
     _deep_snapshot(engine, "out-2")
@@ -270,12 +253,7 @@ def test_one_undecodable_outbound_intent_does_not_block_the_queue(
 def test_one_undecodable_delivery_does_not_block_the_queue(engine: Engine) -> None:
     ledger = DeliveryLedger(engine, clock=lambda: 1_000)
     for envelope_id in ("env-0", "env-1"):
-        ledger.prepare(
-            {"envelope_id": envelope_id, "request_id": "req", "team_id": "t", "source_server_identity": "s",
-             "source_route_id": "sr", "source_route_revision": "1", "target_server_identity": "t",
-             "target_route_id": "tr", "target_route_revision": "1", "exchange_id": "x", "action": "instruction",
-             "kind": "instruction", "body": {"message": "hi"}, "used_legs": 1, "max_legs": 6, "expires_at": 2**40},
-            transport_role="host", connection_id="c", lease_token="l", target_chat_id="chat")
+        prepare(ledger, envelope_id)
         ledger.authorize(envelope_id)
     with engine.begin() as connection:
         connection.execute(sa.update(models.deliveries).where(models.deliveries.c.envelope_id == "env-0").values(
@@ -312,7 +290,7 @@ def test_verify_reports_events_no_page_could_return(engine: Engine, monkeypatch:
 
 
 def test_verify_reports_unreadable_replica_events(engine: Engine) -> None:
-    replicas.ingest_page(engine, room_id="x1", room_name="X", members=[], page=_page({}))
+    replicas.ingest_page(engine, room_id="x1", room_name="X", members=[], page=bare_page({}))
     with engine.begin() as connection:
         connection.execute(sa.update(models.replica_events).values(payload_json=nested_text(100)))
     assert [str(violation) for violation in hostedrooms.verify(engine)] == [

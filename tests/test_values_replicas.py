@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import bare_page as page
+from factories import snapshot
 from sqlalchemy import Engine
 
 from hostedrooms import models, replicas, rooms
@@ -25,18 +27,6 @@ B = "install:gw-b"
 USER = {"kind": "user", "id": "u1"}
 INT64_MAX = 2**63 - 1
 MAX_EPOCH = INT64_MAX - 1  # the largest stored epoch: a claim or promotion writes epoch + 1
-
-
-def snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
-    with engine.connect() as connection:
-        return {table.name: sorted((tuple(row) for row in connection.execute(sa.select(table))), key=repr)
-                for table in models.metadata.sorted_tables}
-
-
-def page(*events: dict[str, Any], epoch: int = 1, gateway: str = B) -> dict[str, Any]:
-    full = [{"seq": index, "event_id": f"e{index}", "kind": "message.user", "actor": USER, "payload": {},
-             "authority_epoch": epoch, "created_at": 1.0, **event} for index, event in enumerate(events, start=1)]
-    return {"authority": {"gateway_id": gateway, "epoch": epoch}, "latest_seq": len(full), "events": full}
 
 
 def ingest(engine: Engine, body: dict[str, Any], room_name: Any = "X") -> dict[str, Any]:

@@ -13,22 +13,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
+from factories import outbound, outbound_snapshot, prepare, snapshot
 from sqlalchemy import Engine
 
-from hostedrooms import models, peers, rooms
+from hostedrooms import peers, rooms
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.ledger import DeliveryLedger
 
 GATEWAY = "install:gw-a"
 GRANT = "GRANT-SECRET-0123456789"
 BAD_TEXTS = ["a\x00b", "a\ud800b", "\udfff"]
-
-
-def snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
-    with engine.connect() as connection:
-        return {table.name: sorted((tuple(row) for row in connection.execute(sa.select(table))), key=repr)
-                for table in models.metadata.sorted_tables}
 
 
 def refused(engine: Engine, call: Callable[[], Any], error: type[Exception], match: str | None = None) -> Exception:
@@ -149,43 +143,22 @@ def test_grant_scope_key_refuses_unprintable_numbers(engine: Engine) -> None:
 # --- the ledger -----------------------------------------------------------------------------------------------------
 
 
-def _envelope(**fields: Any) -> dict[str, Any]:
-    return {"envelope_id": "env-1", "request_id": "req-1", "team_id": "t", "source_server_identity": "s",
-            "source_route_id": "sr", "source_route_revision": "1", "target_server_identity": "t",
-            "target_route_id": "tr", "target_route_revision": "1", "exchange_id": "x", "action": "request_reply",
-            "kind": "request_reply", "body": {"message": "hi"}, "used_legs": 1, "max_legs": 6,
-            "expires_at": 2**40, **fields}
-
-
-def _prepare(ledger: DeliveryLedger, envelope: dict[str, Any], **fields: Any) -> Any:
-    arguments = {"transport_role": "host", "connection_id": "c", "lease_token": "l", "target_chat_id": "chat",
-                 **fields}
-    return ledger.prepare(envelope, **arguments)
-
-
-def _outbound(ledger: DeliveryLedger, **fields: Any) -> Any:
-    snapshot_fields = fields.pop("snapshot", {})
-    arguments = {"request_id": "out-1", "source_session_id": "chat", "source_run_id": "run", "body": "hi",
-                 "action": "instruction", "expires_at": 2**40, **fields}
-    return ledger.prepare_outbound(snapshot={
-        "connection_id": "c", "source_route_id": "r", "source_route_revision": "1", "source_chat_id": "chat",
-        "action": "instruction", **snapshot_fields}, **arguments)
-
-
 # Regression: NUL was stored on SQLite and refused by PostgreSQL; surrogates escaped as UnicodeEncodeError.
 @pytest.mark.parametrize("bad", BAD_TEXTS)
 def test_ledger_texts_refuse_nul_and_surrogates(engine: Engine, bad: str) -> None:
     ledger = DeliveryLedger(engine, clock=lambda: 1_000)
     for field in ("envelope_id", "team_id", "source_peer_id", "parent_envelope_id"):
-        refused(engine, lambda field=field: _prepare(ledger, _envelope(**{field: bad})), ValueError,
+        refused(engine, lambda field=field: prepare(ledger, **{field: bad}), ValueError,
                 "^secure peer delivery identity is invalid$")
     for argument in ("connection_id", "lease_token", "target_chat_id"):
-        refused(engine, lambda argument=argument: _prepare(ledger, _envelope(), **{argument: bad}), ValueError,
+        refused(engine, lambda argument=argument: prepare(ledger, **{argument: bad}), ValueError,
                 "^secure peer delivery identity is invalid$")
-    refused(engine, lambda: _outbound(ledger, body=bad), ValueError, "^secure peer outbound intent is invalid$")
-    refused(engine, lambda: _outbound(ledger, request_id=bad), ValueError)
-    refused(engine, lambda: _outbound(ledger, snapshot={"source_route_id": bad}), ValueError)
-    _prepare(ledger, _envelope())
+    refused(engine, lambda: ledger.prepare_outbound(**outbound(body=bad)), ValueError,
+            "^secure peer outbound intent is invalid$")
+    refused(engine, lambda: ledger.prepare_outbound(**outbound(request_id=bad)), ValueError)
+    refused(engine, lambda: ledger.prepare_outbound(**outbound(snapshot=outbound_snapshot(source_route_id=bad))),
+            ValueError)
+    prepare(ledger)
     ledger.authorize("env-1")
     refused(engine, lambda: ledger.prepare_response("env-1", request_id="r", body=bad, request_response=False),
             ValueError, "^secure peer response intent is invalid$")
@@ -197,9 +170,9 @@ def test_ledger_texts_refuse_nul_and_surrogates(engine: Engine, bad: str) -> Non
 
 def test_ledger_message_bodies_keep_nul_and_refuse_surrogates(engine: Engine) -> None:
     ledger = DeliveryLedger(engine, clock=lambda: 1_000)
-    refused(engine, lambda: _prepare(ledger, _envelope(body={"message": "hi \ud800"})), ValueError,
+    refused(engine, lambda: prepare(ledger, body={"message": "hi \ud800"}), ValueError,
             "^secure peer delivery body is invalid$")
-    _row, created = _prepare(ledger, _envelope(body={"message": "hi \x00"}))
+    _row, created = prepare(ledger, body={"message": "hi \x00"})
     assert created and ledger.get("env-1")["body"] == {"message": "hi \x00"}
     ledger.authorize("env-1")
     refused(engine, lambda: ledger.finish("env-1", succeeded=True, result_text="done \ud800"), ValueError,
@@ -210,12 +183,12 @@ def test_ledger_message_bodies_keep_nul_and_refuse_surrogates(engine: Engine) ->
 # A caller's own error text is a diagnostic (often an exception's message): recorded escaped, never refused.
 def test_ledger_error_texts_are_recorded_escaped(engine: Engine) -> None:
     ledger = DeliveryLedger(engine, clock=lambda: 1_000)
-    _outbound(ledger)
+    ledger.prepare_outbound(**outbound())
     error = "boom \x00 and \ud800 end"
     escaped = "boom \\x00 and \\ud800 end"
     assert ledger.defer_outbound("out-1", error)["last_error"] == escaped
     assert ledger.fail_outbound("out-1", error)["last_error"] == escaped
-    _prepare(ledger, _envelope())
+    prepare(ledger)
     ledger.authorize("env-1")
     assert ledger.defer_admission("env-1", error=error)["admission_last_error"] == escaped
     ledger.prepare_response("env-1", request_id="resp-1", body="ok", request_response=False)
@@ -228,7 +201,7 @@ def test_ledger_error_texts_are_recorded_escaped(engine: Engine) -> None:
 @pytest.mark.parametrize("retain", [10**30, 2**63, -1])
 def test_ledger_prune_refuses_retention_beyond_64_bits(engine: Engine, retain: int) -> None:
     ledger = DeliveryLedger(engine, clock=lambda: 1_000)
-    _outbound(ledger)
+    ledger.prepare_outbound(**outbound())
     ledger.fail_outbound("out-1", "gone")
     refused(engine, lambda: ledger.prune(retain_seconds=retain), ValueError,
             "^secure peer ledger retention is invalid$")

@@ -17,6 +17,7 @@ contract (UTF-8 bytes).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from sqlalchemy import URL, Engine, make_url
 
 from .. import migrate
 from ..db import create_engine, reject_async
+from ..dialect import dialect_named
 from ..ledger import (
     DELIVERY_STATES,
     TERMINAL_DELIVERY_STATES,
@@ -32,6 +34,7 @@ from ..ledger import (
     ensure_private_directory,
     prepare_ledger_file,
 )
+from ..limits import Limits, LimitValues
 from ..validation import canonical_json_bytes as canonical_json
 from ._engine import engine_for
 
@@ -53,12 +56,13 @@ def _ledger_file(target: Any) -> Path | None:
         return None  # an Engine's file is guarded by DeliveryLedger itself
     if isinstance(target, URL) or "://" in os.fspath(target):
         url = target if isinstance(target, URL) else make_url(os.fspath(target))
-        if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        dialect = dialect_named(url.get_backend_name())  # None: unsupported, refused by engine_for below
+        file = dialect.file_path(url) if dialect is not None else None
+        if file is None:
             return None
-        database = str(url.database)
     else:
-        database = os.fspath(target)
-    return Path(os.path.abspath(Path(database).expanduser()))
+        file = Path(os.fspath(target))
+    return Path(os.path.abspath(file.expanduser()))
 
 
 class SecurePeerDeliveryLedger(DeliveryLedger):
@@ -83,7 +87,7 @@ class SecurePeerDeliveryLedger(DeliveryLedger):
                 raise
         self._owns_engine = owned
         try:
-            super().__init__(engine, path=file, clock=_clock)
+            super().__init__(engine, path=file, clock=_clock, limits=_limits)
         except BaseException:
             self.close()
             raise
@@ -97,8 +101,11 @@ class SecurePeerDeliveryLedger(DeliveryLedger):
             ensure_private_directory(directory)
             self._prepared = directory
 
-    def _capacity(self) -> int:
-        return int(MAX_NONTERMINAL_DELIVERIES)  # this module's global, read at call time
+
+def _limits() -> Limits:
+    """The limits of one call: this module's MAX_NONTERMINAL_DELIVERIES read now (so lowering it takes effect),
+    every other limit from :mod:`hostedrooms.limits`."""
+    return LimitValues.read(sys.modules[__name__])
 
 
 def _clock() -> float:

@@ -1,0 +1,107 @@
+"""The ledger's transaction helper: clock, file checks, and one unit of work per public call.
+
+Every part of :class:`~hostedrooms.ledger.DeliveryLedger` (deliveries, response intents, outbound intents,
+retention) is a mixin over :class:`LedgerBase` and runs its work through :meth:`LedgerBase._write` or
+:meth:`LedgerBase._read`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, Table
+
+from .. import limits as default_limits
+from ..db import sqlite_path
+from ..errors import StorageError
+from ..files import ensure_private_directory
+from ..limits import Limits
+from ..uow import UnitOfWork
+from .claims import _integer
+from .guard import FileIdentity, prepare_ledger_file, secure_ledger_file
+from .rows import D
+
+Clock = Callable[[], float]
+_T = TypeVar("_T")
+
+
+class LedgerBase:
+    """A ledger's engine, clock and guarded file, and the transaction helpers its parts share."""
+
+    def __init__(
+        self, engine: Engine, *, clock: Clock | None = None, path: str | os.PathLike[str] | None = None,
+        limits: Limits | Callable[[], Limits] | None = None,
+    ) -> None:
+        self.engine = engine
+        self._clock = clock
+        self._limit_source = limits
+        guarded = Path(os.path.abspath(path)) if path is not None else sqlite_path(engine)
+        self.file: Path | None = guarded
+        self._identity: FileIdentity | None = None
+        if guarded is not None:
+            # Once, before this ledger's first transaction; from then on only the path is examined (os.lstat),
+            # never opened: see hostedrooms.files.
+            self._identity = prepare_ledger_file(guarded, prepare_directory=self._prepare_directory)
+        self._require_crash_safe()
+
+    # -- plumbing
+
+    def _prepare_directory(self, directory: Path) -> None:
+        """Make the ledger's folder owner-private (the facade substitutes its module's patchable function)."""
+        ensure_private_directory(directory)
+
+    def _limits(self) -> Limits:
+        """The limits now: ``limits`` as given, what a provider returns when called, or :mod:`hostedrooms.limits`
+        (read at call time, so lowering a constant there takes effect)."""
+        source = self._limit_source
+        if source is None:
+            return default_limits
+        return source() if callable(source) else source
+
+    def _capacity(self) -> int:
+        """MAX_NONTERMINAL_DELIVERIES, read at call time."""
+        return int(self._limits().MAX_NONTERMINAL_DELIVERIES)
+
+    def _now(self) -> int:
+        return int(self._clock() if self._clock is not None else time.time())
+
+    def _timestamp(self, now: Any) -> int:
+        return self._now() if now is None else _integer(now, "secure peer ledger timestamp is invalid")
+
+    def _check_file(self) -> None:
+        if self.file is not None:
+            secure_ledger_file(self.file, expected=self._identity)
+
+    def _write(self, work: Callable[[UnitOfWork], _T]) -> _T:
+        """Run ``work`` in one write transaction (committed when it returns) after the file checks."""
+        self._check_file()
+        with UnitOfWork(self.engine) as uow:
+            result = work(uow)
+            uow.commit()
+            return result
+
+    def _read(self, work: Callable[[UnitOfWork], _T]) -> _T:
+        self._check_file()
+        with UnitOfWork(self.engine, write=False) as uow:
+            return work(uow)
+
+    def _require_crash_safe(self) -> None:
+        def check(uow: UnitOfWork) -> bool:
+            return uow.dialect.is_crash_safe(uow.connection)
+
+        if not self._read(check):
+            raise StorageError("secure peer delivery ledger requires WAL with synchronous=FULL")
+
+    def _order(self, uow: UnitOfWork, *first: Any, table: Table = D) -> list[Any]:
+        """``first``, then creation time, then the key in code-point order (as SQLite sorts it)."""
+        key = table.c.envelope_id if table is D else table.c.request_id
+        return [*first, table.c.created_at, uow.dialect.bytewise(key)]
+
+    def close(self) -> None:
+        """Release pooled connections when this ledger owns its engine (the facade's SQLite files)."""
+        if getattr(self, "_owns_engine", False):
+            self.engine.dispose()

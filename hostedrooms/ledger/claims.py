@@ -1,0 +1,306 @@
+"""The ledger's pure rules: states, claim builders, digests and input validators (no database).
+
+Everything a ledger call accepts is checked here before any transaction opens: a delivery's claim and its
+digest (:func:`delivery_claim`), an outbound intent's (:func:`outbound_claim`), lookup keys, 64-bit integers,
+batch limits, and the text both backends can store (no NUL character, no lone surrogate).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from ..validation import (
+    canonical_json_bytes,
+    json_depth_within,
+    max_json_depth,
+    storable_copy,
+    storable_text,
+)
+
+DELIVERY_STATES = frozenset({"prepared", "authorized", "queued", "running", "completed", "failed"})
+TERMINAL_DELIVERY_STATES = frozenset({"completed", "failed"})
+#: States a crash can leave a delivery in; sorted tuples keep the SQL deterministic.
+NONTERMINAL_DELIVERY_STATES = ("authorized", "prepared", "queued", "running")
+#: Admitted (receipt accepted) states: only these may carry a response intent or be finished successfully.
+ACTIVE_DELIVERY_STATES = ("authorized", "queued", "running")
+
+ROLES = frozenset({"host", "client"})
+ACTIONS = frozenset({"instruction", "request_reply"})
+KINDS = frozenset({"instruction", "request_reply", "response"})
+MAX_LEGS = 6
+MAX_MESSAGE_CHARS = 100_000
+MAX_ERROR_CHARS = 400
+MAX_RETRY_BATCH = 50
+DEFAULT_RETAIN_SECONDS = 30 * 24 * 60 * 60
+RETRY_CEILING_SECONDS = 300
+RETRY_EXPONENT_CAP = 8
+EXPIRED_ERROR = "secure peer exchange expired"
+#: PostgreSQL advisory-lock key ("ledger" + 1) serialising prepare's read, sweep, capacity count and insert.
+PREPARE_LOCK_KEY = 0x6C65646765720001
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+# --- pure helpers ----------------------------------------------------------------------------------------
+
+
+def retry_delay(attempts: int) -> int:
+    """Seconds to wait after the ``attempts``-th failed try: ``min(300, 2 ** min(attempts, 8))``.
+
+    The one backoff schedule of admission, response and outbound retries (2, 4, ... 256 seconds; the
+    exponent cap means the 300-second ceiling is never reached, as in the reference).
+    """
+    exponent: int = min(attempts, RETRY_EXPONENT_CAP)
+    return min(RETRY_CEILING_SECONDS, int(2**exponent))
+
+
+def _integer(value: Any, message: str) -> int:
+    """``int(value)`` (the reference's coercion) within 64 bits, else ``ValueError(message)``."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(message) from exc
+    if not _INT64_MIN <= number <= _INT64_MAX:
+        raise ValueError(message)
+    return number
+
+
+def _key(value: Any, label: str) -> str:
+    """A lookup identifier: strings only (PostgreSQL would refuse other types in the driver), and only text both
+    backends can store and compare (no NUL character, no lone surrogate)."""
+    if not isinstance(value, str):
+        raise ValueError(f"secure peer ledger {label} must be a string")
+    if not storable_text(value):
+        raise ValueError(f"secure peer ledger {label} must not contain NUL characters or lone surrogates")
+    return value
+
+
+def _stored_text(value: Any, message: str) -> str:
+    """``str(value)`` (the reference's coercion) when both backends can store it, else ``ValueError(message)``
+    (also when ``str()`` itself fails, e.g. an int beyond Python's digit limit)."""
+    try:
+        text = str(value)
+    except ValueError:
+        text = None
+    if text is None or not storable_text(text):
+        raise ValueError(message)
+    return text
+
+
+def _optional_key(value: Any, label: str) -> str | None:
+    return None if value is None else _key(value, label)
+
+
+def _limit(value: Any, high: int, message: str) -> int:
+    if type(value) is not int or not 1 <= value <= high:
+        raise ValueError(message)
+    return value
+
+
+def _error_text(error: Any) -> str:
+    return _recorded_text(error)[:MAX_ERROR_CHARS]
+
+
+def _recorded_text(error: Any) -> str:
+    """A caller's error message as stored: ``str(error)`` with NUL and lone surrogates backslash-escaped.
+
+    It is a diagnostic the caller cannot always control (an exception's text), so it is recorded, never refused.
+    """
+    try:
+        text = str(error)
+    except ValueError:
+        text = f"<unprintable {type(error).__name__}>"
+    return storable_copy(text)
+
+
+def _result_hash(result_text: Any) -> str | None:
+    """SHA-256 of a delivery's result text (only the hash is stored), None for no text."""
+    if not result_text:
+        return None
+    try:
+        if isinstance(result_text, str):
+            return hashlib.sha256(result_text.encode("utf-8")).hexdigest()
+    except UnicodeEncodeError:  # a lone surrogate
+        pass
+    raise ValueError("secure peer delivery result is invalid")
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(canonical_json_bytes(value)).hexdigest()
+
+
+def _optional_text(value: Any, message: str) -> str | None:
+    return _stored_text(value, message) if value is not None else None
+
+
+def _valid_message(body: Any) -> bool:
+    return (
+        isinstance(body, dict)
+        and set(body) == {"message"}
+        and isinstance(body["message"], str)
+        and bool(body["message"].strip())
+        and len(body["message"]) <= MAX_MESSAGE_CHARS
+    )
+
+
+_REQUIRED_CLAIM_FIELDS = (
+    "envelope_id", "request_id", "connection_id", "lease_token", "team_id",
+    "source_server_identity", "source_route_id", "source_route_revision",
+    "target_server_identity", "target_route_id", "target_route_revision", "target_chat_id", "exchange_id",
+)
+
+
+_IDENTITY = "secure peer delivery identity is invalid"
+_LEGS = "secure peer delivery leg budget is invalid"
+
+
+def delivery_claim(
+    envelope: Any, *, transport_role: Any, connection_id: Any, lease_token: Any, target_chat_id: Any
+) -> tuple[dict[str, Any], str]:
+    """Validate an envelope and return its exact claim plus the claim digest.
+
+    The digest covers everything but ``lease_token``: the token belongs to one delivery *attempt*, and a
+    crash past the lease deadline legitimately redelivers the same envelope with a new token.
+    """
+    if not isinstance(transport_role, str) or transport_role not in ROLES:  # unhashable junk: ValueError too
+        raise ValueError("secure peer delivery role is invalid")
+    if not isinstance(envelope, Mapping):
+        raise ValueError("secure peer delivery envelope is invalid")
+    action, kind, body = _exchange(envelope)
+    claim = _claim_values(envelope, transport_role=transport_role, connection_id=connection_id,
+                          lease_token=lease_token, target_chat_id=target_chat_id, action=action, kind=kind, body=body)
+    if any(not claim[name] for name in _REQUIRED_CLAIM_FIELDS):
+        raise ValueError("secure peer delivery identity is incomplete")
+    if claim["max_legs"] != MAX_LEGS or not 1 <= claim["used_legs"] <= MAX_LEGS:
+        raise ValueError(_LEGS)
+    immutable = {name: value for name, value in claim.items() if name != "lease_token"}
+    try:
+        return claim, _digest(immutable)
+    except UnicodeEncodeError:  # a lone surrogate in the message (the only text not checked above)
+        pass
+    raise ValueError("secure peer delivery body is invalid")
+
+
+def _envelope_text(envelope: Mapping[str, Any], name: str) -> str:
+    return _stored_text(envelope.get(name) or "", _IDENTITY)
+
+
+def _exchange(envelope: Mapping[str, Any]) -> tuple[str, str, Any]:
+    """The envelope's action, kind and body, checked in that order."""
+    action, kind = _envelope_text(envelope, "action"), _envelope_text(envelope, "kind")
+    if action not in ACTIONS:
+        raise ValueError("secure peer delivery action is invalid")
+    if kind not in KINDS:
+        raise ValueError("secure peer delivery kind is invalid")
+    body = envelope.get("body")
+    if not _valid_message(body):
+        raise ValueError("secure peer delivery body is invalid")
+    return action, kind, body
+
+
+def _claim_values(
+    envelope: Mapping[str, Any], *, transport_role: str, connection_id: Any, lease_token: Any, target_chat_id: Any,
+    action: str, kind: str, body: Any,
+) -> dict[str, Any]:
+    """Every stored field of a claim, coerced like the reference (each checked in this order)."""
+
+    def text(name: str) -> str:
+        return _envelope_text(envelope, name)
+
+    parent_leg = envelope.get("parent_leg")
+    return {
+        "envelope_id": text("envelope_id"),
+        "request_id": text("request_id"),
+        "transport_role": transport_role,
+        "connection_id": _stored_text(connection_id, _IDENTITY),
+        "lease_token": _stored_text(lease_token, _IDENTITY),
+        "team_id": text("team_id"),
+        "source_peer_id": _optional_text(envelope.get("source_peer_id"), _IDENTITY),
+        "source_server_identity": text("source_server_identity"),
+        "source_route_id": text("source_route_id"),
+        "source_route_revision": text("source_route_revision"),
+        "target_peer_id": _optional_text(envelope.get("target_peer_id"), _IDENTITY),
+        "target_server_identity": text("target_server_identity"),
+        "target_route_id": text("target_route_id"),
+        "target_route_revision": text("target_route_revision"),
+        "target_chat_id": _stored_text(target_chat_id, _IDENTITY),
+        "action": action,
+        "kind": kind,
+        "exchange_id": text("exchange_id"),
+        "parent_envelope_id": _optional_text(envelope.get("parent_envelope_id"), _IDENTITY),
+        "parent_leg": _integer(parent_leg, _LEGS) if parent_leg is not None else None,
+        "used_legs": _integer(envelope.get("used_legs") or 0, _LEGS),
+        "max_legs": _integer(envelope.get("max_legs") or 0, _LEGS),
+        "expires_at": _integer(envelope.get("expires_at") or 0, "secure peer delivery expiry is invalid"),
+        "body": body,
+    }
+
+
+def outbound_claim(
+    *, request_id: Any, source_session_id: Any, source_run_id: Any, snapshot: Any, body: Any, action: Any,
+    expires_at: Any,
+) -> tuple[dict[str, Any], str, str]:
+    """Validate an outbound intent; return its row values, its digest and its canonical snapshot text."""
+    invalid = "secure peer outbound intent is invalid"
+    if not isinstance(snapshot, Mapping):  # the reference reads snapshot.get() first (AttributeError)
+        raise ValueError(invalid)
+    route = {name: _stored_text(snapshot.get(name) or "", invalid) for name in
+             ("connection_id", "source_route_id", "source_route_revision")}
+    if (
+        not all(isinstance(value, str) and value and storable_text(value)
+                for value in (request_id, source_session_id, source_run_id, body))
+        or not all(route.values())
+        or str(snapshot.get("source_chat_id") or "") != source_session_id
+        or str(snapshot.get("action") or "") != action
+        or action not in ACTIONS
+        or not isinstance(body, str)
+        or not body.strip()
+        or len(body) > MAX_MESSAGE_CHARS
+    ):
+        raise ValueError(invalid)
+    exact = {
+        "request_id": request_id,
+        "source_session_id": source_session_id,
+        "source_run_id": source_run_id,
+        "snapshot": dict(snapshot),
+        "body": body,
+        "action": action,
+        "expires_at": _integer(expires_at, invalid),
+    }
+    try:
+        digest = _digest(exact)
+        snapshot_text = canonical_json_bytes(exact["snapshot"]).decode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(invalid) from exc
+    if not json_depth_within(snapshot_text, max_json_depth()):
+        raise ValueError(invalid)
+    values = {key: value for key, value in exact.items() if key != "snapshot"}
+    return {**values, **route}, digest, snapshot_text
+
+
+def response_claim(*, request_id: Any, body: Any, request_response: Any) -> str:
+    """Validate a response intent (the reply owed for a request delivery); return its digest."""
+    if (
+        not isinstance(request_id, str)
+        or not request_id
+        or not storable_text(request_id)
+        or not isinstance(body, str)
+        or not storable_text(body)
+        or not body.strip()
+        or len(body) > MAX_MESSAGE_CHARS
+        or type(request_response) is not bool
+    ):
+        raise ValueError("secure peer response intent is invalid")
+    return _digest({"request_id": request_id, "body": body, "request_response": request_response})
+
+
+def _response_text(response: Any) -> str:
+    try:
+        text = canonical_json_bytes(dict(response)).decode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError("secure peer outbound result is invalid") from exc
+    if not json_depth_within(text, max_json_depth()):
+        raise ValueError("secure peer outbound result is invalid")
+    return text
+

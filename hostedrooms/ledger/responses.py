@@ -1,0 +1,114 @@
+"""Response intents: the reply owed to the Hub for a request delivery, bound to its digest before it leaves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import bindparam, update
+
+from ..uow import UnitOfWork
+from .claims import (
+    ACTIVE_DELIVERY_STATES,
+    _key,
+    _limit,
+    _optional_key,
+    response_claim,
+)
+from .retries import Retrying, retry_machine
+from .rows import D, _delivery, _public_delivery, _returned
+
+_ADMITTED = D.c.state.in_(ACTIVE_DELIVERY_STATES)
+# Guarded UPDATE ... RETURNING: the changed row, or none when the guard matched nothing (built once).
+_PREPARE = (
+    update(D).where(D.c.envelope_id == bindparam("key"), D.c.response_request_digest.is_(None),
+                    D.c.response_committed == 0, _ADMITTED)
+    .values(response_request_id=bindparam("request"), response_request_digest=bindparam("digest"),
+            response_body=bindparam("body"), response_request_response=bindparam("request_response"),
+            response_retry_at=bindparam("now"), response_attempts=0, response_last_error=None,
+            updated_at=bindparam("now"))
+    .returning(*D.c))
+_COMMIT_ANY = (
+    update(D).where(D.c.envelope_id == bindparam("key"), _ADMITTED, D.c.response_committed == 0)
+    .values(response_committed=1, response_retry_at=None, response_last_error=None, updated_at=bindparam("now"))
+    .returning(*D.c))
+_COMMIT = _COMMIT_ANY.where(D.c.response_request_id == bindparam("request"))
+_CLEAR = (
+    update(D).where(D.c.envelope_id == bindparam("key"), D.c.response_request_id == bindparam("request"),
+                    D.c.response_committed == 0, _ADMITTED)
+    .values(response_request_id=None, response_request_digest=None, response_body=None,
+            response_request_response=None, response_retry_at=None, response_attempts=0,
+            response_last_error=None, updated_at=bindparam("now"))
+    .returning(*D.c))
+
+# An uncommitted response intent (``request``): retried with backoff until the Hub has it, or cleared.
+_RESPONSE = retry_machine(
+    D, "envelope_id", (_ADMITTED, D.c.response_request_id.is_not(None), D.c.response_committed == 0),
+    guard=(D.c.response_request_id == bindparam("request"),),
+    retryable=lambda row, guard: (row["state"] in ACTIVE_DELIVERY_STATES
+                                  and row["response_request_id"] == guard["request"]
+                                  and int(row["response_committed"] or 0) == 0),
+    attempts="response_attempts", retry_at="response_retry_at", last_error="response_last_error", failed=None,
+    fetch=_delivery, public=_public_delivery)
+
+
+class ResponseIntents(Retrying):
+    """Response intents of admitted deliveries (a part of :class:`~hostedrooms.ledger.DeliveryLedger`)."""
+
+    def prepare_response(
+        self, envelope_id: str, *, request_id: str, body: str, request_response: bool
+    ) -> dict[str, Any] | None:
+        """Bind the reply owed for a request delivery to its digest before it is sent (idempotent)."""
+        key = _key(envelope_id, "envelope_id")
+        digest = response_claim(request_id=request_id, body=body, request_response=request_response)
+        timestamp = self._now()
+
+        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+            row = _delivery(uow, key, lock=True)
+            if row is None or row["state"] not in ACTIVE_DELIVERY_STATES or row["kind"] == "instruction":
+                return None
+            if row["response_request_digest"] is not None:
+                if row["response_request_digest"] != digest:
+                    raise RuntimeError("secure peer response intent changed")
+                return _public_delivery(row)
+            # The row is locked (PostgreSQL FOR UPDATE; SQLite's write lock): unchanged when the guard misses.
+            changed = _returned(uow, _PREPARE, {
+                "key": key, "request": request_id, "digest": digest, "body": body,
+                "request_response": int(request_response), "now": timestamp})
+            return _public_delivery(row if changed is None else changed)
+
+        return self._write(work)
+
+    def mark_response_committed(self, envelope_id: str, *, request_id: str | None = None) -> dict[str, Any] | None:
+        """Record that the reply (``request_id``, or any when None) reached the Hub; return the row."""
+        key = _key(envelope_id, "envelope_id")
+        request = _optional_key(request_id, "request_id")
+        timestamp = self._now()
+
+        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+            statement = _COMMIT_ANY if request is None else _COMMIT
+            changed = uow.execute(statement, {"key": key, "request": request, "now": timestamp}).mappings().all()
+            if len(changed) > 1:
+                raise RuntimeError("secure peer response state is ambiguous")
+            return _public_delivery(changed[0] if changed else _delivery(uow, key))
+
+        return self._write(work)
+
+    def clear_response_intent(self, envelope_id: str, *, request_id: str) -> dict[str, Any] | None:
+        """Drop an uncommitted response intent ``request_id`` (so another may be prepared); return the row."""
+        key, request = _key(envelope_id, "envelope_id"), _key(request_id, "request_id")
+        timestamp = self._now()
+
+        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+            changed = _returned(uow, _CLEAR, {"key": key, "request": request, "now": timestamp})
+            return _public_delivery(_delivery(uow, key) if changed is None else changed)
+
+        return self._write(work)
+
+    def defer_response(self, envelope_id: str, *, request_id: str, error: str) -> dict[str, Any] | None:
+        """Persist bounded exponential retry state for one response intent; return the row."""
+        key, request = _key(envelope_id, "envelope_id"), _key(request_id, "request_id")
+        return self._retry(_RESPONSE, key, error, request=request)
+
+    def pending_responses(self, *, limit: int = 8, now: int | None = None) -> list[dict[str, Any]]:
+        """Uncommitted response intents whose retry is due, soonest first (limit up to the capacity)."""
+        return self._due(_RESPONSE, _limit(limit, self._capacity(), "secure peer response retry limit is invalid"), now)

@@ -1,0 +1,27 @@
+"""The secure-peer delivery ledger service: :class:`DeliveryLedger`, composed of its parts."""
+
+from __future__ import annotations
+
+from .deliveries import Deliveries
+from .outbound import OutboundIntents
+from .responses import ResponseIntents
+from .retention import Retention
+
+
+class DeliveryLedger(Deliveries, ResponseIntents, OutboundIntents, Retention):
+    """The secure-peer delivery ledger on ``engine`` (SQLite or PostgreSQL, migrated to head).
+
+    ``clock`` returns the current time in seconds (default: ``time.time`` read at call time); ledger
+    timestamps are ``int(clock())``. ``path`` is the SQLite file to guard when it differs from the engine's
+    own (the seed-compatible facade passes the path it was given, before symlink resolution). ``limits`` is
+    where MAX_NONTERMINAL_DELIVERIES is read, at call time: a :class:`~hostedrooms.limits.Limits` (default: the
+    :mod:`hostedrooms.limits` module), or a zero-argument provider of one (the facade resolves its own module's
+    constant with :meth:`~hostedrooms.limits.LimitValues.read`). Every method is one transaction and returns
+    the reference's shapes: a delivery row with ``body`` decoded, an outbound row with ``snapshot`` and
+    ``response`` decoded, or None.
+
+    Stored values follow the store's rules (README, "Limits on stored values"): text with a NUL character or a
+    lone surrogate is refused with ``ValueError`` (a caller's error text is recorded escaped instead), and
+    snapshots and responses nest at most MAX_JSON_DEPTH deep. A row whose stored JSON cannot be decoded (left by
+    the reference) is skipped by the listings and raises ``StorageError`` in a call about that row.
+    """
