@@ -13,16 +13,16 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import lowered, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
-from hostedrooms import limits, models, rooms
+from hostedrooms import models, rooms
 from hostedrooms.dialect import dialect_for
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.store import RoomStore, room_store
@@ -32,11 +32,6 @@ GATEWAYS = ("g1", "g2")
 EVENT_IDS = tuple(f"e{n}" for n in range(1, 9))
 TEXTS = ("a", "a", "bb", "c" * 40)
 
-
-def lowered(**overrides: int) -> SimpleNamespace:
-    values = {name: getattr(limits, name) for name in limits.LIMIT_NAMES}
-    values.update(overrides)
-    return SimpleNamespace(**values)
 
 
 # --- generated operations ------------------------------------------------------------------------------------
@@ -112,12 +107,6 @@ def _outcomes(engine: Engine, operations: list[tuple[Any, ...]], lim: Any) -> li
     return outcomes
 
 
-def _rows(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
-    tables = (models.rooms, models.events, models.retired_ids)
-    with engine.connect() as connection:
-        return {table.name: [tuple(row) for row in connection.execute(
-            sa.select(table).order_by(*table.primary_key.columns))] for table in tables}
-
 
 def _fresh(engine: Engine) -> None:
     """Empty the room log, then two live rooms owned by g1 at epoch 1."""
@@ -136,7 +125,7 @@ def _both_ways(
         _fresh(engine)
         with context():
             outcomes = _outcomes(engine, operations, lim)
-        yield outcomes, _rows(engine)
+        yield outcomes, snapshot(engine, (models.rooms, models.events, models.retired_ids))
 
 
 @pytest.fixture
