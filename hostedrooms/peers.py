@@ -27,7 +27,7 @@ from .engines import EngineCache, EngineSource, resolve_engine
 from .errors import AuthorityConflictError, HostedRoomError, RoomProbeUnavailableError, StorageError
 from .limits import Limits, in_force
 from .uow import UnitOfWork
-from .validation import INT64_MAX, clock, compact_json, identifier, storable_text
+from .validation import INT64_MAX, clock, compact_json, identifier, storable_string, storable_text
 
 __all__ = [
     "GRANT_SCOPE_FIELDS",
@@ -110,11 +110,7 @@ def _required(record: Mapping[str, Any], key: str, label: str) -> Any:
 def _text(value: Any, label: str) -> str:
     """A string both backends can store and compare: no NUL character, no lone surrogate. The message never
     quotes the value (it may be a grant), and no encoding error is chained."""
-    if not isinstance(value, str):
-        raise HostedRoomError(f"{label} must be a string")
-    if not storable_text(value):
-        raise HostedRoomError(f"{label} must not contain NUL characters or lone surrogates")
-    return value
+    return storable_string(value, error=HostedRoomError, label=label)
 
 
 def _seconds(value: Any, label: str) -> float:

@@ -80,6 +80,17 @@ def storable_text(text: str) -> bool:
     return "\x00" not in text and (text.isascii() or _utf8(text))
 
 
+def storable_string(value: Any, *, error: ErrorFactory, label: str) -> str:
+    """``value`` if it is a string both backends can store and compare (:func:`storable_text`), else
+    ``error("<label> must be a string")`` or ``error("<label> must not contain NUL characters or lone
+    surrogates")``. The message never quotes the value (it may be a secret)."""
+    if not isinstance(value, str):
+        raise error(f"{label} must be a string")
+    if not storable_text(value):
+        raise error(f"{label} must not contain NUL characters or lone surrogates")
+    return value
+
+
 def storable_copy(text: str) -> str:
     """``text`` with NUL and lone surrogates replaced by backslash escapes, for free text that is recorded
     rather than validated (a caller's own error message)."""

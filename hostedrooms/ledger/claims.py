@@ -16,6 +16,7 @@ from ..validation import (
     json_depth_within,
     max_json_depth,
     storable_copy,
+    storable_string,
     storable_text,
 )
 
@@ -69,11 +70,7 @@ def _integer(value: Any, message: str) -> int:
 def _key(value: Any, label: str) -> str:
     """A lookup identifier: strings only (PostgreSQL would refuse other types in the driver), and only text both
     backends can store and compare (no NUL character, no lone surrogate)."""
-    if not isinstance(value, str):
-        raise ValueError(f"secure peer ledger {label} must be a string")
-    if not storable_text(value):
-        raise ValueError(f"secure peer ledger {label} must not contain NUL characters or lone surrogates")
-    return value
+    return storable_string(value, error=ValueError, label=f"secure peer ledger {label}")
 
 
 def _stored_text(value: Any, message: str) -> str:
