@@ -135,10 +135,12 @@ def empty_target(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """``api``: both APIs, or only the synchronous one for a test marked ``sync_api_only`` (say, one that calls
-    the services from several threads at once, which the asyncio shim's one event loop cannot serve)."""
+    """``api``: both APIs for a test on the ``engine``/``target`` database, or only the synchronous one for a
+    test without it (pure checks) or marked ``sync_api_only`` (say, one that calls the services from several
+    threads at once, which the asyncio shim's one event loop cannot serve)."""
     if "api" in metafunc.fixturenames:
-        only_sync = metafunc.definition.get_closest_marker("sync_api_only") is not None
+        only_sync = metafunc.definition.get_closest_marker("sync_api_only") is not None or not any(
+            name in metafunc.fixturenames for name in ("engine", "target"))  # no database: nothing to call
         metafunc.parametrize("api", ["sync"] if only_sync else list(APIS), indirect=True)
 
 

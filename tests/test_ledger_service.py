@@ -23,7 +23,7 @@ from hostedrooms.ledger import DeliveryLedger
 from hostedrooms.limits import LimitValues
 from hostedrooms.models import deliveries, outbound_intents
 
-_api = use_api("DeliveryLedger")  # each test below runs against the synchronous and the asyncio API
+_api = use_api("DeliveryLedger")  # the tests on a database run on both APIs
 
 START = 1_000_000
 

@@ -23,7 +23,7 @@ from hostedrooms import migrate, models, peers
 from hostedrooms.db import create_engine
 from hostedrooms.errors import HostedRoomError, StorageError
 
-_api = use_api("peers")  # each test below runs against the synchronous and the asyncio API
+_api = use_api("peers")  # the tests on a database run on both APIs
 
 GRANT = "grant-secret-7f3a9c"
 

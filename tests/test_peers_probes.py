@@ -18,7 +18,7 @@ from hostedrooms import models, peers
 from hostedrooms.db import create_engine
 from hostedrooms.errors import HostedRoomError, RoomProbeUnavailableError
 
-_api = use_api("peers")  # each test below runs against the synchronous and the asyncio API
+_api = use_api("peers")  # the tests on a database run on both APIs
 
 NOW = 5_000.0
 #: The issue's bound: a probe answers (or gives up) within half a second while another connection writes.

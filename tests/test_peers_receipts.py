@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from hostedrooms import models, peers
 from hostedrooms.errors import HostedRoomError
 
-_api = use_api("peers")  # each test below runs against the synchronous and the asyncio API
+_api = use_api("peers")  # the tests on a database run on both APIs
 
 CONFLICT = "^remote run receipt conflicts with its logical task$"
 

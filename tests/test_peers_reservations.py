@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from hostedrooms import models, peers
 from hostedrooms.errors import AuthorityConflictError, HostedRoomError
 
-_api = use_api("peers")  # each test below runs against the synchronous and the asyncio API
+_api = use_api("peers")  # the tests on a database run on both APIs
 
 NOW = 10_000.0
 GW_A, GW_B, GW_C = "install:gateway-a", "install:gateway-b", "install:gateway-c"

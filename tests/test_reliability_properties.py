@@ -39,7 +39,7 @@ from hostedrooms.errors import (
 )
 from hostedrooms.ledger import DeliveryLedger
 
-_api = use_api("rooms", "peers", "DeliveryLedger")  # each test below runs against the synchronous and the asyncio API
+_api = use_api("rooms", "peers", "DeliveryLedger")  # the tests on a database run on both APIs
 
 GATEWAYS = ("install:gw-a", "install:gw-b", "install:gw-c")
 USER = {"id": "u1", "kind": "user"}

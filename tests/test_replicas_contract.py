@@ -28,7 +28,7 @@ from hostedrooms.errors import (
     RoomConflictError,
 )
 
-_api = use_api("replicas", "rooms", "verify")  # each test below runs against the synchronous and the asyncio API
+_api = use_api("replicas", "rooms", "verify")  # the tests on a database run on both APIs
 
 C = "install:gw-c"
 

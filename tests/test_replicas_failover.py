@@ -19,7 +19,7 @@ from hostedrooms.db import create_engine
 from hostedrooms.errors import AuthorityConflictError, ReplicaEpochRegressionError, ReplicaError
 from hostedrooms.testing import create_database, drop_database, unique_name
 
-_api = use_api("replicas", "rooms", "verify")  # each test below runs against the synchronous and the asyncio API
+_api = use_api("replicas", "rooms", "verify")  # the tests on a database run on both APIs
 
 MEMBERS = [{"id": "m1"}]
 USER = {"kind": "user", "id": "u1"}

@@ -27,7 +27,7 @@ from hostedrooms.compat import hosted_room_replicas as hrr
 from hostedrooms.compat import hosted_rooms as hr
 from hostedrooms.errors import HostedRoomError, ReplicaError
 
-_api = use_api("replicas", "rooms", "verify")  # each test below runs against the synchronous and the asyncio API
+_api = use_api("replicas", "rooms", "verify")  # the tests on a database run on both APIs
 
 NOT_CAUGHT_UP = "^replica is not caught up with the authority log; ingest the remaining pages first$"
 OWNER_CONFLICT = "^page authority owner conflicts with the stored replica at the same epoch$"

@@ -30,7 +30,7 @@ REMOTE = "install:gw-remote"
 OTHER = "install:gw-other"
 DAY = 24 * 60 * 60
 
-_api = use_api("rooms")  # every test below runs against the synchronous and the asyncio API
+_api = use_api("rooms")  # the tests on a database run on both APIs
 
 
 def user_msg(engine: Engine, room_id: str, n: object, *, gateway: str = LOCAL, epoch: int = 1,

@@ -28,7 +28,7 @@ from hostedrooms.dialect import dialect_for
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.store import RoomStore, room_store
 
-_api = use_api("rooms")  # each test below runs against the synchronous and the asyncio API
+_api = use_api("rooms")  # the tests on a database run on both APIs
 
 ROOMS = ("r1", "r2", "r3")  # r3 never exists
 GATEWAYS = ("g1", "g2")

@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 from hostedrooms import models, rooms
 from hostedrooms.errors import HostedRoomError
 
-_api = use_api("rooms")  # each test below runs against the synchronous and the asyncio API
+_api = use_api("rooms")  # the tests on a database run on both APIs
 
 GATEWAY = "install:gw-a"
 AUTHORS = ("alice", "bob", "carol", "dave", "erin", "frank")

@@ -23,7 +23,7 @@ from hostedrooms import models, replicas, rooms
 from hostedrooms.db import create_engine
 from hostedrooms.errors import HostedRoomError, ReplicaError, RoomHistoryExpiredError
 
-_api = use_api("replicas", "rooms")  # each test below runs against the synchronous and the asyncio API
+_api = use_api("replicas", "rooms")  # the tests on a database run on both APIs
 
 A = "install:gw-a"
 B = "install:gw-b"

@@ -21,7 +21,7 @@ from hostedrooms import peers, rooms
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.ledger import DeliveryLedger
 
-_api = use_api("peers", "rooms", "DeliveryLedger")  # each test below runs against the synchronous and the asyncio API
+_api = use_api("peers", "rooms", "DeliveryLedger")  # the tests on a database run on both APIs
 
 GATEWAY = "install:gw-a"
 GRANT = "GRANT-SECRET-0123456789"
