@@ -68,8 +68,10 @@ class AsyncApi:
         return _Ledger(self, self.run(aio.open_ledger(self.twin(engine), *args, **kwargs)), engine)
 
     def follow(self, engine: Any, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        """The async iterator, consumed one event per loop run."""
-        iterator = aio.rooms.follow(self.twin(engine), *args, **kwargs)
+        """The async iterator (its arguments checked at once, as follow() does), consumed one event per loop run."""
+        return self._events(aio.rooms.follow(self.twin(engine), *args, **kwargs))
+
+    def _events(self, iterator: Any) -> Iterator[dict[str, Any]]:
         try:
             while True:
                 try:
