@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from ..db import Target
 from .engines import Runner, runner_for, sync_url
 
-__all__ = ["Bound", "method", "service", "threaded"]
+__all__ = ["Bound", "method", "retitled", "service", "threaded"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -29,7 +29,7 @@ S = TypeVar("S")
 S_co = TypeVar("S_co", covariant=True)
 
 
-def _retitled(fn: Callable[..., Any], call: Callable[..., Any], first: str) -> None:
+def retitled(fn: Callable[..., Any], call: Callable[..., Any], first: str) -> None:
     """``call`` documented as ``fn``: same name and docstring; its signature shows ``first`` as the first type."""
     functools.update_wrapper(call, fn)
     del call.__wrapped__  # type: ignore[attr-defined]  # the signature below is the async one
@@ -47,7 +47,7 @@ def service(fn: Callable[Concatenate[Engine, P], R]) -> Callable[Concatenate[Asy
         runner = await runner_for(engine)
         return await runner.run(fn, runner.engine, *args, **kwargs)
 
-    _retitled(fn, call, "AsyncEngine")
+    retitled(fn, call, "AsyncEngine")
     return call
 
 
@@ -60,7 +60,7 @@ def threaded(fn: Callable[Concatenate[Target, P], R]) -> Callable[Concatenate[Ta
         where: Target = sync_url(target) if isinstance(target, AsyncEngine) else target
         return await asyncio.to_thread(fn, where, *args, **kwargs)
 
-    _retitled(fn, call, "Target | AsyncEngine")
+    retitled(fn, call, "Target | AsyncEngine")
     return call
 
 

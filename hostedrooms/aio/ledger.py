@@ -6,6 +6,7 @@ constructor's checks read the store), and wait for due work with :meth:`AsyncDel
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec
 
@@ -13,7 +14,7 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..ledger import DeliveryLedger
-from .derive import method
+from .derive import method, retitled
 from .engines import Runner, runner_for
 from .wakeup import AsyncWakeup, ledger_wakeup
 
@@ -79,16 +80,23 @@ class AsyncDeliveryLedger:
     close = method(DeliveryLedger.close)
 
 
+_OPEN_DOC = """:class:`~hostedrooms.ledger.DeliveryLedger`'s constructor for asyncio: the same arguments and checks
+(the ledger file's guard, crash-safe commits), run without blocking the loop; returns an AsyncDeliveryLedger."""
+
+
 def _opener(
     build: Callable[Concatenate[Engine, P], DeliveryLedger],
 ) -> Callable[Concatenate[AsyncEngine, P], Coroutine[Any, Any, AsyncDeliveryLedger]]:
     async def open_ledger(engine: AsyncEngine, /, *args: P.args, **kwargs: P.kwargs) -> AsyncDeliveryLedger:
-        """:class:`~hostedrooms.ledger.DeliveryLedger`'s constructor for asyncio: the same arguments and checks
-        (the ledger file's guard, crash-safe commits), run without blocking the loop."""
         runner = await runner_for(engine)
         ledger = await runner.run(build, runner.engine, *args, **kwargs)
         return AsyncDeliveryLedger(ledger, runner, engine)
 
+    retitled(build, open_ledger, "AsyncEngine")
+    open_ledger.__name__ = open_ledger.__qualname__ = "open_ledger"
+    open_ledger.__doc__ = _OPEN_DOC
+    signature = inspect.signature(open_ledger)
+    open_ledger.__signature__ = signature.replace(return_annotation="AsyncDeliveryLedger")  # type: ignore[attr-defined]
     return open_ledger
 
 
