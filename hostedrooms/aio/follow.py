@@ -3,7 +3,7 @@ guarantees; see :mod:`hostedrooms.rooms.follow`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -25,7 +25,7 @@ _room_state = service(_rooms.room_state)
 def follow(
     engine: AsyncEngine, room_id: Any, since_seq: Any = 0, *, limit: Any = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     """``async for event in follow(engine, room_id, since_seq)``: each event after ``since_seq``, in seq order,
     as it commits; ends after ``room.disbanded``. Arguments are checked here, before anything is opened; close the
     iterator (``contextlib.aclosing``) or cancel its task to give its connection back."""
@@ -36,7 +36,7 @@ def follow(
 async def _follow(
     engine: AsyncEngine, cursor: FollowCursor, poll_interval: float | None, fallback_interval: float,
     limits: Limits | None,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     async with room_wakeup(engine, cursor.room_id, poll_interval=poll_interval) as wakeup:
         if cursor.since and cursor.ended_before(
                 await _room_state(engine, room_id=cursor.room_id, include_disbanded=True, limits=limits)):

@@ -19,7 +19,7 @@ give the wake-up connection back.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +81,7 @@ class FollowCursor:
 def follow(
     engine: EngineSource, room_id: Any, since_seq: Any = 0, *, limit: Any = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
-) -> Iterator[dict[str, Any]]:
+) -> Generator[dict[str, Any], None, None]:
     """Yield each event of ``room_id`` after ``since_seq``, in seq order, as it commits (see the module
     docstring); the dicts are ``read_events``' events. Ends after ``room.disbanded``."""
     cursor = FollowCursor.start(room_id, since_seq, limit, limits)
@@ -90,7 +90,7 @@ def follow(
 
 def _follow(
     engine: Any, cursor: FollowCursor, poll_interval: float | None, fallback_interval: float, limits: Limits | None
-) -> Iterator[dict[str, Any]]:
+) -> Generator[dict[str, Any], None, None]:
     with Wakeup(engine, ROOM_EVENTS_CHANNEL, key=cursor.room_id, poll_interval=poll_interval) as wakeup:
         if cursor.since and cursor.ended_before(
                 room_state(engine, room_id=cursor.room_id, include_disbanded=True, limits=limits)):
