@@ -56,12 +56,21 @@ class CancelAt:
 
 
 def _idle_in_transaction(engine: Engine) -> int:
+    """Sessions of the database idle in a transaction. A cancelled driver call leaves its connection in an unknown
+    state, so SQLAlchemy closes it (invalidates it); its server process ends that session as soon as it sees the
+    socket closed, which may take it a moment: the count must reach 0 within a generous bound."""
     if engine.dialect.name != "postgresql":
         return 0
+    deadline = time.monotonic() + 10
     with engine.connect() as connection:
-        return int(connection.execute(sa.text(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND state LIKE 'idle in transaction%'")).scalar_one())
+        while True:
+            found = int(connection.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state LIKE 'idle in transaction%'")).scalar_one())
+            connection.rollback()
+            if found == 0 or time.monotonic() > deadline:
+                return found
+            time.sleep(0.01)
 
 
 def _cancelled_each_way(

@@ -20,9 +20,11 @@ never half-written, and its connection back in the pool (see :meth:`Runner.run`)
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import functools
 import os
+import queue
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,7 +53,7 @@ R = TypeVar("R")
 
 AsyncTarget = str | os.PathLike[str] | URL | AsyncEngine
 
-#: Worker threads per SQLite twin: readers run concurrently (WAL); writers queue on SQLite's own write lock.
+#: Worker threads per SQLite twin at most: readers run concurrently (WAL); writers queue on SQLite's write lock.
 THREAD_WORKERS = 8
 
 
@@ -144,47 +146,114 @@ class _Awaited(Runner):
 
 
 class _Threaded(Runner):
-    """The synchronous code in a worker thread, on a synchronous twin Engine of the same SQLite file."""
+    """The synchronous code in a worker thread, on a synchronous twin Engine of the same SQLite file.
+
+    One hop per call, kept short: the call goes on a queue that worker threads (started on demand, at most
+    :data:`THREAD_WORKERS`) take from, and its outcome comes back on a future of the loop
+    (``call_soon_threadsafe``); ``run_in_executor`` with the ``shield`` a cancellation-safe wait needs costs
+    about twice as much per call. Workers are daemon threads: a call still running when the interpreter exits is
+    abandoned, and SQLite rolls its transaction back when the file is next opened.
+    """
 
     def __init__(self, twin: Engine) -> None:
         self.engine = twin
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-
-    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        executor = self._executor
-        if executor is None:
-            executor = self._executor = concurrent.futures.ThreadPoolExecutor(
-                THREAD_WORKERS, thread_name_prefix="hostedrooms-aio")
-        return executor
+        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._workers = 0
+        self._idle = 0
 
     async def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        started = self._pool().submit(functools.partial(fn, *args, **kwargs))
-        waiting = asyncio.wrap_future(started)
+        call = _Call(asyncio.get_running_loop(), functools.partial(fn, *args, **kwargs))
+        self._submit(call)
         try:
-            return await asyncio.shield(waiting)
+            result: R = await call.future
+            return result
         except asyncio.CancelledError:
-            if not started.cancel():  # already running: let it end (commit or roll back) before giving up
-                await _settle(waiting)
+            if not call.skip():  # already running: let it end (commit or roll back) before giving up
+                await call.settle()
             raise
 
+    def _submit(self, call: _Call) -> None:
+        with self._lock:
+            start = self._idle == 0 and self._workers < THREAD_WORKERS
+            if start:
+                self._workers += 1
+            elif self._idle:
+                self._idle -= 1
+        if start:
+            threading.Thread(target=self._work, name="hostedrooms-aio", daemon=True).start()
+        self._queue.put(call)
+
+    def _work(self) -> None:
+        while True:
+            call = self._queue.get()
+            if call is None:
+                return
+            call.perform()
+            with self._lock:
+                self._idle += 1
+
     def dispose(self) -> None:
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False)
+        with self._lock:
+            workers, self._workers, self._idle = self._workers, 0, 0
+        for _ in range(workers):
+            self._queue.put(None)
         self.engine.dispose()
 
 
-async def _settle(future: asyncio.Future[Any]) -> None:
-    """Wait until ``future`` is done, whatever further cancellations arrive (the caller re-raises its own)."""
-    while not future.done():
+class _Call:
+    """One call handed to a worker thread, and how its outcome reaches the loop."""
+
+    __slots__ = ("_done", "_fn", "_lock", "_loop", "_settled", "_started", "future")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], Any]) -> None:
+        self._loop, self._fn = loop, fn
+        self.future: asyncio.Future[Any] = loop.create_future()
+        self._lock = threading.Lock()
+        self._started = self._done = False
+        self._settled: asyncio.Future[None] | None = None
+
+    def skip(self) -> bool:
+        """Cancel the call if no worker has started it; whether it will not run."""
+        with self._lock:
+            if self._started:
+                return False
+            self._started = True  # a worker that takes it now finds it taken
+            return True
+
+    def perform(self) -> None:
+        """On a worker thread: run the call unless it was skipped, then report to the loop."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
         try:
-            await asyncio.shield(future)
-        except asyncio.CancelledError:
-            continue
-        except BaseException:
-            break
-    if not future.cancelled():
-        future.exception()  # retrieved: the cancelled call does not report it
+            outcome: tuple[bool, Any] = (True, self._fn())
+        except BaseException as exc:  # handed to the awaiting task
+            outcome = (False, exc)
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits the outcome any more
+            self._loop.call_soon_threadsafe(self._report, outcome)
+
+    def _report(self, outcome: tuple[bool, Any]) -> None:
+        """On the loop: the outcome, to the awaiting task (unless it was cancelled) and to :meth:`settle`."""
+        self._done = True
+        ok, value = outcome
+        if not self.future.done():
+            if ok:
+                self.future.set_result(value)
+            else:
+                self.future.set_exception(value)
+        if self._settled is not None and not self._settled.done():
+            self._settled.set_result(None)
+
+    async def settle(self) -> None:
+        """Wait until the started call has ended, whatever further cancellations arrive."""
+        if self._done:
+            return
+        settled = self._settled = self._loop.create_future()
+        while not settled.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(settled)
 
 
 async def runner_for(engine: object) -> Runner:
