@@ -189,12 +189,13 @@ class StoreDialect:
 
     #: The asyncio driver of :func:`hostedrooms.aio.create_async_engine` on this backend.
     async_driver = ""
-    #: Whether :mod:`hostedrooms.aio` runs a synchronous service in one worker thread on a synchronous twin engine
-    #: (one thread hop per call) rather than on the AsyncEngine itself with every driver call awaited. SQLite's
-    #: asyncio driver hops to its own thread for every driver call; PostgreSQL's does real non-blocking I/O.
-    services_in_thread = False
     #: Whether committed writes can wake a waiting reader (``LISTEN``/``NOTIFY``); otherwise readers poll.
     notifies = False
+
+    def twin_target(self, url: URL) -> Path | URL | None:
+        """What a second, synchronous engine opens to reach the database ``url`` names (hostedrooms' driver), or
+        None where it would not see the same database."""
+        return self.normalise_url(url.set(drivername=url.get_backend_name()))
 
     def async_url(self, url: URL) -> URL:
         """``url`` (normalised) with this backend's asyncio driver."""
@@ -229,7 +230,6 @@ class SQLiteDialect(StoreDialect):
 
     name = "sqlite"
     async_driver = "aiosqlite"
-    services_in_thread = True
 
     def configure_engine(self, engine: Engine, *, synchronous: str, busy_timeout: float) -> None:
         timeout_ms = int(busy_timeout * 1000)
@@ -320,6 +320,10 @@ class SQLiteDialect(StoreDialect):
             sync_engine: Engine = getattr(engine, "sync_engine", None) or engine  # type: ignore[assignment]
             _open_existing_only(sync_engine, existing_file)
         return engine
+
+    def twin_target(self, url: URL) -> Path | URL | None:
+        path = self.file_path(url)  # in memory: another engine has another database; a URI is used as given
+        return None if path is None or str(path).startswith("file:") else path
 
     def change_counter(self, dbapi_connection: Any) -> int:
         """A number that changes whenever another connection commits to the database (``PRAGMA data_version``:

@@ -199,3 +199,27 @@ def test_a_unit_rolls_back_unless_committed_and_fences(engine: Engine) -> None:
             assert (await uow.connection.execute(sa.select(sa.func.count()).select_from(retired_ids))).scalar() == 0
 
     run(_disposed(aio.create_async_engine(engine.url), body))
+
+
+def test_threads_and_awaited_calls_give_the_same_results(engine: Engine) -> None:
+    rooms.create_room(engine, room_id="r1", name="R", members=[], authority_gateway_id="install:a", now=1.0)
+
+    async def body(services: str) -> tuple[Any, ...]:
+        async_engine = aio.create_async_engine(engine.url, services=services)
+        try:
+            appended = await aio.rooms.append_event(
+                async_engine, room_id="r1", event_id=f"e-{services}", kind="message.user",
+                actor={"kind": "user", "id": "u"}, payload={"by": services}, authority_gateway_id="install:a",
+                authority_epoch=1, now=2.0)
+            with pytest.raises(AuthorityConflictError) as caught:
+                await aio.rooms.append_event(
+                    async_engine, room_id="r1", event_id="stale", kind="message.user",
+                    actor={"kind": "user", "id": "u"}, payload={}, authority_gateway_id="install:b", authority_epoch=1)
+            page = await aio.rooms.read_events(async_engine, room_id="r1")
+            return {**appended, "event_id": "-", "payload": "-", "seq": 0}, str(caught.value), page["authority"]
+        finally:
+            await async_engine.dispose()
+
+    assert run(body("threads")) == run(body("awaited"))
+    with pytest.raises(HostedRoomError, match="^services must be one of threads, awaited$"):
+        aio.create_async_engine(engine.url, services="processes")

@@ -73,14 +73,18 @@ def _idle_in_transaction(engine: Engine) -> int:
             time.sleep(0.01)
 
 
+SERVICES = pytest.mark.parametrize("services", ["threads", "awaited"])
+
+
 def _cancelled_each_way(
-    engine: Engine, call: Callable[[Any, int], Coroutine[Any, Any, Any]], check: Callable[[int, bool], None]
+    engine: Engine, call: Callable[[Any, int], Coroutine[Any, Any, Any]], check: Callable[[int, bool], None],
+    services: str,
 ) -> int:
     """Run ``call(async_engine, n)`` uncancelled once (n = 0) to count its await points, then for each k a fresh
     call (n = k) cancelled at its k-th: ``check(n, cancelled)`` after each. Returns the count."""
 
     async def scenario() -> int:
-        async_engine = aio.create_async_engine(engine.url)
+        async_engine = aio.create_async_engine(engine.url, services=services)
         try:
             await call(async_engine, -1)  # warm: the runner and pooled connections exist, as in a running gateway
             counted = CancelAt(call(async_engine, 0), None)
@@ -104,7 +108,8 @@ def _cancelled_each_way(
     return asyncio.run(scenario())
 
 
-def test_cancelling_an_append_at_each_await_point(engine: Engine) -> None:
+@SERVICES
+def test_cancelling_an_append_at_each_await_point(engine: Engine, services: str) -> None:
     make_room(engine, room_id="r1", gateway=GATEWAY)
 
     def append(async_engine: Any, n: int) -> Coroutine[Any, Any, Any]:
@@ -127,13 +132,14 @@ def test_cancelling_an_append_at_each_await_point(engine: Engine) -> None:
         assert next_seq == len(stored) + 2  # e-1 (the warm-up) and every stored event, nothing else
         assert verify(engine) == []
 
-    count = _cancelled_each_way(engine, append, check)
+    count = _cancelled_each_way(engine, append, check, services)
     assert count >= 1
     # Every append is whole or absent; the ones cancelled before their commit are absent.
     assert 0 in stored
 
 
-def test_cancelling_a_ledger_transition_at_each_await_point(engine: Engine) -> None:
+@SERVICES
+def test_cancelling_a_ledger_transition_at_each_await_point(engine: Engine, services: str) -> None:
     ledger = DeliveryLedger(engine, clock=lambda: 1_000)
     for n in range(-1, 64):
         _prepare(ledger, n)
@@ -160,7 +166,7 @@ def test_cancelling_a_ledger_transition_at_each_await_point(engine: Engine) -> N
             opened[id(async_engine)] = await aio.open_ledger(async_engine, clock=lambda: 1_000)
         return opened[id(async_engine)]
 
-    count = _cancelled_each_way(engine, authorize_and_queue, check)
+    count = _cancelled_each_way(engine, authorize_and_queue, check, services)
     assert count >= 1
 
 
@@ -177,11 +183,11 @@ def _prepare(ledger: DeliveryLedger, n: int) -> None:
 
 @pytest.mark.parametrize("backend", ["postgresql"])
 def test_an_append_cancelled_mid_call_has_many_await_points_on_postgresql(engine: Engine) -> None:
-    """The count is real: on PostgreSQL every driver call of an append is an await point of its own."""
+    """The count is real: awaited on PostgreSQL, every driver call of an append is an await point of its own."""
     make_room(engine, room_id="r1", gateway=GATEWAY)
 
     async def scenario() -> int:
-        async_engine = aio.create_async_engine(engine.url)
+        async_engine = aio.create_async_engine(engine.url, services="awaited")
         try:
             counted = CancelAt(aio.rooms.append_event(
                 async_engine, room_id="r1", event_id="e1", kind="message.user", actor={"kind": "user", "id": "u1"},
@@ -198,7 +204,7 @@ def test_an_append_cancelled_mid_call_has_many_await_points_on_postgresql(engine
 
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_a_call_cancelled_while_its_worker_thread_runs_ends_its_transaction_first(engine: Engine) -> None:
-    """SQLite runs a call in a worker thread: cancelled while the thread waits for the write lock, the call still
+    """A call runs in a worker thread: cancelled while the thread waits for SQLite's write lock, the call still
     ends its transaction (here: commits, once the lock is free) before the CancelledError reaches the caller, so
     its connection is back in the pool by then."""
     import threading

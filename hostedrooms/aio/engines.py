@@ -1,17 +1,23 @@
 """AsyncEngines for hostedrooms, and how the synchronous services run for one (its :class:`Runner`).
 
 There is one implementation of every service: the synchronous one. An AsyncEngine gets a :class:`Runner` that
-runs it without blocking the event loop, in one of two ways, chosen by the backend (``StoreDialect
-.services_in_thread``):
+runs it without blocking the event loop, in one of two ways (``create_async_engine(..., services=...)``):
 
-* **awaited driver calls** (PostgreSQL, psycopg 3's async mode): the synchronous service runs inside
-  SQLAlchemy's greenlet bridge (``greenlet_spawn``, what ``AsyncConnection.run_sync`` and ``AsyncSession`` use)
-  on the AsyncEngine's own ``sync_engine``: every driver call inside it is awaited on the loop, so thousands of
-  calls can be in flight on one thread;
-* **one worker thread per call** (a SQLite file): SQLite's asyncio driver (aiosqlite) hands every driver call to
-  its own thread and back, about ten round trips per append; running the whole synchronous call in one worker
-  thread instead, on a synchronous *twin* Engine of the same file built by :func:`hostedrooms.create_engine`
-  with the same options, costs one. The twin is disposed with the AsyncEngine (``await engine.dispose()``).
+* ``"threads"`` (the default): each call runs whole in a worker thread, on a synchronous *twin* Engine of the
+  same database built by :func:`hostedrooms.create_engine` with the same options (a SQLite file: pysqlite; a
+  PostgreSQL URL: psycopg in its synchronous mode). One thread hop per call. The AsyncEngine itself (aiosqlite,
+  psycopg's async mode) serves the host's own code (:class:`~hostedrooms.aio.AsyncUnitOfWork`), wake-ups and
+  ``LISTEN``. The twin is disposed with the AsyncEngine (``await engine.dispose()``).
+* ``"awaited"``: each call runs inside SQLAlchemy's greenlet bridge (``greenlet_spawn``, what
+  ``AsyncConnection.run_sync`` and ``AsyncSession`` use) on the AsyncEngine's own ``sync_engine``, every driver
+  call awaited on the loop: no thread, any number of calls in flight, but every driver call costs a trip through
+  the loop (aiosqlite: a hop to its own thread and back for each; psycopg async: a loop iteration per round trip,
+  about twice the client CPU of the synchronous driver). Used where no twin can open the same database (an
+  in-memory SQLite database, a SQLite URI).
+
+Why threads by default: measured on a 2-core machine (README, "asyncio"), a single append ran at 0.8-0.9x the
+synchronous API in a thread and 0.5-0.7x awaited; 50 tasks appending on PostgreSQL reached about 1.6x the
+awaited throughput, with the loop answering a 1 ms ticker within a few ms instead of tens.
 
 Either way a call is cancellation-safe: a cancelled call leaves its transaction committed or rolled back,
 never half-written, and its connection back in the pool (see :meth:`Runner.run`).
@@ -43,7 +49,7 @@ from ..db import (
     create_engine,
     resolve_url,
 )
-from ..dialect import dialect_for, dialect_for_url
+from ..dialect import dialect_for_url
 from ..errors import HostedRoomError
 
 __all__ = ["AsyncTarget", "Runner", "create_async_engine", "require_async_engine", "runner_for", "sync_url"]
@@ -53,8 +59,9 @@ R = TypeVar("R")
 
 AsyncTarget = str | os.PathLike[str] | URL | AsyncEngine
 
-#: Worker threads per SQLite twin at most: readers run concurrently (WAL); writers queue on SQLite's write lock.
+#: Worker threads per twin at most (calls beyond wait for one); the twin's pool holds as many connections.
 THREAD_WORKERS = 8
+SERVICES = ("threads", "awaited")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +69,7 @@ class _Options:
     synchronous: str = "FULL"
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT
     create: bool = True
+    services: str = "threads"
 
 
 #: What create_async_engine was told, per engine (adopted engines get the defaults).
@@ -75,6 +83,7 @@ def create_async_engine(
     synchronous: str = "FULL",
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     create: bool = True,
+    services: str = "threads",
     **engine_kwargs: Any,
 ) -> AsyncEngine:
     """:func:`hostedrooms.create_engine` for asyncio: an AsyncEngine configured for hostedrooms.
@@ -82,11 +91,15 @@ def create_async_engine(
     A path means a SQLite file through ``aiosqlite``, with the same WAL, ``synchronous`` (``FULL`` unless told),
     ``BEGIN IMMEDIATE`` and busy-timeout behaviour as the synchronous engine; a ``postgresql://`` URL uses psycopg
     3's async mode. An AsyncEngine is used as given (its synchronous side gets hostedrooms' connection hooks).
-    Bad targets raise :class:`~hostedrooms.errors.HostedRoomError` as ``create_engine`` does.
+    Bad targets raise :class:`~hostedrooms.errors.HostedRoomError` as ``create_engine`` does. ``services``: how
+    hostedrooms' calls run for this engine, ``"threads"`` or ``"awaited"`` (see :mod:`hostedrooms.aio.engines`).
     """
     check_synchronous(synchronous)
+    if services not in SERVICES:
+        raise HostedRoomError(f"services must be one of {', '.join(SERVICES)}")
     if isinstance(target, AsyncEngine):
         configure_adopted(target.sync_engine, synchronous=synchronous, busy_timeout=busy_timeout)
+        _options[target.sync_engine] = _Options(synchronous, busy_timeout, True, services)
         return target
     if isinstance(target, Engine):
         raise HostedRoomError(
@@ -95,7 +108,7 @@ def create_async_engine(
     url = resolve_url(target)
     built = build_configured(dialect_for_url(url).async_url(url), _sa_create_async_engine, synchronous=synchronous,
                              busy_timeout=busy_timeout, create=create, **engine_kwargs)
-    _options[built.sync_engine] = _Options(synchronous, busy_timeout, create)
+    _options[built.sync_engine] = _Options(synchronous, busy_timeout, create, services)
     return built
 
 
@@ -266,12 +279,12 @@ async def runner_for(engine: object) -> Runner:
     options = _options.get(sync_engine, _Options())
     if configure_adopted(sync_engine, synchronous=options.synchronous, busy_timeout=options.busy_timeout):
         await async_engine.dispose()  # pooled connections predate the hooks
-    dialect = dialect_for(sync_engine)
-    path = dialect.file_path(async_engine.url)
-    if not dialect.services_in_thread or path is None or str(path).startswith("file:"):  # a URI: used as given
+    twin_target = dialect_for_url(async_engine.url).twin_target(async_engine.url)
+    if options.services == "awaited" or twin_target is None:
         return _runners.setdefault(sync_engine, _Awaited(async_engine))
-    threaded = _Threaded(create_engine(path, synchronous=options.synchronous, busy_timeout=options.busy_timeout,
-                                       create=options.create))
+    threaded = _Threaded(create_engine(
+        twin_target, synchronous=options.synchronous, busy_timeout=options.busy_timeout, create=options.create,
+        pool_size=THREAD_WORKERS, max_overflow=THREAD_WORKERS))  # the overflow: wake-ups, callers' own threads
     runner = _runners.setdefault(sync_engine, threaded)
     if runner is threaded:
         event.listen(sync_engine, "engine_disposed", lambda _engine: threaded.dispose())
