@@ -1,10 +1,10 @@
 """hostedrooms for asyncio: the whole API as coroutines on a SQLAlchemy AsyncEngine, from one implementation.
 
 Every coroutine is derived from the synchronous function of the same name (:mod:`.derive`): same arguments,
-results, errors and messages, checked by mypy against the synchronous signature. How the synchronous code runs
-without blocking the event loop depends on the backend (:mod:`.engines`): on PostgreSQL inside SQLAlchemy's
-greenlet bridge on the AsyncEngine's own connections (psycopg 3, async mode), on a SQLite file in one worker
-thread per call on a synchronous twin engine of the same file.
+results, errors and messages, checked by mypy against the synchronous signature. The synchronous code runs without
+blocking the event loop on the engine's :class:`~hostedrooms.aio.engines.Runner`: by default in a worker thread on
+a synchronous twin engine of the same database, or (``services="awaited"``) inside SQLAlchemy's greenlet bridge on
+the AsyncEngine's own connections, every driver call awaited.
 
 - :func:`create_async_engine` (a path: SQLite through aiosqlite, WAL, ``synchronous=FULL``, ``BEGIN IMMEDIATE``;
   a ``postgresql://`` URL: psycopg 3 async) and :class:`AsyncUnitOfWork` with ``fenced()``, for host code;
