@@ -12,7 +12,7 @@ import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from sqlalchemy import Engine
 
@@ -21,6 +21,7 @@ from .db import create_engine
 from .display import terminal_text
 from .errors import AuthorityConflictError, HostedRoomError, describe_target
 from .integrity import verify
+from .records import EventRecord
 
 GATEWAY_A = "install:gateway-a"
 GATEWAY_B = "install:gateway-b"
@@ -53,7 +54,7 @@ class Story:
         self.note(f"{label}: room {ROOM!r} owned by {state['authority_gateway_id']} at epoch "
                   f"{state['authority_epoch']}, latest seq {state.get('latest_seq', '?')}")
 
-    def message(self, engine: Engine, gateway: str, epoch: int, user: str, text: str) -> dict[str, Any]:
+    def message(self, engine: Engine, gateway: str, epoch: int, user: str, text: str) -> EventRecord:
         self.sent += 1
         return rooms.append_event(
             engine, room_id=ROOM, event_id=rooms.user_event_id(f"{user}-{self.sent}"), kind="message.user",
@@ -61,8 +62,8 @@ class Story:
             authority_epoch=epoch, now=self.tick())
 
 
-def _log(engine: Engine) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
+def _log(engine: Engine) -> list[EventRecord]:
+    events: list[EventRecord] = []
     since = 0
     while True:
         page = rooms.read_events(engine, room_id=ROOM, since_seq=since, limit=500)
@@ -72,7 +73,7 @@ def _log(engine: Engine) -> list[dict[str, Any]]:
             return events
 
 
-def _cell(event: dict[str, Any] | None) -> str:
+def _cell(event: EventRecord | None) -> str:
     if event is None:
         return ""
     payload = event["payload"]
