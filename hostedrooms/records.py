@@ -12,8 +12,8 @@ arrives from a peer as decoded JSON (grant claims, relay envelopes, the Hub's re
 ``Mapping[str, Any]`` (:class:`GrantClaims` and :class:`ReservationClaims` name the keys read from claims).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: Python 3.11 reads ``NotRequired`` only from evaluated
+# annotations (``__required_keys__`` / ``__optional_keys__`` would be wrong with string annotations).
 from typing import Any, NotRequired, TypedDict
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "RenamedRoom",
     "ReplicaState",
     "ReservationClaims",
+    "RoomBase",
     "RoomLinkRecord",
     "RoomRecord",
     "RoomState",
@@ -107,10 +108,9 @@ class EventPage(TypedDict):
     authority: Authority
 
 
-class RoomRecord(TypedDict):
-    """A room. ``members`` is the stored member list. ``latest_seq`` (the last seq of its log) is present in
-    every result but the first creation of a room (the reference's reload omits it); ``disbanded_at`` only for
-    a disbanded room (``include_disbanded=True``). ``idempotent`` is True when the call changed nothing."""
+class RoomBase(TypedDict):
+    """The keys of every room result. ``members`` is the stored member list; ``idempotent`` is True when the call
+    changed nothing (a replay)."""
 
     room_id: str
     name: str
@@ -121,34 +121,44 @@ class RoomRecord(TypedDict):
     created_at: float
     updated_at: float
     idempotent: bool
+
+
+class RoomRecord(RoomBase):
+    """A room as :func:`hostedrooms.rooms.list_rooms` lists it: with ``latest_seq``, the last seq of its log, and
+    ``disbanded_at`` for a disbanded room (listed with ``include_disbanded=True``)."""
+
     latest_seq: NotRequired[int]
     disbanded_at: NotRequired[float]
 
 
-class CreatedRoom(RoomRecord):
-    """The result of :func:`hostedrooms.rooms.create_room`: with ``adopted`` (True) and its ``claim_event`` only
-    when a ``legacy``-authority room was adopted by a real gateway."""
-
-    adopted: NotRequired[bool]
-    claim_event: NotRequired[EventRecord]
-
-
 class RoomState(RoomRecord):
-    """The result of :func:`hostedrooms.rooms.room_state`: with ``authority_claim``, the ``authority.claimed``
-    event of the current epoch, when there is one."""
+    """The result of :func:`hostedrooms.rooms.room_state`: the room, with ``authority_claim``, the
+    ``authority.claimed`` event of the current epoch, when there is one."""
 
     authority_claim: NotRequired[EventRecord]
 
 
-class RenamedRoom(RoomRecord):
+class CreatedRoom(RoomBase):
+    """The result of :func:`hostedrooms.rooms.create_room`. ``latest_seq`` is absent when the call created the room
+    (the reference's reload omits it) and present when it returned an existing one; ``adopted`` (True) and the
+    ``claim_event`` are present only when a ``legacy``-authority room was adopted by a real gateway."""
+
+    latest_seq: NotRequired[int]
+    adopted: NotRequired[bool]
+    claim_event: NotRequired[EventRecord]
+
+
+class RenamedRoom(RoomBase):
     """The result of :func:`hostedrooms.rooms.rename_room`: the room and its ``room.renamed`` event."""
 
+    latest_seq: int
     event: EventRecord
 
 
-class ClaimedRoom(RoomRecord):
+class ClaimedRoom(RoomBase):
     """The result of :func:`hostedrooms.rooms.claim_authority`: the room and its ``authority.claimed`` event."""
 
+    latest_seq: int
     claim_event: EventRecord
 
 

@@ -114,7 +114,8 @@ def _adopt_legacy_room(
     adopted = {**existing, "members_json": members_json, "authority_gateway_id": gateway_id,
                "authority_epoch": target_epoch, "next_seq": int(existing["next_seq"]) + 1,
                "revision": int(existing["revision"]) + 1, "updated_at": now}
-    return {**room_to_dict(adopted, idempotent=True), "adopted": True, "claim_event": event_to_dict(row)}
+    result = {**room_to_dict(adopted, idempotent=True), "adopted": True, "claim_event": event_to_dict(row)}
+    return cast(CreatedRoom, result)  # read with next_seq: latest_seq is there
 
 
 def list_rooms(
@@ -168,12 +169,13 @@ def rename_room(
         if existing is not None:
             if existing["kind"] != "room.renamed" or existing["payload_json"] != payload_json:
                 raise EventConflictError("event_id already exists with different immutable content")
-            return {**room_to_dict(room, idempotent=True), "event": event_to_dict(existing, idempotent=True)}
+            replay = {**room_to_dict(room, idempotent=True), "event": event_to_dict(existing, idempotent=True)}
+            return cast(RenamedRoom, replay)  # a live room read with next_seq: latest_seq is there
         event = PreparedEvent(event_id, "room.renamed", actor_json, payload_json, int(room["authority_epoch"]))
         [row] = tx.append_locked(room, [event], now=timestamp, change=RoomChange(name=name))
         updated = {**room, "name": name, "next_seq": int(room["next_seq"]) + 1,
                    "revision": int(room["revision"]) + 1, "updated_at": timestamp}
-        return {**room_to_dict(updated), "event": event_to_dict(row)}
+        return cast(RenamedRoom, {**room_to_dict(updated), "event": event_to_dict(row)})  # as above
 
     return run_room_write(engine, lim, body)
 
@@ -212,7 +214,8 @@ def claim_authority(
             if room["authority_gateway_id"] != new_gateway or int(room["authority_epoch"]) != target_epoch:
                 raise AuthoritySupersededError("authority claim succeeded but was later superseded")
             replay = room_to_dict(_live(room), idempotent=True)
-            return {**replay, "claim_event": event_to_dict(existing, idempotent=True)}
+            # A live room read with next_seq: latest_seq is there.
+            return cast(ClaimedRoom, {**replay, "claim_event": event_to_dict(existing, idempotent=True)})
         require_authority(room, expected_gateway, expected, "hosted room authority changed")
         [row] = tx.append_locked(
             room, [claim], now=timestamp,
@@ -222,7 +225,7 @@ def claim_authority(
         claimed = {**room, "authority_gateway_id": new_gateway, "authority_epoch": target_epoch,
                    "next_seq": int(room["next_seq"]) + 1, "revision": int(room["revision"]) + 1,
                    "updated_at": timestamp}
-        return {**room_to_dict(_live(claimed)), "claim_event": event_to_dict(row)}
+        return cast(ClaimedRoom, {**room_to_dict(_live(claimed)), "claim_event": event_to_dict(row)})
 
     return run_room_write(engine, lim, body)
 
