@@ -16,7 +16,8 @@ def mistakes(engine: Engine, ledger: DeliveryLedger) -> None:
     rooms.create_room(engine, room_id=42, name=None, members="x", authority_gateway_id=3.5)  # E: arg-type x4
     rooms.append_event(engine, room_id="r1", event_id="e1", kind="message.user",  # E: call-arg x2
                        actor={"kind": "user", "id": "u1"}, payload={})
-    rooms.append_event(engine, room_id="r1", event_id="e1", kind="message.user", actor={"kind": "user"},  # E: typeddict-item
+    rooms.append_event(engine, room_id="r1", event_id="e1", kind="message.user",
+                       actor={"kind": "user"},  # E: typeddict-item
                        payload={}, authority_gateway_id="install:gw", authority_epoch=1)
     epoch: str = rooms.room_state(engine, room_id="r1")["authority_epoch"]  # E: assignment
     print(epoch, replicas.replica_state(engine, room_id="r1")["last_sq"])  # E: typeddict-item
