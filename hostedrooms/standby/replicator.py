@@ -326,11 +326,13 @@ class Replicator:
                 _check_fork(page, since, replica)
                 fork_check = False
             page_latest = _page_latest(page)
-            if _no_new_events(page, since) and not store_empty:
-                if page_latest > since:
+            if _no_new_events(page, since):
+                # Only a full page (the fork check's, of one event) may hold nothing new while the log goes on.
+                if page_latest > since and len(page["events"]) < self.page_limit:
                     raise _Refused(f"the source reports seq {page_latest} but its page holds nothing after seq "
                                    f"{since}")
-                break
+                if not store_empty:
+                    break
             result = ingest_page(self.target, room_id=room_id, room_name=info.name, members=info.members,
                                  page=page, now=self._now(), limits=self.limits)
             stored, ingested = int(result["stored_seq"]), int(result["ingested"])
