@@ -160,7 +160,9 @@ class PageServer(ThreadingHTTPServer):
         return f"http://{host!s}:{port}{self.prefix}"
 
     def start(self) -> PageServer:
-        self._thread = threading.Thread(target=self.serve_forever, name="hostedrooms-page-server", daemon=True)
+        # A short poll keeps stop() quick (shutdown waits for the loop's next look).
+        self._thread = threading.Thread(target=self.serve_forever, args=(0.05,), name="hostedrooms-page-server",
+                                        daemon=True)
         self._thread.start()
         return self
 
@@ -327,13 +329,16 @@ class HttpPageSource:
         watchdog.daemon = True
         watchdog.start()
         try:
-            return self._request(connection, target, deadline)
-        except OSError:
+            answer = self._request(connection, target, deadline)
+        except (OSError, http.client.HTTPException):
             if expired.is_set():
                 raise TimeoutError("the source did not answer in time") from None
             raise
         finally:
             watchdog.cancel()
+        if expired.is_set():  # the shutdown may have looked like the end of the answer
+            raise TimeoutError("the source did not answer in time")
+        return answer
 
     def _request(self, connection: http.client.HTTPConnection, target: str,
                  deadline: float) -> tuple[int, str, bytes]:
@@ -354,6 +359,9 @@ class HttpPageSource:
             if size > self.max_response_bytes:
                 raise SourceProtocolError(f"the source's answer exceeds {self.max_response_bytes} bytes")
             chunks.append(chunk)
+        if response.length:  # the peer closed before sending what it declared
+            raise http.client.IncompleteRead(b"".join(chunks), response.length)
+        response.close()  # fully read: the connection can carry the next request
         if response.will_close:
             self._disconnect()
         return response.status, response.getheader("Content-Type", ""), b"".join(chunks)
@@ -368,8 +376,13 @@ class HttpPageSource:
             raise SourceProtocolError(f"the source answered {status} with a body that is not JSON")
         try:
             text = body.decode("utf-8")
-            if not json_depth_within(text, max_json_depth() + 8):
-                raise ValueError("nested too deeply")
+        except UnicodeDecodeError:
+            raise SourceProtocolError("the source's answer is not valid JSON (not UTF-8)") from None
+        # A page nests 3 levels above an event's payload, which nests at most MAX_JSON_DEPTH: anything deeper is
+        # refused before the parser recurses into it.
+        if not json_depth_within(text, max_json_depth() + 8):
+            raise SourceProtocolError("the source's answer nests too deeply")
+        try:
             value = json.loads(text, parse_constant=_reject_constant)
         except (ValueError, RecursionError) as exc:
             raise SourceProtocolError(f"the source's answer is not valid JSON ({exc.__class__.__name__})") from None
