@@ -1,7 +1,7 @@
 """Fixtures of the standby tests (``pytest_plugins = ["standby_fixtures"]``): a second store of the test's backend.
 
 ``standby_target`` is, on SQLite, a copy of the migrated template beside the test's own database; on PostgreSQL a
-database of the test module's own (created and migrated once per module, emptied before each test).
+database of its own (created and migrated once per session and worker, emptied before each test).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def truncate_all(engine: Engine) -> None:
                                    "CASCADE")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pg_standby_url(pg_admin_url: str) -> Iterator[str]:
     name = unique_name("hostedrooms_standby")
     url = create_database(pg_admin_url, name)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from sqlalchemy import Engine
-from standby_support import GATEWAY_A, GATEWAY_B, host, room_log
+from standby_support import GATEWAY_A, GATEWAY_B, host, replica_ids, room_log
 
 from hostedrooms import rooms, verify
 
@@ -42,6 +42,15 @@ def _appender(target: str, gateway: str, epoch: int, prefix: str, count: int) ->
                              prefix, str(count)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _wait_for_replicas(standby: Engine) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if replica_ids(standby) == ROOMS:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the follower did not replicate within 60 s")
+
+
 def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=120, check=False)
 
@@ -55,6 +64,7 @@ def test_failover_under_load_loses_no_acknowledged_event(engine: Engine, standby
                                  "--interval", "0.5", "--gateway", GATEWAY_B],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        _wait_for_replicas(standby)  # the follower is running its loop (its SIGTERM handler is in place)
         assert writer_a.stdout is not None
         acked_a: list[list[Any]] = []
         for record in _records(writer_a.stdout):
@@ -69,20 +79,21 @@ def test_failover_under_load_loses_no_acknowledged_event(engine: Engine, standby
     finally:
         follower.send_signal(signal.SIGTERM)
         out, err = follower.communicate(timeout=60)
-    assert follower.returncode == 0, err
-    assert out.splitlines()[-1].startswith("replicate: stopped after "), out
+    assert follower.returncode == 0, (follower.returncode, out, err)
+    assert out.splitlines()[-1].startswith("replicate: stopped after "), (out, err)
 
     taken = _cli("failover", "--from-gateway", GATEWAY_A, "--to", standby_target, "--gateway", GATEWAY_B,
                  "--catch-up-from", target)
-    assert taken.returncode == 0, taken.stderr
-    assert [line.split()[:2] for line in taken.stdout.splitlines()[1:-1]] == [["promoted", room] for room in ROOMS]
+    assert taken.returncode == 0, (taken.stdout, taken.stderr)
+    assert [line.split()[:2] for line in taken.stdout.splitlines()[1:-1]] == [["promoted", room] for room in ROOMS], \
+        taken.stdout
     promoted_at = {room_id: len(room_log(standby, room_id)) for room_id in ROOMS}  # the claim's seq
 
     writer_b = _appender(standby_target, GATEWAY_B, 2, "b", 120)
     back = _cli("replicate", "--from", standby_target, "--to", target, "--gateway", GATEWAY_A)  # under B's load
     out_b, err_b = writer_b.communicate(timeout=120)
     assert writer_b.returncode == 0, err_b
-    assert back.returncode == 0, back.stderr
+    assert back.returncode == 0, (back.stdout, back.stderr)
     assert sorted(line.split()[1].rstrip(":") for line in back.stdout.splitlines()[:-1]) == ROOMS
     assert all(line.startswith("demoted ") for line in back.stdout.splitlines()[:-1]), back.stdout
     acked_b = [json.loads(line)["ack"] for line in out_b.splitlines()]
