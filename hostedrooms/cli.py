@@ -317,7 +317,7 @@ def cmd_replicate(args: argparse.Namespace, out: TextIO) -> int:
             _require_schema(target)
             display = _ReplicateDisplay(out, terminal_text(source.describe()))
             replicator = Replicator(source, target, local_gateway_id=args.gateway, on_page=display.on_page,
-                                    on_room=display.on_room,
+                                    on_room=display.on_room, workers=args.workers,
                                     max_pages_per_room=args.max_pages if args.follow else None)
             if not args.follow:
                 report = replicator.sync_once()
@@ -442,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "start a pass at once (default 0.01; 0: passes at --interval only)")
     replicate.add_argument("--max-pages", type=_positive, default=16,
                            help="with --follow: pages read from one room per pass (default 16)")
+    replicate.add_argument("--workers", type=_positive, default=1,
+                           help="rooms replicated at once (default 1; more helps where the stores take concurrent "
+                                "work, such as PostgreSQL on a machine with cores to spare)")
     replicate.add_argument("--gateway", help="this gateway's id, to demote rooms the source shows a newer "
                                              "lineage of (default: install:$HOSTEDROOMS_INSTALL_ID)")
     fail = command("failover", cmd_failover, "promote every caught-up replica of a silent authority", url=False)

@@ -123,6 +123,34 @@ def test_one_pass_replicates_every_room_and_a_second_reads_nothing(engine: Engin
     assert _statuses(again) == _statuses(report) and again.events == 0 and source.reads == {}
 
 
+def test_workers_replicate_the_same_rooms_in_the_same_order(engine: Engine, standby: Engine) -> None:
+    for index in range(9):
+        host(engine, f"room-{index}", 40 * index)
+    pages: list[str] = []
+    reported: list[str] = []
+    replicator = Replicator(EnginePageSource(engine), standby, page_limit=50, workers=4,
+                            on_page=lambda page: pages.append(page.room_id),
+                            on_room=lambda room: reported.append(room.room_id))
+    report = replicator.sync_once()
+    assert [room.room_id for room in report.rooms] == reported == [f"room-{index}" for index in range(9)]
+    assert {room.status for room in report.rooms} == {CAUGHT_UP} and report.events == 40 * 36
+    assert sorted(pages) == sorted(f"room-{index}" for index in range(9) for _ in range(max(1, -(-40 * index // 50))))
+    _assert_replicated(engine, standby, [f"room-{index}" for index in range(9)])
+
+
+def test_a_rename_reaches_the_replica(engine: Engine, standby: Engine) -> None:
+    host(engine, "r", 2, name="Before")
+    source = Watched(EnginePageSource(engine))
+    replicator = Replicator(source, standby)
+    replicator.sync_once()
+    say(engine, "r", 2)
+    replicator.sync_once()
+    assert source.infos == 1  # read once, not per page
+    rooms.rename_room(engine, room_id="r", event_id="rename-1", name="After")
+    replicator.sync_once()
+    assert replicas.replica_state(standby, room_id="r")["name"] == "After" and source.infos == 2
+
+
 def test_resumes_a_partial_replica_without_gap_or_duplicate(engine: Engine, standby: Engine) -> None:
     host(engine, "long", 1000)
     host(engine, "short", 30)

@@ -17,7 +17,9 @@ the source's head (lineage, latest seq) with what the local store holds:
 * a refused page (a conflict, a regression, a fork, a hostile page) is reported with the reason and the room
   is backed off (1 s, doubling to 5 min): never retried in a hot loop.
 
-Memory: one page of one room at a time, plus a small head per room; never the whole log or every page.
+Memory: one page per room being read (one room at a time, or one per worker), plus a small head per room;
+never a whole log. Names and members are read from the source when a room is first replicated and again when a
+page holds a rename or a claim.
 
 :meth:`Replicator.run` repeats passes: immediately while a pass made progress and left rooms behind, else when
 its :class:`~hostedrooms.standby.wake.Waker` says the source changed, or at the latest after ``interval``.
@@ -27,8 +29,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +46,7 @@ from ..identity import local_gateway_id as resolve_local_gateway_id
 from ..limits import Limits
 from ..replicas import demote_room, ingest_page
 from .heads import ReplicaHead, RoomHead, all_replica_heads, all_room_heads
-from .source import PageSource, SourceUnavailableError, iter_rooms
+from .source import PageSource, RoomInfo, SourceUnavailableError, iter_rooms
 from .wake import IntervalWaker, Waker
 
 __all__ = [
@@ -164,28 +167,33 @@ class Backoff:
     def __init__(self, base: float = 1.0, maximum: float = 300.0) -> None:
         self.base, self.maximum = base, maximum
         self._rooms: dict[str, tuple[int, float, str]] = {}  # room -> (refusals, retry at, reason)
+        self._lock = threading.Lock()  # a replicator's workers share it
 
     def refuse(self, room_id: str, reason: str, now: float) -> float:
         """Record a refusal; return the delay before the room is read again."""
-        failures = self._rooms.get(room_id, (0, 0.0, ""))[0] + 1
-        delay = float(min(self.maximum, self.base * 2.0 ** min(failures - 1, 30)))
-        self._rooms[room_id] = (failures, now + delay, reason)
+        with self._lock:
+            failures = self._rooms.get(room_id, (0, 0.0, ""))[0] + 1
+            delay = float(min(self.maximum, self.base * 2.0 ** min(failures - 1, 30)))
+            self._rooms[room_id] = (failures, now + delay, reason)
         return delay
 
     def waiting(self, room_id: str, now: float) -> tuple[float, str] | None:
         """(seconds left, reason) while the room is backed off, else None."""
-        entry = self._rooms.get(room_id)
+        with self._lock:
+            entry = self._rooms.get(room_id)
         if entry is None or entry[1] <= now:
             return None
         return float(entry[1] - now), str(entry[2])
 
     def clear(self, room_id: str) -> None:
-        self._rooms.pop(room_id, None)
+        with self._lock:
+            self._rooms.pop(room_id, None)
 
     def keep_only(self, room_ids: set[str]) -> None:
         """Forget rooms the source no longer lists (bounded by the rooms of one listing)."""
-        for room_id in [room for room in self._rooms if room not in room_ids]:
-            del self._rooms[room_id]
+        with self._lock:
+            for room_id in [room for room in self._rooms if room not in room_ids]:
+                del self._rooms[room_id]
 
 
 class _Refused(Exception):
@@ -200,7 +208,14 @@ class Replicator:
     MAX_LOG_LIMIT). ``max_pages_per_room``: pages one pass reads from one room (None: until caught up), so a long
     catch-up of one room does not delay the others in a following replicator. ``now`` stamps ingested events
     that carry no ``created_at``, and ``monotonic`` times the back-off. ``on_page`` and ``on_room`` observe
-    each stored page and each room's report (progress displays, lag measurements).
+    each stored page and each room's report (progress displays, lag measurements); they are never called
+    concurrently.
+
+    ``workers``: rooms handled at once (threads; default 1). Each room is still read and stored in order, one page
+    at a time, so memory stays one page per room being read; what overlaps is one room's round trips and commit
+    with another's. Worth it where the stores take concurrent work (PostgreSQL, a remote source); on SQLite the
+    standby's writes still take turns. With more than one worker the source must be thread-safe (both shipped
+    sources are).
     """
 
     def __init__(
@@ -216,6 +231,7 @@ class Replicator:
         monotonic: Callable[[], float] = time.monotonic,
         on_page: Callable[[PageIngested], None] | None = None,
         on_room: Callable[[RoomReport], None] | None = None,
+        workers: int = 1,
         limits: Limits | None = None,
     ) -> None:
         if isinstance(page_limit, bool) or not isinstance(page_limit, int) or page_limit < 1:
@@ -224,6 +240,8 @@ class Replicator:
                 isinstance(max_pages_per_room, bool) or not isinstance(max_pages_per_room, int)
                 or max_pages_per_room < 1):
             raise HostedRoomError("max_pages_per_room must be a positive integer or None")
+        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
+            raise HostedRoomError("workers must be an integer from 1 to 64")
         self.source = source
         self.target = resolve_engine(target)
         self._local_gateway_arg = local_gateway_id
@@ -232,7 +250,11 @@ class Replicator:
         self.backoff = backoff or Backoff()
         self._now, self._monotonic = now, monotonic
         self._on_page, self._on_room = on_page, on_room
+        self._page_lock = threading.Lock()
+        self.workers = workers
         self.limits = limits
+        # Names and members change only with a rename or a claim: read again when a page holds one.
+        self._infos: dict[str, RoomInfo] = {}
 
     # -- one pass ----------------------------------------------------------------------------------------------
 
@@ -248,20 +270,60 @@ class Replicator:
         try:
             local_rooms = all_room_heads(self.target)
             local_replicas = all_replica_heads(self.target)
-            for head in iter_rooms(self.source):
-                seen.add(head.room_id)
-                room = self._sync_room(head, local_rooms.get(head.room_id), local_replicas.get(head.room_id))
-                report.rooms.append(room)
-                if self._on_room is not None:
-                    self._on_room(room)
+            heads = iter_rooms(self.source)
+            if self.workers == 1:
+                for head in heads:
+                    seen.add(head.room_id)
+                    self._done(report, self._sync_room(
+                        head, local_rooms.get(head.room_id), local_replicas.get(head.room_id)))
+            else:
+                self._in_parallel(heads, local_rooms, local_replicas, report, seen)
         except _PASS_ERRORS as exc:
             report.error = str(exc)
         except HostedRoomError as exc:  # the listing itself was refused (a hostile or broken source)
             report.error = f"the source's room listing was refused: {exc}"
         else:
             self.backoff.keep_only(seen)
+            for room_id in [room for room in self._infos if room not in seen]:
+                del self._infos[room_id]
         report.seconds = self._monotonic() - started
         return report
+
+    def _done(self, report: PassReport, room: RoomReport) -> None:
+        report.rooms.append(room)
+        if self._on_room is not None:
+            self._on_room(room)
+
+    def _in_parallel(self, heads: Iterator[RoomHead], local_rooms: dict[str, RoomHead],
+                     local_replicas: dict[str, ReplicaHead], report: PassReport, seen: set[str]) -> None:
+        """Rooms on ``workers`` threads, reported in listing order; at most two rooms per worker are queued, so
+        the listing is walked as the work goes, and a pass error stops what has not started."""
+        pending: deque[Future[RoomReport]] = deque()
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="hostedrooms-replicator") as pool:
+            try:
+                for head in heads:
+                    seen.add(head.room_id)
+                    pending.append(pool.submit(self._sync_room, head, local_rooms.get(head.room_id),
+                                               local_replicas.get(head.room_id)))
+                    while len(pending) >= 2 * self.workers:
+                        self._done(report, pending.popleft().result())
+                while pending:
+                    self._done(report, pending.popleft().result())
+            finally:
+                for future in pending:
+                    future.cancel()
+
+    def _page_done(self, page: PageIngested) -> None:
+        if self._on_page is not None:
+            with self._page_lock:
+                self._on_page(page)
+
+    def _room_info(self, room_id: str, page: Any) -> RoomInfo:
+        """The cached name and members, read again from the source when ``page`` renames or claims the room."""
+        info = self._infos.get(room_id)
+        if info is None or _changes_info(page):
+            info = self._infos[room_id] = self.source.room_info(room_id)
+        return info
 
     def _sync_room(self, head: RoomHead, local: RoomHead | None, replica: ReplicaHead | None) -> RoomReport:
         report = RoomReport(head.room_id, CAUGHT_UP, latest_seq=head.latest_seq,
@@ -289,6 +351,7 @@ class Replicator:
         except RoomNotFoundError as exc:  # purged (or expired) between the listing and the read
             report.status, report.reason = GONE, str(exc)
         except (HostedRoomError, _Refused) as exc:
+            self._infos.pop(head.room_id, None)
             delay = self.backoff.refuse(head.room_id, str(exc), self._monotonic())
             report.status, report.reason = REFUSED, f"{exc} (retrying in {delay:.0f} s)"
         else:
@@ -310,7 +373,6 @@ class Replicator:
 
     def _catch_up(self, head: RoomHead, replica: ReplicaHead | None, report: RoomReport) -> None:
         room_id = head.room_id
-        info = self.source.room_info(room_id)
         since = replica.last_seq if replica is not None else 0
         known_latest = max(head.latest_seq, replica.latest_seq if replica is not None else 0)
         # A replica of an empty room is stored too (so it can be promoted); and a lineage change with no new
@@ -333,6 +395,7 @@ class Replicator:
                                    f"{since}")
                 if not store_empty:
                     break
+            info = self._room_info(room_id, page)
             result = ingest_page(self.target, room_id=room_id, room_name=info.name, members=info.members,
                                  page=page, now=self._now(), limits=self.limits)
             stored, ingested = int(result["stored_seq"]), int(result["ingested"])
@@ -343,9 +406,8 @@ class Replicator:
             report.authority_epoch = int(result["authority"]["epoch"])
             report.latest_seq = known_latest
             disbanded = disbanded or any(event["kind"] == "room.disbanded" for event in page["events"])
-            if self._on_page is not None:
-                self._on_page(PageIngested(room_id, since + 1 if ingested else 0, stored, ingested, known_latest,
-                                           self._monotonic()))
+            self._page_done(PageIngested(room_id, since + 1 if ingested else 0, stored, ingested, known_latest,
+                                         self._monotonic()))
             report.last_seq = since = stored
             store_empty = False
             if result["caught_up"] or not ingested:
@@ -429,6 +491,16 @@ class Replicator:
 def _same_lineage(head: RoomHead, replica: ReplicaHead) -> bool:
     return (head.authority_gateway_id, head.authority_epoch) == (replica.authority_gateway_id,
                                                                  replica.authority_epoch)
+
+
+#: Event kinds after which a room's name or members may differ (a rename; a claim adopting a legacy room).
+_INFO_KINDS = frozenset({"room.renamed", "authority.claimed"})
+
+
+def _changes_info(page: Any) -> bool:
+    events = page.get("events") if isinstance(page, dict) else None
+    return not isinstance(events, list) or any(
+        not isinstance(event, dict) or event.get("kind") in _INFO_KINDS for event in events)
 
 
 def _page_latest(page: Any) -> int:
