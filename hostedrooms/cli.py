@@ -310,7 +310,9 @@ def cmd_replicate(args: argparse.Namespace, out: TextIO) -> int:
     from .standby import PollingWaker, Replicator, open_source
 
     interval = _seconds(args.interval, "--interval")
-    poll = _seconds(args.poll, "--poll")
+    # A database answers a change probe in microseconds; an HTTP endpoint costs a request per look.
+    http_source = args.source.startswith(("http://", "https://"))
+    poll = _seconds(args.poll if args.poll is not None else 0.5 if http_source else 0.01, "--poll")
     source = open_source(args.source)
     try:
         with _engine(argparse.Namespace(url=args.target)) as target:
@@ -437,9 +439,10 @@ def build_parser() -> argparse.ArgumentParser:
     replicate.add_argument("--follow", action="store_true", help="keep replicating until interrupted")
     replicate.add_argument("--interval", type=float, default=1.0,
                            help="with --follow: seconds between passes at most (default 1)")
-    replicate.add_argument("--poll", type=float, default=0.01,
+    replicate.add_argument("--poll", type=float,
                            help="with --follow: seconds between checks for new commits on the source, which "
-                                "start a pass at once (default 0.01; 0: passes at --interval only)")
+                                "start a pass at once (default 0.01 for a database, 0.5 for an http(s) endpoint; "
+                                "0: passes at --interval only)")
     replicate.add_argument("--max-pages", type=_positive, default=16,
                            help="with --follow: pages read from one room per pass (default 16)")
     replicate.add_argument("--workers", type=_positive, default=1,

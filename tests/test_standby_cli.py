@@ -45,7 +45,7 @@ def test_replicate_shows_progress_on_a_terminal(engine: Engine, target: str, sta
     monkeypatch.setattr(sys, "stderr", terminal)
     assert main(["replicate", "--from", target, "--to", standby_target], out=out) == 0
     assert "replicating from " in terminal.getvalue() and "600 events, lag" in terminal.getvalue()
-    assert out.getvalue().startswith("replicate: 1 rooms (1 caught-up); 600 events")
+    assert out.getvalue().startswith("replicate: 1 room (1 caught-up); 600 events")
 
 
 def test_replicate_reports_refused_and_demoted_rooms_with_peer_text_escaped(

@@ -144,9 +144,13 @@ class PassReport:
         counts = Counter(room.status for room in self.rooms)
         parts = ", ".join(f"{counts[status]} {status}" for status in (
             CAUGHT_UP, BEHIND, REFUSED, BACKING_OFF, DISBANDED, LOCAL, DEMOTED, GONE, SKIPPED) if counts[status])
-        text = (f"{len(self.rooms)} rooms ({parts or 'none'}); {self.events:,} events in {self.pages:,} pages; "
-                f"lag {self.lag:,} events; {self.seconds:.2f} s")
+        text = (f"{_count(len(self.rooms), 'room')} ({parts or 'none'}); {_count(self.events, 'event')} in "
+                f"{_count(self.pages, 'page')}; lag {_count(self.lag, 'event')}; {self.seconds:.2f} s")
         return f"{text}; stopped early: {self.error}" if self.error else text
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
 @dataclass(frozen=True, slots=True)
