@@ -156,8 +156,8 @@ class PageServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host!s}:{port}{self.prefix}"
+        host, port = str(self.server_address[0]), self.server_address[1]
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}{self.prefix}"
 
     def start(self) -> PageServer:
         # A short poll keeps stop() quick (shutdown waits for the loop's next look).
