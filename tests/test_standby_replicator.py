@@ -4,6 +4,7 @@ of a returning authority, and the following loop."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import tracemalloc
@@ -27,6 +28,7 @@ from standby_support import (
 
 from hostedrooms import replicas, rooms, verify
 from hostedrooms.errors import AuthorityConflictError, RoomHistoryExpiredError, StoreUnavailableError
+from hostedrooms.limits import LimitValues
 from hostedrooms.standby import (
     Backoff,
     EnginePageSource,
@@ -346,6 +348,23 @@ def test_a_returning_authority_is_demoted_and_refuses_stale_writes(engine: Engin
     assert _statuses(back.sync_once()) == {"taken": LOCAL}  # once demoted, left alone
     assert rooms.room_state(engine, room_id="kept")["authority_gateway_id"] == GATEWAY_A
     assert verify(engine) == [] and verify(standby) == []
+
+
+def test_a_refused_demotion_is_backed_off(engine: Engine, standby: Engine) -> None:
+    host(engine, "taken", 3)
+    Replicator(EnginePageSource(engine), standby).sync_once()
+    replicas.promote_replica(standby, room_id="taken", local_gateway_id=GATEWAY_B)
+    full = dataclasses.replace(LimitValues.read(), MAX_EVENTS_PER_ROOM=3, CONTROL_EVENT_COUNT_RESERVE=0)
+    clock = Clock()
+    back = Replicator(EnginePageSource(standby), engine, local_gateway_id=GATEWAY_A, limits=full, monotonic=clock)
+    first = back.sync_once()
+    assert _statuses(first) == {"taken": REFUSED} and "demotion refused: This Group Chat reached its history" \
+        in first.rooms[0].reason
+    assert _statuses(back.sync_once()) == {"taken": BACKING_OFF}
+    back.limits = None
+    clock.value += 1
+    assert _statuses(back.sync_once()) == {"taken": DEMOTED}
+    assert rooms.room_state(engine, room_id="taken")["authority_epoch"] == 2 and verify(engine) == []
 
 
 def test_memory_is_one_page_whatever_the_room_count(engine: Engine, standby: Engine, backend: str) -> None:

@@ -439,6 +439,10 @@ class Replicator:
         if local.authority_gateway_id != local_gateway or head.authority_gateway_id == local_gateway:
             report.reason = f"{held} (the source shows epoch {head.authority_epoch}); not this gateway's to demote"
             return report
+        waiting = self.backoff.waiting(head.room_id, self._monotonic())
+        if waiting is not None:  # a refused demotion is not retried on every pass either
+            report.status, report.reason = BACKING_OFF, f"{waiting[1]} (retrying in {waiting[0]:.0f} s)"
+            return report
         try:
             demote_room(self.target, room_id=head.room_id, observed_gateway_id=head.authority_gateway_id,
                         observed_epoch=head.authority_epoch, now=self._now(), local_gateway_id=local_gateway,
@@ -449,6 +453,7 @@ class Replicator:
             delay = self.backoff.refuse(head.room_id, str(exc), self._monotonic())
             report.status, report.reason = REFUSED, f"demotion refused: {exc} (retrying in {delay:.0f} s)"
             return report
+        self.backoff.clear(head.room_id)
         report.status = DEMOTED
         report.reason = (f"the source holds epoch {head.authority_epoch} for {head.authority_gateway_id}; this "
                          f"gateway's epoch {local.authority_epoch} is fenced")
