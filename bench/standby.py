@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                               poll=args.poll, workers=workers), flush=True)
             if args.what in ("memory", "all"):
                 counts = [4, 16] if args.quick else [8, 64, 256]
-                print(memory(ctx, counts=counts, events=200 if args.quick else 1000, page=500), flush=True)
+                print(memory(ctx, counts=counts, events=200 if args.quick else 300, page=500), flush=True)
     finally:
         if cluster is not None:
             cluster.stop()
