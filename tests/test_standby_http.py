@@ -298,6 +298,9 @@ def test_unreachable_servers_and_bad_urls() -> None:
     for url in ("ftp://h/x", "http://user:pw@h/x", "http://h/x?token=1", "http:///x"):
         with pytest.raises(HostedRoomError):
             HttpPageSource(url)
+    for headers in ({"Authorization": "Bearer x\r\nX-Evil: 1"}, {"Bad: Name": "x"}, {"X": 1}):
+        with pytest.raises(HostedRoomError, match="single-line strings"):
+            HttpPageSource("http://h/x", headers=headers)  # type: ignore[arg-type]
 
 
 def test_a_connection_the_peer_closed_is_reopened_once(scripted: Scripted) -> None:

@@ -215,6 +215,10 @@ class HttpPageSource:
                                   "(pass headers= for authentication)")
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
             raise HostedRoomError("timeout must be a positive number of seconds")
+        for key, value in (headers or {}).items():
+            if not (isinstance(key, str) and isinstance(value, str) and key.isascii() and key.isprintable()
+                    and ":" not in key and "\r" not in value and "\n" not in value):
+                raise HostedRoomError("headers must map header names to single-line strings")
         self.limits = default_limits if limits is None else limits
         self.max_response_bytes = (int(self.limits.MAX_LOG_PAGE_BYTES) + (1 << 20) if max_response_bytes is None
                                    else int(max_response_bytes))
