@@ -113,6 +113,7 @@ def test_failover_exits_1_when_a_room_is_left_behind(engine: Engine, standby: En
         "not promoted  long  not-caught-up: the replica holds seq 10 of the 30 the authority reported")
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # argument handling: the same on both backends
 @pytest.mark.parametrize(("argv", "message"), [
     (["replicate", "--from", "{missing}", "--to", "{standby}"], "does not exist"),
     (["replicate", "--from", "{source}", "--to", "{missing}"], "does not exist"),
@@ -126,8 +127,6 @@ def test_failover_exits_1_when_a_room_is_left_behind(engine: Engine, standby: En
 def test_errors_are_one_line(argv: list[str], message: str, target: str, standby_target: str, backend: str,
                              tmp_path: Any, capsys: pytest.CaptureFixture[str],
                              monkeypatch: pytest.MonkeyPatch) -> None:
-    if backend != "sqlite":
-        pytest.skip("argument handling, the same on both backends")
     monkeypatch.delenv("HOSTEDROOMS_INSTALL_ID", raising=False)
     places = {"source": target, "standby": standby_target, "missing": str(tmp_path / "missing.db")}
     code, out, err = _run(capsys, *[part.format(**places) for part in argv])
