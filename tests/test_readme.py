@@ -14,7 +14,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 #: Python blocks that are not part of the library walk-through; other tests run them (see readme_block).
-NOT_LIBRARY = ("hostedrooms_engine", "compat import", "from myapp", "pytest_alembic", "from hostedrooms import aio")
+NOT_LIBRARY = ("hostedrooms_engine", "compat import", "from myapp", "pytest_alembic", "hostedrooms.records import",
+               "from hostedrooms import aio")
 
 
 def _python_blocks() -> list[str]:

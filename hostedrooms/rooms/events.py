@@ -13,6 +13,7 @@ from typing import Any
 from ..engines import EngineSource, resolve_engine
 from ..errors import HostedRoomError
 from ..limits import Limits, in_force
+from ..records import Actor, Authority, EventPage, EventRecord, NewEvent
 from ..store import RowLike, room_store
 from ..uow import UnitOfWork
 from ..validation import clock
@@ -38,10 +39,9 @@ _Prepared = Sequence[tuple[PreparedEvent, dict[str, str]]]
 
 
 def append_event(
-    engine: EngineSource, *, room_id: Any, event_id: Any, kind: Any, actor: Any, payload: Any,
-    authority_gateway_id: Any = None, authority_epoch: Any = None, now: float | None = None,
-    limits: Limits | None = None,
-) -> dict[str, Any]:
+    engine: EngineSource, *, room_id: str, event_id: str, kind: str, actor: Actor, payload: dict[str, Any],
+    authority_gateway_id: str, authority_epoch: int, now: float | None = None, limits: Limits | None = None,
+) -> EventRecord:
     """Append one immutable event at the room's next sequence number under the authority fence.
 
     Repeating an ``event_id`` with identical content returns the original (even after the room was disbanded
@@ -56,9 +56,9 @@ def append_event(
 
 
 def append_events(
-    engine: EngineSource, room_id: Any, events: Any, authority_gateway_id: Any, authority_epoch: Any,
-    now: float | None = None, *, limits: Limits | None = None,
-) -> list[dict[str, Any]]:
+    engine: EngineSource, room_id: str, events: list[NewEvent] | tuple[NewEvent, ...], authority_gateway_id: str,
+    authority_epoch: int, now: float | None = None, *, limits: Limits | None = None,
+) -> list[EventRecord]:
     """Append many events to one room in one transaction: all or nothing, at contiguous seqs, in order.
 
     Each item is a mapping with ``event_id``, ``kind``, ``actor`` and ``payload`` validated as
@@ -91,7 +91,7 @@ def append_events(
 
 def _append(
     engine: EngineSource, lim: Limits, room_id: str, prepared: _Prepared, gateway_id: str, epoch: int, now: float
-) -> list[dict[str, Any]]:
+) -> list[EventRecord]:
     """The one append path of both services: one room write, then the result dict of each item in order."""
     events = [event for event, _ in prepared]
     written, replays = run_room_write(
@@ -101,7 +101,7 @@ def _append(
 
 def _results(
     prepared: _Prepared, written: Sequence[RowLike], replays: Mapping[str, RowLike]
-) -> list[dict[str, Any]]:
+) -> list[EventRecord]:
     """Each item's dict: the first item of each written event id is the fresh row (its actor as given, its
     payload parsed once for the lot); a replay, or a repeat of an item written by this call, is idempotent."""
     if len(written) == len(prepared) == 1:  # the commonest case: one new event
@@ -112,7 +112,7 @@ def _results(
                 for row, (_, actor), payload in zip(written, prepared, parsed, strict=True)]
     fresh = {row["event_id"]: row for row in written}
     payloads = dict(zip(fresh, parse_all([row["payload_json"] for row in written]), strict=True))
-    results: list[dict[str, Any]] = []
+    results: list[EventRecord] = []
     for event, actor in prepared:
         event_id = event.event_id
         if event_id in payloads:
@@ -123,9 +123,9 @@ def _results(
 
 
 def read_events(
-    engine: EngineSource, *, room_id: Any, since_seq: Any = 0, limit: Any = 100, include_disbanded: bool = False,
+    engine: EngineSource, *, room_id: str, since_seq: int = 0, limit: int = 100, include_disbanded: bool = False,
     limits: Limits | None = None,
-) -> dict[str, Any]:
+) -> EventPage:
     """A monotonic page of the room log after ``since_seq`` whose whole serialized form fits MAX_LOG_PAGE_BYTES.
 
     A stored event that cannot be decoded (written before MAX_JSON_DEPTH, by the reference or by hand) raises
@@ -140,7 +140,7 @@ def read_events(
         store, connection = room_store(uow.dialect), uow.connection
         room = require_room(uow, store.room_head(connection, room_id), room_id, include_disbanded=include_disbanded)
         latest_seq = int(room["next_seq"]) - 1
-        authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
+        authority: Authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
         if since > latest_seq:
             raise HostedRoomError("since_seq is ahead of the hosted room log")
         rows = store.event_page(
@@ -154,9 +154,9 @@ def read_events(
 
 
 def request_room_stop(
-    engine: EngineSource, *, room_id: Any, cancel_id: Any, expected_gateway_id: Any, expected_epoch: Any,
+    engine: EngineSource, *, room_id: str, cancel_id: str, expected_gateway_id: str, expected_epoch: int,
     limits: Limits | None = None,
-) -> dict[str, Any]:
+) -> EventRecord:
     """Append an idempotent ``room.stop_requested`` fence that supersedes earlier user turns (wall clock)."""
     lim = in_force(limits)
     stop = room_stop_event(cancel_id=cancel_id, expected_gateway_id=expected_gateway_id,

@@ -11,6 +11,7 @@ from ..errors import (
     StorageError,
 )
 from ..limits import Limits, in_force
+from ..records import Authority, EventPage, EventRecord, RoomRecord
 from ..store import RowLike
 from ..validation import (
     INT64_MAX,
@@ -24,10 +25,10 @@ from .rules import _event_id, _event_kind
 __all__ = ["appended", "event_page_checker", "event_to_dict", "fit_page", "parse_all", "room_to_dict"]
 
 
-def room_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
+def room_to_dict(row: RowLike, *, idempotent: bool = False) -> RoomRecord:
     """The reference's room dict; ``disbanded_at`` when set and ``latest_seq`` when ``next_seq`` was selected."""
     members = stored_json(row["members_json"], lambda: f"hosted room {row['room_id']!r}")
-    result: dict[str, Any] = {
+    result: RoomRecord = {
         "room_id": row["room_id"], "name": row["name"], "members": members,
         "authority_gateway_id": row["authority_gateway_id"], "authority_epoch": int(row["authority_epoch"]),
         "revision": int(row["revision"]), "created_at": float(row["created_at"]),
@@ -39,7 +40,7 @@ def room_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
     return result
 
 
-def event_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
+def event_to_dict(row: RowLike, *, idempotent: bool = False) -> EventRecord:
     """The reference's event dict (actor and payload parsed from their canonical JSON; :func:`stored_json`)."""
     epoch = row["authority_epoch"]
 
@@ -53,7 +54,7 @@ def event_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
         "idempotent": idempotent}
 
 
-def appended(row: RowLike, actor: dict[str, str], payload: Any = None) -> dict[str, Any]:
+def appended(row: RowLike, actor: dict[str, str], payload: Any = None) -> EventRecord:
     """The event dict of a row this call just wrote: its normalised actor as given (never re-parsed), and its
     payload parsed from the canonical text unless the caller parsed it already."""
     return {
@@ -112,7 +113,7 @@ def event_page_checker(limits: Limits | None = None) -> Callable[[RowLike], str 
     return problem
 
 
-def _unserialisable(room_id: str, page: Sequence[dict[str, Any]]) -> StorageError:
+def _unserialisable(room_id: str, page: Sequence[EventRecord]) -> StorageError:
     """The error for a page that decoded but cannot be serialised (RecursionError), naming the first culprit."""
     for event in page:
         try:
@@ -124,19 +125,19 @@ def _unserialisable(room_id: str, page: Sequence[dict[str, Any]]) -> StorageErro
 
 
 def fit_page(
-    room_id: str, events: list[dict[str, Any]], *, since: int, latest_seq: int, authority: dict[str, Any],
+    room_id: str, events: list[EventRecord], *, since: int, latest_seq: int, authority: Authority,
     max_bytes: int,
-) -> dict[str, Any]:
+) -> EventPage:
     """The replay page of ``events`` (read after ``since``): its longest prefix whose serialized page fits
     ``max_bytes``. An event too large for any page raises HostedRoomError (an empty page with ``has_more``
     would make a reader spin forever)."""
 
-    def build(page: list[dict[str, Any]]) -> dict[str, Any]:
+    def build(page: list[EventRecord]) -> EventPage:
         cursor = page[-1]["seq"] if page else since
         return {"events": page, "cursor": cursor, "latest_seq": latest_seq, "has_more": cursor < latest_seq,
                 "authority": authority}
 
-    def fits(page: list[dict[str, Any]]) -> bool:
+    def fits(page: list[EventRecord]) -> bool:
         try:
             text = json.dumps(build(page), ensure_ascii=False, separators=(",", ":"))
         except RecursionError:  # a decodable but very deep value stored before MAX_JSON_DEPTH (or by the reference)
