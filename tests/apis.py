@@ -13,6 +13,7 @@ globals to the API of the test's ``api`` parameter (each of its tests then runs 
 from __future__ import annotations
 
 import asyncio
+import os
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,8 +24,6 @@ from sqlalchemy import Engine
 import hostedrooms
 from hostedrooms import aio, integrity, migrate, peers, replicas, rooms
 from hostedrooms.ledger import DeliveryLedger
-
-APIS = ("sync", "async")
 
 SYNC = types.SimpleNamespace(rooms=rooms, peers=peers, replicas=replicas, migrate=migrate,
                              verify=integrity.verify, DeliveryLedger=DeliveryLedger, name="sync")
@@ -45,13 +44,17 @@ class AsyncApi:
         self.verify = self.call(aio.verify)
 
     def twin(self, engine: Any) -> Any:
-        """The AsyncEngine of the database ``engine`` points at (anything else is passed on as given, so the
-        asyncio API's own refusal shows)."""
-        if not isinstance(engine, Engine):
+        """The AsyncEngine of the database ``engine`` points at: an Engine's, or a target's (a path or URL, which
+        ``verify`` takes too); anything else is passed on as given, so the asyncio API's own refusal shows."""
+        if isinstance(engine, Engine):
+            where: Any = engine.url
+        elif isinstance(engine, (str, os.PathLike)):
+            where = engine
+        else:
             return engine
         known = self._twins.get(id(engine))
         if known is None:
-            known = self._twins[id(engine)] = (engine, aio.create_async_engine(engine.url))
+            known = self._twins[id(engine)] = (engine, aio.create_async_engine(where))
         return known[1]
 
     def run(self, coroutine: Any) -> Any:
@@ -138,4 +141,4 @@ def use_api(*names: str) -> Any:
     return _use_api
 
 
-__all__ = ["APIS", "SYNC", "AsyncApi", "hostedrooms", "use_api"]
+__all__ = ["SYNC", "AsyncApi", "hostedrooms", "use_api"]

@@ -130,8 +130,10 @@ def sync_url(engine: AsyncEngine) -> URL:
 class Runner:
     """How hostedrooms' synchronous code runs for one AsyncEngine: :meth:`run` it, given :attr:`engine`."""
 
-    #: The synchronous Engine the services are given (the AsyncEngine's ``sync_engine``, or a SQLite twin).
-    engine: Engine
+    @property
+    def engine(self) -> Engine:
+        """The synchronous Engine the services are given (the AsyncEngine's ``sync_engine``, or its twin)."""
+        raise NotImplementedError
 
     async def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """``fn(*args, **kwargs)`` without blocking the loop. When the awaiting task is cancelled, the call
@@ -151,7 +153,15 @@ class _Awaited(Runner):
     CancelledError leaves the call."""
 
     def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine.sync_engine
+        # Weak: the runners are values of a weak mapping keyed by this very engine.
+        self._engine = weakref.ref(engine.sync_engine)
+
+    @property
+    def engine(self) -> Engine:
+        engine = self._engine()
+        if engine is None:  # pragma: no cover - a runner is looked up through its live engine
+            raise RuntimeError("the AsyncEngine of this runner is gone")
+        return engine
 
     async def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         result: R = await greenlet_spawn(functools.partial(fn, *args, **kwargs))
@@ -169,15 +179,16 @@ class _Threaded(Runner):
     """
 
     def __init__(self, twin: Engine) -> None:
-        self.engine = twin
-        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._workers = 0
-        self._idle = 0
+        self._twin = twin
+        self._workers = _Workers()
+
+    @property
+    def engine(self) -> Engine:
+        return self._twin
 
     async def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         call = _Call(asyncio.get_running_loop(), functools.partial(fn, *args, **kwargs))
-        self._submit(call)
+        self._workers.submit(call)
         try:
             result: R = await call.future
             return result
@@ -186,11 +197,26 @@ class _Threaded(Runner):
                 await call.settle()
             raise
 
-    def _submit(self, call: _Call) -> None:
+    def dispose(self) -> None:
+        # Workers busy with a call finish it (and what was queued before), then stop; later calls get new ones.
+        workers, self._workers = self._workers, _Workers()
+        workers.stop()
+        self._twin.dispose()
+
+
+class _Workers:
+    """Up to :data:`THREAD_WORKERS` daemon threads taking calls from one queue, started when none is idle."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._started = self._idle = 0
+
+    def submit(self, call: _Call) -> None:
         with self._lock:
-            start = self._idle == 0 and self._workers < THREAD_WORKERS
+            start = self._idle == 0 and self._started < THREAD_WORKERS
             if start:
-                self._workers += 1
+                self._started += 1
             elif self._idle:
                 self._idle -= 1
         if start:
@@ -198,20 +224,16 @@ class _Threaded(Runner):
         self._queue.put(call)
 
     def _work(self) -> None:
-        while True:
-            call = self._queue.get()
-            if call is None:
-                return
+        while (call := self._queue.get()) is not None:
             call.perform()
             with self._lock:
                 self._idle += 1
 
-    def dispose(self) -> None:
+    def stop(self) -> None:
         with self._lock:
-            workers, self._workers, self._idle = self._workers, 0, 0
-        for _ in range(workers):
+            started = self._started
+        for _ in range(started):
             self._queue.put(None)
-        self.engine.dispose()
 
 
 class _Call:
