@@ -365,6 +365,82 @@ class HostedroomsToThread(Hostedrooms):
         super().close()
 
 
+class HostedroomsAsync(Hostedrooms):
+    """hostedrooms.aio on an AsyncEngine from ``hostedrooms.aio.create_async_engine`` (aiosqlite; psycopg async),
+    one awaited call at a time: the asyncio API against the synchronous one (``--contenders hostedrooms-async``).
+    ``durability()`` and ``backend_pid()`` read the connection the services ran on (SQLite: the twin engine of
+    the runner; PostgreSQL: the AsyncEngine's own pool)."""
+
+    name = "hostedrooms-async"
+    label = "hostedrooms.aio (asyncio API)"
+    requires = ("aiosqlite", "greenlet")
+    default = False
+
+    def open(self, round_index: int) -> None:
+        from hostedrooms import aio
+
+        super().open(round_index)
+        self.loop = asyncio.new_event_loop()
+        self.aio = aio
+        self.async_engine = aio.create_async_engine(
+            self.state["target"], synchronous=self.ctx.synchronous, pool_size=1, max_overflow=0)
+        self.runner = self.loop.run_until_complete(aio.engines.runner_for(self.async_engine))
+        self.engine.dispose()
+        self.engine = self.runner.engine  # what durability() and backend_pid() read
+
+    async def append_one_async(self, index: int) -> int:
+        await self.aio.rooms.append_event(
+            self.async_engine, room_id=self.room_id, event_id=f"e-{index}", kind=KIND, actor=ACTOR, payload=PAYLOAD,
+            authority_gateway_id=GATEWAY, authority_epoch=1)
+        return 1
+
+    async def append_batch_async(self, index: int) -> int:
+        size = self.workload.batch
+        batch = [{"event_id": f"b{index}-{item}", "kind": KIND, "actor": ACTOR, "payload": PAYLOAD}
+                 for item in range(size)]
+        await self.aio.rooms.append_events(self.async_engine, self.room_id, batch, GATEWAY, 1)
+        return size
+
+    async def replay_async(self, index: int) -> int:
+        since, events = 0, 0
+        while True:
+            page = await self.aio.rooms.read_events(self.async_engine, room_id=self.room_id, since_seq=since,
+                                                    limit=self.workload.page)
+            events += len(page["events"])
+            since = page["cursor"]
+            if not page["has_more"]:
+                return events
+
+    def drive(self, method: str, indexes: range) -> int:
+        operation: Callable[[int], Any] = getattr(self, f"{method}_async")
+
+        async def run() -> int:
+            total = 0
+            for index in indexes:
+                total += await operation(index)
+            return total
+
+        return self.loop.run_until_complete(run())
+
+    def durability(self) -> dict[str, str]:
+        durability: Callable[[], dict[str, str]] = super().durability  # on the runner: awaited driver calls
+        return self.loop.run_until_complete(self.runner.run(durability))
+
+    def backend_pid(self) -> int | None:
+        backend_pid: Callable[[], int | None] = super().backend_pid
+        return self.loop.run_until_complete(self.runner.run(backend_pid))
+
+    def page_json_bytes(self) -> int:
+        page = self.loop.run_until_complete(self.aio.rooms.read_events(
+            self.async_engine, room_id=self.room_id, since_seq=0, limit=self.workload.page))
+        return len(json.dumps(page).encode())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.async_engine.dispose())
+        self.loop.close()
+        self.engine.dispose()
+
+
 class RawReferenceStatements(HostedroomsSchema):
     """The reference's append statements through the raw driver (bench/run.py's ``raw`` baseline)."""
 
@@ -712,4 +788,5 @@ CONTENDERS: list[type[Contender]] = [
     RawDictLoop,
     ReferenceStyleRead,
     HostedroomsToThread,
+    HostedroomsAsync,
 ]

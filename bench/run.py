@@ -458,6 +458,176 @@ def raw_writers_8(setup: Setup) -> Result:
     return _concurrent(setup, 8, same_room=False, raw=True)
 
 
+# --- asyncio: many tasks on one loop, the loop's responsiveness, follow() wake-ups --------------------------
+
+
+class _Ticker:
+    """A task that sleeps 1 ms at a time on the loop and records how late each wake-up came (the loop's lag)."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self._running = True
+
+    async def run(self) -> None:
+        import asyncio
+
+        while self._running:
+            started = time.perf_counter()
+            await asyncio.sleep(0.001)
+            self.lags.append(max(0.0, time.perf_counter() - started - 0.001))
+
+    def stop(self) -> None:
+        self._running = False
+
+    def note(self) -> str:
+        lags = sorted(self.lags) or [0.0]
+        p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))]
+        return f"1 ms ticker lag: p50 {lags[len(lags) // 2] * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms, " \
+               f"max {lags[-1] * 1000:.2f} ms"
+
+
+def _tasks(setup: Setup, tasks: int, how: str) -> Result:
+    """``tasks`` asyncio tasks, each appending to its own room on one event loop, with a 1 ms ticker beside them.
+
+    ``how``: "aio" (hostedrooms.aio on an AsyncEngine; "aio-awaited": with ``services="awaited"``), "to_thread"
+    (the synchronous API through
+    ``asyncio.to_thread``, the default executor) or "sync-on-loop" (the synchronous API called on the loop, which
+    it blocks: the contrast for the ticker).
+    """
+    import asyncio
+
+    from hostedrooms import aio, rooms
+
+    _raise_limits()
+    target = setup.fresh(f"tasks{tasks}{how.replace('-', '')}")
+    engine = setup.engine(target)
+    for index in range(tasks):
+        _room(engine, f"room-{index}")
+    each = setup.count(2000 // tasks if tasks > 1 else 1000, max(5, 200 // tasks))
+    latencies: list[float] = []
+
+    async def main() -> float:
+        services = "awaited" if how == "aio-awaited" else "threads"
+        async_engine = aio.create_async_engine(target, synchronous=setup.synchronous, pool_size=tasks,
+                                               max_overflow=0, services=services)
+
+        async def append(room: int, n: int) -> None:
+            arguments = {"room_id": f"room-{room}", "event_id": f"t{room}-{n}", "kind": "message.user",
+                         "actor": ACTOR, "payload": PAYLOAD, "authority_gateway_id": GATEWAY, "authority_epoch": 1}
+            started = time.perf_counter()
+            if how.startswith("aio"):
+                await aio.rooms.append_event(async_engine, **arguments)
+            elif how == "to_thread":
+                await asyncio.to_thread(lambda: rooms.append_event(engine, **arguments))
+            else:
+                rooms.append_event(engine, **arguments)
+                await asyncio.sleep(0)
+            latencies.append(time.perf_counter() - started)
+
+        async def writer(room: int) -> None:
+            for n in range(each):
+                await append(room, n)
+
+        for room in range(tasks):  # warm: connections open, statements prepared
+            await append(room, -1)
+        latencies.clear()
+        ticker = _Ticker()
+        ticking = asyncio.create_task(ticker.run())
+        started = time.perf_counter()
+        await asyncio.gather(*(writer(room) for room in range(tasks)))
+        seconds = time.perf_counter() - started
+        ticker.stop()
+        await ticking
+        await async_engine.dispose()
+        self_note.append(ticker.note())
+        return seconds
+
+    self_note: list[str] = []
+    seconds = asyncio.run(main())
+    engine.dispose()
+    label = {"aio": "hostedrooms.aio", "aio-awaited": "hostedrooms.aio, services=awaited",
+             "to_thread": "sync API via asyncio.to_thread",
+             "sync-on-loop": "sync API called on the loop"}[how]
+    return Result(f"{tasks} task{'s' if tasks > 1 else ''} x {each} appends, own rooms: {label}", 1, tasks * each,
+                  seconds, latencies, note=self_note[0])
+
+
+def aio_tasks_1(setup: Setup) -> Result:
+    return _tasks(setup, 1, "aio")
+
+
+def aio_tasks_50(setup: Setup) -> Result:
+    return _tasks(setup, 50, "aio")
+
+
+def aio_awaited_tasks_1(setup: Setup) -> Result:
+    return _tasks(setup, 1, "aio-awaited")
+
+
+def aio_awaited_tasks_50(setup: Setup) -> Result:
+    return _tasks(setup, 50, "aio-awaited")
+
+
+def to_thread_tasks_1(setup: Setup) -> Result:
+    return _tasks(setup, 1, "to_thread")
+
+
+def to_thread_tasks_50(setup: Setup) -> Result:
+    return _tasks(setup, 50, "to_thread")
+
+
+def sync_on_loop_tasks_50(setup: Setup) -> Result:
+    return _tasks(setup, 50, "sync-on-loop")
+
+
+def follow_latency(setup: Setup) -> Result:
+    """From an append's commit returning (to its caller) to a follower receiving the event: one appender task
+    and one ``hostedrooms.aio.rooms.follow`` task on the same loop, an append every 20 ms (the follower waits
+    between them, as a live one does). SQLite polls at the default interval."""
+    import asyncio
+
+    from hostedrooms import aio
+    from hostedrooms.wakeup import DEFAULT_POLL_INTERVAL
+
+    _raise_limits()
+    target = setup.fresh("follow")
+    engine = setup.engine(target)
+    _room(engine, "r")
+    engine.dispose()
+    n = setup.count(300, 40)
+    committed: dict[int, float] = {}
+    latencies: list[float] = []
+
+    async def main() -> float:
+        async_engine = aio.create_async_engine(target, synchronous=setup.synchronous)
+
+        async def follower() -> None:
+            async for event in aio.rooms.follow(async_engine, "r", 0):
+                received = time.perf_counter()
+                latencies.append(received - committed[event["seq"]])
+                if len(latencies) == n:
+                    return
+
+        following = asyncio.create_task(follower())
+        await asyncio.sleep(0.5)
+        started = time.perf_counter()
+        for index in range(n):
+            event = await aio.rooms.append_event(
+                async_engine, room_id="r", event_id=f"f{index}", kind="message.user", actor=ACTOR, payload=PAYLOAD,
+                authority_gateway_id=GATEWAY, authority_epoch=1)
+            committed[event["seq"]] = time.perf_counter()
+            await asyncio.sleep(0.02)
+        await asyncio.wait_for(following, 30)
+        seconds = time.perf_counter() - started
+        await async_engine.dispose()
+        return seconds
+
+    seconds = asyncio.run(main())
+    how = "LISTEN/NOTIFY" if setup.url else f"polling every {DEFAULT_POLL_INTERVAL * 1000:.0f} ms"
+    return Result("follow() wake-up: append's commit returned -> follower has the event", 1, n, seconds, latencies,
+                  note=f"{how}; latency columns are the wake-up's")
+
+
 WORKLOADS: dict[str, Callable[[Setup], Result]] = {
     "raw": raw_baseline,
     "raw-fast": raw_fast_baseline,
@@ -471,6 +641,7 @@ WORKLOADS: dict[str, Callable[[Setup], Result]] = {
     "ledger": ledger_cycle,
     "full-room": append_into_full_room,
     "many-rooms": append_with_many_rooms,
+    "follow-latency": follow_latency,
 }
 SQLITE_ONLY = frozenset({"raw-fast", "core-floor"})
 POSTGRES_WORKLOADS: dict[str, Callable[[Setup], Result]] = {
@@ -480,6 +651,13 @@ POSTGRES_WORKLOADS: dict[str, Callable[[Setup], Result]] = {
     "writers-4-one-room": writers_4_one_room,
     "raw-writers-1": raw_writers_1,
     "raw-writers-8": raw_writers_8,
+    "aio-tasks-1": aio_tasks_1,
+    "aio-tasks-50": aio_tasks_50,
+    "aio-awaited-tasks-1": aio_awaited_tasks_1,
+    "aio-awaited-tasks-50": aio_awaited_tasks_50,
+    "to-thread-tasks-1": to_thread_tasks_1,
+    "to-thread-tasks-50": to_thread_tasks_50,
+    "sync-on-loop-tasks-50": sync_on_loop_tasks_50,
 }
 
 

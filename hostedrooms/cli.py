@@ -10,11 +10,13 @@ values (names, ids and messages that may come from peers) are printed with contr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
@@ -24,10 +26,12 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Engine
 
 from . import migrate
+from . import rooms as room_service
 from .db import DATABASE_URL_ENV, create_engine
 from .display import terminal_text
 from .errors import UPGRADE_HINT, HostedRoomError, SchemaMissingError, StorageError, describe_target, translate
 from .integrity import verify
+from .limits import MAX_LOG_LIMIT
 from .models import deliveries, events, replicas, rooms
 from .uow import UnitOfWork
 from .validation import INT64_MAX, stored_json
@@ -168,21 +172,36 @@ def cmd_log(args: argparse.Namespace, out: TextIO) -> int:
         raise HostedRoomError("--interval must be a finite number of seconds, 0 or more")
     with _engine(args) as engine:
         _require_schema(engine)
-        while True:
-            with UnitOfWork(engine, write=False) as uow:
-                exists = uow.execute(sa.select(rooms.c.room_id).where(rooms.c.room_id == args.room)).first()
-                if exists is None:
-                    raise HostedRoomError(f"hosted room not found: {terminal_text(args.room)}")
-                page = uow.execute(sa.select(events).where(events.c.room_id == args.room, events.c.seq > since)
-                                   .order_by(events.c.seq).limit(args.limit)).all()
-            for row in page:
-                out.write(render(row) + "\n")
-                since = row.seq
-            out.flush()
+        with UnitOfWork(engine, write=False) as uow:
+            exists = uow.execute(sa.select(rooms.c.room_id).where(rooms.c.room_id == args.room)).first()
+            if exists is None:
+                raise HostedRoomError(f"hosted room not found: {terminal_text(args.room)}")
             if not args.follow:
+                for row in uow.execute(sa.select(events).where(events.c.room_id == args.room, events.c.seq > since)
+                                       .order_by(events.c.seq).limit(args.limit)):
+                    out.write(render(row) + "\n")
                 return EXIT_OK
-            if len(page) < args.limit:
-                time.sleep(args.interval)
+        return _follow_log(engine, args, render, out)
+
+
+def _follow_log(engine: Engine, args: argparse.Namespace, render: Callable[[Any], str], out: TextIO) -> int:
+    """``log --follow``: every event after ``--since`` as it commits (hostedrooms.rooms.follow: NOTIFY on
+    PostgreSQL, ``--interval`` polling on SQLite), until the room is disbanded."""
+    page_size = min(args.limit, MAX_LOG_LIMIT)
+    with contextlib.closing(room_service.follow(engine, args.room, args.since, limit=page_size,
+                                                poll_interval=args.interval)) as feed:
+        for event in feed:
+            out.write(render(_event_row(event)) + "\n")
+            out.flush()
+    return EXIT_OK
+
+
+def _event_row(event: dict[str, Any]) -> Any:
+    """A followed event (a read_events dict) in the shape the log renderers read (a stored row's columns)."""
+    def text(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+    return types.SimpleNamespace(**event, actor_json=text(event["actor"]), payload_json=text(event["payload"]))
 
 
 def cmd_replicas(args: argparse.Namespace, out: TextIO) -> int:
@@ -421,8 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("room")
     log.add_argument("--since", type=int, default=0, help="print events after this seq")
     log.add_argument("--limit", type=_positive, default=500, help="events per read")
-    log.add_argument("--follow", action="store_true", help="keep polling for new events")
-    log.add_argument("--interval", type=float, default=1.0, help="poll interval with --follow (seconds)")
+    log.add_argument("--follow", action="store_true",
+                     help="print new events as they commit, until the room is disbanded")
+    log.add_argument("--interval", type=float, default=0.25,
+                     help="with --follow on SQLite: how often to look for commits (seconds; PostgreSQL is woken "
+                          "by NOTIFY)")
     log.add_argument("--json", action="store_true", help="JSON lines instead of text")
     command("replicas", cmd_replicas, "list replicas")
     command("deliveries", cmd_deliveries, "list secure-peer deliveries").add_argument(

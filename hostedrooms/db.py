@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import URL, Engine, make_url
+from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.base import OptionEngine
 
@@ -30,6 +32,7 @@ DEFAULT_BUSY_TIMEOUT = 10.0
 SYNCHRONOUS_MODES = frozenset({"FULL", "EXTRA", "NORMAL"})
 
 _configured: weakref.WeakSet[Engine] = weakref.WeakSet()
+_E = TypeVar("_E")
 
 
 def reject_async(target: object) -> None:
@@ -39,7 +42,7 @@ def reject_async(target: object) -> None:
     if getattr(target, "sync_engine", None) is not None or type(target).__module__.startswith("sqlalchemy.ext.asyncio"):
         raise HostedRoomError(
             f"hostedrooms needs a synchronous SQLAlchemy Engine, not {type(target).__name__}; "
-            "build one with hostedrooms.create_engine(url) (an async API is not available yet)")
+            "build one with hostedrooms.create_engine(url), or call hostedrooms.aio with the AsyncEngine")
 
 
 def resolve_url(target: str | os.PathLike[str] | URL) -> URL:
@@ -91,20 +94,36 @@ def create_engine(
     fetched rows are never logged, whatever the echo flag or logging level (statements still are, at INFO).
     """
     reject_async(target)
-    if synchronous not in SYNCHRONOUS_MODES:
-        raise HostedRoomError(f"synchronous must be one of {', '.join(sorted(SYNCHRONOUS_MODES))}")
+    check_synchronous(synchronous)
     if isinstance(target, Engine):
         return _adopt_engine(target, synchronous=synchronous, busy_timeout=busy_timeout)
-    url = resolve_url(target)
+    return build_configured(resolve_url(target), _sa_create_engine, synchronous=synchronous,
+                            busy_timeout=busy_timeout, create=create, **engine_kwargs)
+
+
+def check_synchronous(synchronous: str) -> None:
+    """Refuse a SQLite ``synchronous`` mode hostedrooms does not offer."""
+    if synchronous not in SYNCHRONOUS_MODES:
+        raise HostedRoomError(f"synchronous must be one of {', '.join(sorted(SYNCHRONOUS_MODES))}")
+
+
+def build_configured(
+    url: URL, factory: Callable[..., _E], *, synchronous: str, busy_timeout: float, create: bool,
+    **engine_kwargs: Any,
+) -> _E:
+    """``factory(url, ...)`` (SQLAlchemy's ``create_engine`` or ``create_async_engine``) with the backend's
+    defaults, its connection hooks and secrets kept out of logs; installed on the synchronous Engine (an
+    AsyncEngine's ``sync_engine``), where SQLAlchemy runs them for both."""
     dialect = dialect_for_url(url)
     try:
-        engine = dialect.build_engine(url, create=create, **engine_kwargs)
+        built = dialect.build_with(factory, url, create=create, **engine_kwargs)
     except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ImportError) as exc:
         raise HostedRoomError(f"cannot use database {describe_target(url)}: {exc}") from exc
+    engine = cast(Engine, getattr(built, "sync_engine", built))
     dialect.configure_engine(engine, synchronous=synchronous, busy_timeout=busy_timeout)
     _keep_secrets_out_of_logs(engine)
     _configured.add(engine)
-    return engine
+    return built
 
 
 def _never() -> bool:
@@ -137,16 +156,24 @@ def _keep_secrets_out_of_logs(engine: Engine) -> None:
 
 def _adopt_engine(engine: Engine, *, synchronous: str, busy_timeout: float) -> Engine:
     """Use a caller's Engine as given, installing our connection hooks once if it lacks them."""
+    if configure_adopted(engine, synchronous=synchronous, busy_timeout=busy_timeout):
+        engine.pool.dispose()  # pooled connections predate the hooks
+    return engine
+
+
+def configure_adopted(engine: Engine, *, synchronous: str, busy_timeout: float) -> bool:
+    """Install our connection hooks on a caller's Engine (an AsyncEngine's ``sync_engine``) unless it has them;
+    whether it had to (the caller then disposes the pool: its connections predate the hooks)."""
     dialect = dialect_named(engine.dialect.name)
     if dialect is None:
         raise HostedRoomError(
             f"unsupported database dialect {engine.dialect.name!r} in {describe_target(engine.url)}")
-    if engine not in _configured:
-        dialect.configure_engine(engine, synchronous=synchronous, busy_timeout=busy_timeout)
-        _keep_secrets_out_of_logs(engine)
-        engine.pool.dispose()  # pooled connections predate the hooks
-        _configured.add(engine)
-    return engine
+    if engine in _configured:
+        return False
+    dialect.configure_engine(engine, synchronous=synchronous, busy_timeout=busy_timeout)
+    _keep_secrets_out_of_logs(engine)
+    _configured.add(engine)
+    return True
 
 
 def sqlite_path(engine: Engine) -> Path | None:

@@ -44,11 +44,17 @@ from .statements import HotStatement
 #: Key in a pooled connection's ``info``: the next SQLite transaction on it begins deferred (a read unit).
 _DEFERRED_BEGIN = "hostedrooms_deferred_begin"
 
+#: Wake-up channels (:mod:`hostedrooms.wakeup`): a room's log grew (payload: the room id); ledger work became due
+#: (payload: "delivery", "response" or "outbound").
+ROOM_EVENTS_CHANNEL = "hostedrooms_room_events"
+LEDGER_WORK_CHANNEL = "hostedrooms_ledger_work"
+
 #: A stable 64-bit key for advisory locks that serialise schema migrations on PostgreSQL.
 MIGRATION_LOCK_KEY = 0x686F737465640001  # "hosted" + 1
 
 _S = TypeVar("_S", bound=Select[Any])
 _T = TypeVar("_T")
+_E = TypeVar("_E")
 
 
 class UpsertInsert(Protocol):
@@ -173,7 +179,45 @@ class StoreDialect:
     def build_engine(self, url: URL, *, create: bool, **engine_kwargs: Any) -> Engine:
         """A plain SQLAlchemy Engine on ``url`` with this backend's defaults (``create``: see
         :func:`hostedrooms.db.create_engine`); raises SQLAlchemy's own errors for a bad URL or driver."""
-        return _sa_create_engine(url, **engine_kwargs)
+        return self.build_with(_sa_create_engine, url, create=create, **engine_kwargs)
+
+    def build_with(self, factory: Callable[..., _E], url: URL, *, create: bool, **engine_kwargs: Any) -> _E:
+        """:meth:`build_engine` with another engine factory (``sqlalchemy.ext.asyncio.create_async_engine``)."""
+        return factory(url, **engine_kwargs)
+
+    # --- asyncio (hostedrooms.aio) ---------------------------------------------------------------------------------
+
+    #: The asyncio driver of :func:`hostedrooms.aio.create_async_engine` on this backend.
+    async_driver = ""
+    #: Whether committed writes can wake a waiting reader (``LISTEN``/``NOTIFY``); otherwise readers poll.
+    notifies = False
+
+    def twin_target(self, url: URL) -> Path | URL | None:
+        """What a second, synchronous engine opens to reach the database ``url`` names (hostedrooms' driver), or
+        None where it would not see the same database."""
+        return self.normalise_url(url.set(drivername=url.get_backend_name()))
+
+    def async_url(self, url: URL) -> URL:
+        """``url`` (normalised) with this backend's asyncio driver."""
+        return url.set(drivername=f"{url.get_backend_name()}+{self.async_driver}")
+
+    def notify(self, connection: Connection, channel: str, payload: str) -> None:
+        """Wake the readers listening on ``channel`` when the current transaction commits (nothing where readers
+        poll). ``channel`` is one of hostedrooms' fixed channel names, never input."""
+
+    def change_counter(self, dbapi_connection: Any) -> int:
+        """Where readers poll: a number that changes whenever another connection commits."""
+        raise NotImplementedError
+
+    def notify_column(self, channel: str, payload: Any) -> ColumnElement[Any]:
+        """Where committed writes wake readers: a column for a RETURNING clause that queues :meth:`notify` at no
+        extra round trip."""
+        raise NotImplementedError
+
+    def listen_statement(self, channel: str) -> str:
+        """The statement that makes a connection receive ``channel``'s notifications (one of hostedrooms' fixed
+        channel names, never input)."""
+        raise NotImplementedError
 
 
 class SQLiteDialect(StoreDialect):
@@ -185,6 +229,7 @@ class SQLiteDialect(StoreDialect):
     """
 
     name = "sqlite"
+    async_driver = "aiosqlite"
 
     def configure_engine(self, engine: Engine, *, synchronous: str, busy_timeout: float) -> None:
         timeout_ms = int(busy_timeout * 1000)
@@ -265,15 +310,30 @@ class SQLiteDialect(StoreDialect):
     def file_path(self, url: URL) -> Path | None:
         return None if url.database in (None, "", ":memory:") else Path(str(url.database))
 
-    def build_engine(self, url: URL, *, create: bool, **engine_kwargs: Any) -> Engine:
+    def build_with(self, factory: Callable[..., _E], url: URL, *, create: bool, **engine_kwargs: Any) -> _E:
         existing_file = _prepare_sqlite_file(url, create=create)
         if url.database in (None, "", ":memory:"):
             engine_kwargs.setdefault("poolclass", StaticPool)
         engine_kwargs.setdefault("connect_args", {}).setdefault("check_same_thread", False)
-        engine = _sa_create_engine(url, **engine_kwargs)
+        engine = factory(url, **engine_kwargs)
         if existing_file is not None:
-            _open_existing_only(engine, existing_file)
+            sync_engine: Engine = getattr(engine, "sync_engine", None) or engine  # type: ignore[assignment]
+            _open_existing_only(sync_engine, existing_file)
         return engine
+
+    def twin_target(self, url: URL) -> Path | URL | None:
+        path = self.file_path(url)  # in memory: another engine has another database; a URI is used as given
+        return None if path is None or str(path).startswith("file:") else path
+
+    def change_counter(self, dbapi_connection: Any) -> int:
+        """A number that changes whenever another connection commits to the database (``PRAGMA data_version``:
+        no I/O beyond the shared-memory index), read on a connection outside any transaction."""
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA data_version")
+            return int(cursor.fetchone()[0])
+        finally:
+            cursor.close()
 
     @contextlib.contextmanager
     def probe_timeouts(self, connection: Connection, seconds: float) -> Iterator[None]:
@@ -293,6 +353,20 @@ class PostgreSQLDialect(StoreDialect):
     """PostgreSQL: READ COMMITTED transactions; writers to one room serialise on ``SELECT ... FOR UPDATE``."""
 
     name = "postgresql"
+    async_driver = "psycopg_async"
+    notifies = True
+
+    def notify(self, connection: Connection, channel: str, payload: str) -> None:
+        _NOTIFY.first(connection, {"channel": channel, "payload": payload})
+
+    def listen_statement(self, channel: str) -> str:
+        if channel not in (ROOM_EVENTS_CHANNEL, LEDGER_WORK_CHANNEL):
+            raise ValueError(f"unknown wake-up channel {channel!r}")
+        return f"LISTEN {channel}"
+
+    def notify_column(self, channel: str, payload: Any) -> ColumnElement[Any]:
+        """A column for a RETURNING clause that sends :meth:`notify` at no extra round trip."""
+        return func.pg_notify(channel, payload).label("notified")
 
     def insert(self, table: Table) -> UpsertInsert:
         return postgresql.insert(table)  # type: ignore[return-value]
@@ -407,6 +481,7 @@ def _holders(key: int | None = None) -> Select[Any]:
 
 
 _HOLDERS = HotStatement(_holders())
+_NOTIFY = HotStatement(select(func.pg_notify(bindparam("channel"), bindparam("payload"))))
 
 
 def dialect_for(bind: Engine | Connection) -> StoreDialect:

@@ -7,6 +7,8 @@ Fixtures
 - ``target``: the same database as a string the seed-compatible facade accepts (a SQLite path or a URL).
 - ``empty_target``: a brand-new empty database (never migrated) for migration tests.
 - ``pg_admin_url``: an admin URL of the PostgreSQL server (skips when there is none).
+- ``api``: "sync" or "async": the public API a contract test calls (``tests/apis.py``; a module opts in with
+  ``_api = use_api("rooms", ...)``, and each of its tests then runs against both APIs, on both backends).
 
 The databases come from the helpers of hostedrooms' own pytest plugin (``hostedrooms.testing``), the code a host
 application's tests use; this harness needs only its functions, so it works whether or not the plugin is loaded.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
@@ -128,3 +131,29 @@ def empty_target(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -
     admin_url: str = request.getfixturevalue("pg_admin_url")
     with testing.postgres_database(admin_url, testing.unique_name("hostedrooms_empty")) as url:
         yield url
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``api``: both APIs for a test on the ``engine``/``target`` database, or only the synchronous one for a
+    test without it (pure checks) or marked ``sync_api_only`` (say, one that calls the services from several
+    threads at once, which the asyncio shim's one event loop cannot serve)."""
+    if "api" in metafunc.fixturenames:
+        only_sync = metafunc.definition.get_closest_marker("sync_api_only") is not None or not any(
+            name in metafunc.fixturenames for name in ("engine", "target"))  # no database: nothing to call
+        metafunc.parametrize("api", ["sync"] if only_sync else ["sync", "async"], indirect=True)
+
+
+@pytest.fixture
+def api(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The synchronous modules, or the asyncio API behind the same names (``tests/apis.py``, imported here: a copy
+    of this file elsewhere, as the harness's own smoke tests make, needs no sibling module)."""
+    from apis import SYNC, AsyncApi
+
+    if request.param == "sync":
+        yield SYNC
+        return
+    shim = AsyncApi()
+    try:
+        yield shim
+    finally:
+        shim.close()

@@ -261,11 +261,15 @@ def test_log_follow_prints_new_events_as_they_arrive(tmp_path: Path) -> None:
                                authority_gateway_id="install:a", authority_epoch=1)
         assert follower.stdout is not None
         lines = _read_lines(follower.stdout.fileno(), 2, timeout=30)
+        rooms.disband_room(engine, room_id="r1", expected_gateway_id="install:a", expected_epoch=1)
+        lines += _read_lines(follower.stdout.fileno(), 1, timeout=30)
+        assert follower.wait(timeout=30) == 0  # the log ended with room.disbanded: so does --follow
     finally:
         follower.kill()
         follower.wait(timeout=10)
         engine.dispose()
-    assert len(lines) == 2 and '"seq": 1' in lines[0] and '"seq": 2' in lines[1], lines
+    assert len(lines) == 3 and '"seq": 1' in lines[0] and '"seq": 2' in lines[1], lines
+    assert '"kind": "room.disbanded"' in lines[2]
 
 
 def _reader(target: str, ready: Any, stop: Any, results: Any) -> None:

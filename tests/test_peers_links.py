@@ -14,6 +14,7 @@ from typing import Any
 import factories
 import pytest
 import sqlalchemy as sa
+from apis import use_api
 from factories import every_text
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -21,6 +22,8 @@ from sqlalchemy.orm import Session
 from hostedrooms import migrate, models, peers
 from hostedrooms.db import create_engine
 from hostedrooms.errors import HostedRoomError, StorageError
+
+_api = use_api("peers")  # the tests on a database run on both APIs
 
 GRANT = "grant-secret-7f3a9c"
 
@@ -137,12 +140,14 @@ def _register_concurrently(engine: Engine, count: int, max_links: int) -> list[B
         return list(pool.map(register, range(count)))
 
 
+@pytest.mark.sync_api_only  # several threads call the services at once
 def test_24_concurrent_link_registrations_all_persist(engine: Engine) -> None:
     outcomes = _register_concurrently(engine, 24, max_links=100)
     assert outcomes == [None] * 24
     assert [row["member_id"] for row in stored(engine)] == [f"m{index:02d}" for index in range(24)]
 
 
+@pytest.mark.sync_api_only  # several threads call the services at once
 def test_concurrent_registrations_never_exceed_the_cap(engine: Engine) -> None:
     outcomes = _register_concurrently(engine, 24, max_links=10)
     refused = [exc for exc in outcomes if exc is not None]
@@ -237,6 +242,7 @@ def test_sqlite_store_is_owner_only_after_a_link_save(tmp_path: Path) -> None:
         engine.dispose()
 
 
+@pytest.mark.sync_api_only  # os.stat is patched for the whole process: opening an engine there fails
 def test_sqlite_link_save_fails_cleanly_when_the_mode_cannot_be_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,11 +11,14 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from apis import use_api
 from sqlalchemy import Engine
 
 from hostedrooms import models, peers
 from hostedrooms.db import create_engine
 from hostedrooms.errors import HostedRoomError, RoomProbeUnavailableError
+
+_api = use_api("peers")  # the tests on a database run on both APIs
 
 NOW = 5_000.0
 #: The issue's bound: a probe answers (or gives up) within half a second while another connection writes.

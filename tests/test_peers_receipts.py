@@ -7,10 +7,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from apis import use_api
 from sqlalchemy import Engine
 
 from hostedrooms import models, peers
 from hostedrooms.errors import HostedRoomError
+
+_api = use_api("peers")  # the tests on a database run on both APIs
 
 CONFLICT = "^remote run receipt conflicts with its logical task$"
 
@@ -128,6 +131,7 @@ def test_non_string_filters_and_non_mapping_records_are_refused(engine: Engine) 
         peers.upsert_remote_run_receipt(engine, record="task-1", now=1)  # type: ignore[arg-type]
 
 
+@pytest.mark.sync_api_only  # several threads call the services at once
 def test_concurrent_upserts_of_one_task_bind_exactly_one_run(engine: Engine) -> None:
     count = 8
     barrier = threading.Barrier(count)

@@ -14,7 +14,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 #: Python blocks that are not part of the library walk-through; other tests run them (see readme_block).
-NOT_LIBRARY = ("hostedrooms_engine", "compat import", "from myapp", "pytest_alembic", "hostedrooms.records import")
+NOT_LIBRARY = ("hostedrooms_engine", "compat import", "from myapp", "pytest_alembic", "hostedrooms.records import",
+               "from hostedrooms import aio")
 
 
 def _python_blocks() -> list[str]:
@@ -49,6 +50,14 @@ def test_library_examples_run_in_order(tmp_path: Path, monkeypatch: pytest.Monke
     exec(compile(fence_block, "README fenced write", "exec"), namespace)
     after = rooms.room_state(namespace["engine"], room_id="r1")  # type: ignore[arg-type]
     assert after["updated_at"] == before["updated_at"] + 1
+
+
+def test_asyncio_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    block = readme_block("from hostedrooms import aio")
+    assert "<!-- tested: asyncio" in README.read_text(encoding="utf-8")
+    exec(compile(block, "README asyncio", "exec"), {"__name__": "readme"})  # its asserts check the follower
+    assert (tmp_path / "state-async.db").exists()
 
 
 def test_plugin_example_is_valid_python() -> None:

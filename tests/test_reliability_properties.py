@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from apis import SYNC, use_api
 from factories import snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -36,6 +38,8 @@ from hostedrooms.errors import (
     RoomNotFoundError,
 )
 from hostedrooms.ledger import DeliveryLedger
+
+_api = use_api("rooms", "peers", "DeliveryLedger")  # the tests on a database run on both APIs
 
 GATEWAYS = ("install:gw-a", "install:gw-b", "install:gw-c")
 USER = {"id": "u1", "kind": "user"}
@@ -367,9 +371,9 @@ def machine_for(engine: Engine) -> type[RuleBasedStateMachine]:
     return RoomsMachine
 
 
-def test_rooms_state_machine_matches_the_model(engine: Engine) -> None:
+def test_rooms_state_machine_matches_the_model(engine: Engine, api: Any) -> None:
     run_state_machine_as_test(machine_for(engine), settings=settings(
-        max_examples=60, stateful_step_count=25, deadline=None, database=None,
+        max_examples=60 if api.name == "sync" else 15, stateful_step_count=25, deadline=None, database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
 
 
@@ -463,20 +467,46 @@ CALLS: dict[str, tuple[Callable[..., Any], dict[str, st.SearchStrategy[Any]]]] =
 }
 
 
+def _through(api: Any, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` of the API under test (the lambdas above call the module globals, which ``api`` rebinds)."""
+    module = getattr(function, "__module__", "") or ""
+    for name in ("rooms", "peers"):
+        if module.startswith(f"hostedrooms.{name}"):
+            return getattr(getattr(api, name), function.__name__)  # type: ignore[no-any-return]
+    return function
+
+
 @pytest.mark.parametrize("name", sorted(CALLS))
-def test_fuzzed_arguments_raise_only_documented_errors(engine: Engine, name: str) -> None:
+def test_fuzzed_arguments_raise_only_documented_errors(
+    engine: Engine, name: str, api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only documented errors, and a refused call changes nothing; the asyncio API refuses exactly as the
+    synchronous one does (same class, same message) on the same arguments."""
     function, arguments = CALLS[name]
     seeded(engine)
 
-    @settings(max_examples=60, deadline=None, database=None,
+    def synchronous(kwargs: dict[str, Any]) -> BaseException | None:
+        with monkeypatch.context() as patched:
+            patched.setattr(sys.modules[__name__], "rooms", SYNC.rooms)
+            patched.setattr(sys.modules[__name__], "peers", SYNC.peers)
+            try:
+                function(engine, **kwargs)
+            except HostedRoomError as exc:
+                return exc
+        return None
+
+    @settings(max_examples=60 if api.name == "sync" else 20, deadline=None, database=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(st.fixed_dictionaries(arguments))
     def fuzz(kwargs: dict[str, Any]) -> None:
         before = snapshot(engine)
         try:
-            function(engine, **kwargs)
-        except HostedRoomError:
+            _through(api, function)(engine, **kwargs)
+        except HostedRoomError as exc:
             assert snapshot(engine) == before, "a refused call changed the database"
+            if api.name == "async":
+                expected = synchronous(kwargs)
+                assert (type(exc), str(exc)) == (type(expected), str(expected))
 
     fuzz()
     assert hostedrooms.verify(engine) == []
@@ -510,13 +540,13 @@ LEDGER_CALLS: dict[str, tuple[Callable[..., Any], dict[str, st.SearchStrategy[An
 
 
 @pytest.mark.parametrize("name", sorted(LEDGER_CALLS))
-def test_fuzzed_ledger_arguments_raise_only_documented_errors(engine: Engine, name: str) -> None:
+def test_fuzzed_ledger_arguments_raise_only_documented_errors(engine: Engine, name: str, api: Any) -> None:
     """The ledger documents ValueError for bad input (HostedRoomError is one) and RuntimeError for conflicts."""
     function, arguments = LEDGER_CALLS[name]
     empty_store(engine)
     ledger = DeliveryLedger(engine, clock=lambda: 1_000)
 
-    @settings(max_examples=60, deadline=None, database=None,
+    @settings(max_examples=60 if api.name == "sync" else 20, deadline=None, database=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(st.fixed_dictionaries(arguments))
     def fuzz(kwargs: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from apis import use_api
 from factories import MEMBERS, A, B, ingest, lowered, stored_events
 from factories import replica_event as event
 from factories import replica_page as page
@@ -26,6 +27,8 @@ from hostedrooms.errors import (
     ReplicaGapError,
     RoomConflictError,
 )
+
+_api = use_api("replicas", "rooms", "verify")  # the tests on a database run on both APIs
 
 C = "install:gw-c"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apis import use_api
 
 from hostedrooms import migrate, replicas, rooms, verify
 from hostedrooms.compat import hosted_room_replicas as hrr
@@ -17,6 +18,8 @@ from hostedrooms.compat import hosted_rooms as hr
 from hostedrooms.db import create_engine
 from hostedrooms.errors import AuthorityConflictError, ReplicaEpochRegressionError, ReplicaError
 from hostedrooms.testing import create_database, drop_database, unique_name
+
+_api = use_api("replicas", "rooms", "verify")  # the tests on a database run on both APIs
 
 MEMBERS = [{"id": "m1"}]
 USER = {"kind": "user", "id": "u1"}
@@ -119,9 +122,9 @@ def replicate(source: Gateway, follower: Gateway, room_id: str, *, page_size: in
             return pages
 
 
-@pytest.mark.parametrize("api", ["native", "facade"])
-def test_full_failover_story(gateways: Callable[..., Gateway], api: str) -> None:
-    a, b = gateways("gw-a", api), gateways("gw-b", api)
+@pytest.mark.parametrize("surface", ["native", "facade"])
+def test_full_failover_story(gateways: Callable[..., Gateway], surface: str) -> None:
+    a, b = gateways("gw-a", surface), gateways("gw-b", surface)
     a.host("room")
     for n in range(5):
         a.say("room", f"a{n}", epoch=1)
@@ -227,6 +230,7 @@ def test_a_follower_of_the_new_authority_sees_the_claim(gateways: Callable[..., 
     c.check()
 
 
+@pytest.mark.sync_api_only  # several threads call the services at once
 def test_concurrent_ingest_of_one_room(gateways: Callable[..., Gateway]) -> None:
     a, b = gateways("gw-a"), gateways("gw-b")
     a.host("room")
@@ -266,6 +270,7 @@ def test_facade_and_native_share_one_store(gateways: Callable[..., Gateway]) -> 
     b.check()
 
 
+@pytest.mark.sync_api_only  # several threads call the services at once
 def test_concurrent_promotions_of_one_replica(gateways: Callable[..., Gateway]) -> None:
     """Within one store exactly one promotion wins; the others find the replica consumed (no driver error)."""
     a, b = gateways("gw-a"), gateways("gw-b")

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from apis import use_api
 from factories import MEMBERS, A, B, ingest, lowered, stored_events
 from factories import replica_event as event
 from factories import replica_page as page
@@ -25,6 +26,8 @@ from hostedrooms import models, replicas, rooms, verify
 from hostedrooms.compat import hosted_room_replicas as hrr
 from hostedrooms.compat import hosted_rooms as hr
 from hostedrooms.errors import HostedRoomError, ReplicaError
+
+_api = use_api("replicas", "rooms", "verify")  # the tests on a database run on both APIs
 
 NOT_CAUGHT_UP = "^replica is not caught up with the authority log; ingest the remaining pages first$"
 OWNER_CONFLICT = "^page authority owner conflicts with the stored replica at the same epoch$"

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from apis import use_api
 from factories import lowered, make_room
 from sqlalchemy import Engine
 
@@ -28,6 +29,8 @@ LOCAL = "install:gw-local"
 REMOTE = "install:gw-remote"
 OTHER = "install:gw-other"
 DAY = 24 * 60 * 60
+
+_api = use_api("rooms")  # the tests on a database run on both APIs
 
 
 def user_msg(engine: Engine, room_id: str, n: object, *, gateway: str = LOCAL, epoch: int = 1,

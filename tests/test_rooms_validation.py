@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from apis import use_api
 from factories import snapshot
 from sqlalchemy import Engine
 
 from hostedrooms import errors, rooms
+
+_api = use_api("rooms")  # the tests on a database run on both APIs
 
 LOCAL = "install:gw-local"
 USER = {"kind": "user", "id": "u1"}

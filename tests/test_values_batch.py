@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from apis import use_api
 from factories import make_room
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,8 @@ from sqlalchemy import Engine
 
 from hostedrooms import models, rooms
 from hostedrooms.errors import HostedRoomError
+
+_api = use_api("rooms")  # the tests on a database run on both APIs
 
 GATEWAY = "install:gw-a"
 AUTHORS = ("alice", "bob", "carol", "dave", "erin", "frank")

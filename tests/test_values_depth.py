@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from apis import use_api
 from factories import bare_page, make_room, outbound, outbound_snapshot, prepare, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
@@ -29,6 +30,8 @@ from hostedrooms import limits, models, replicas, rooms
 from hostedrooms.errors import HostedRoomError, ReplicaError, RoomConflictError, StorageError
 from hostedrooms.ledger import DeliveryLedger
 from hostedrooms.validation import json_depth_within
+
+_api = use_api("rooms", "replicas", "DeliveryLedger")  # the tests on a database run on both APIs
 
 GATEWAY = "install:gw-a"
 USER = {"kind": "user", "id": "u1"}

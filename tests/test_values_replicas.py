@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from apis import use_api
 from factories import bare_page as page
 from factories import snapshot
 from sqlalchemy import Engine
@@ -21,6 +22,8 @@ from sqlalchemy import Engine
 from hostedrooms import models, replicas, rooms
 from hostedrooms.db import create_engine
 from hostedrooms.errors import HostedRoomError, ReplicaError, RoomHistoryExpiredError
+
+_api = use_api("replicas", "rooms")  # the tests on a database run on both APIs
 
 A = "install:gw-a"
 B = "install:gw-b"
@@ -186,6 +189,7 @@ def test_demote_refuses_this_gateway_as_the_newer_authority(engine: Engine) -> N
 
 # Regression (PostgreSQL): a room purged between read_events' room read and its page read was reported as "event
 # exceeds replay page limit". On SQLite the read transaction is one snapshot: the page is returned as it stood.
+@pytest.mark.sync_api_only  # listens to the statements of the test's own Engine
 def test_a_room_purged_while_it_is_read(engine: Engine, target: str) -> None:
     _local_room(engine)
     for index in range(3):

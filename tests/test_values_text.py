@@ -13,12 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from apis import use_api
 from factories import outbound, outbound_snapshot, prepare, snapshot
 from sqlalchemy import Engine
 
 from hostedrooms import peers, rooms
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.ledger import DeliveryLedger
+
+_api = use_api("peers", "rooms", "DeliveryLedger")  # the tests on a database run on both APIs
 
 GATEWAY = "install:gw-a"
 GRANT = "GRANT-SECRET-0123456789"

@@ -21,6 +21,7 @@ from ..errors import StorageError
 from ..files import ensure_private_directory
 from ..limits import Limits
 from ..uow import UnitOfWork
+from ..wakeup import LEDGER_WORK_CHANNEL, Wakeup
 from .claims import _integer
 from .guard import FileIdentity, prepare_ledger_file, secure_ledger_file
 from .rows import D
@@ -88,6 +89,17 @@ class LedgerBase:
         self._check_file()
         with UnitOfWork(self.engine, write=False) as uow:
             return work(uow)
+
+    def _wake(self, uow: UnitOfWork, work: str) -> None:
+        """Wake the ledger's waiters (:meth:`work_wakeup`) when this transaction commits: ``work`` became due."""
+        uow.dialect.notify(uow.connection, LEDGER_WORK_CHANNEL, work)
+
+    def work_wakeup(self, *, poll_interval: float | None = None) -> Wakeup:
+        """A context manager whose ``wait(timeout)`` returns once a ledger transition made work due (a delivery
+        authorised or queued, a response or outbound intent prepared), or ``timeout`` passed; retries that
+        become due later are the caller's to time. Enter it before reading the queues, so no wake-up is missed
+        between the read and the wait (see :mod:`hostedrooms.wakeup`)."""
+        return Wakeup(self.engine, LEDGER_WORK_CHANNEL, poll_interval=poll_interval)
 
     def _require_crash_safe(self) -> None:
         def check(uow: UnitOfWork) -> bool:

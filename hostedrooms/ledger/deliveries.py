@@ -138,8 +138,11 @@ class Deliveries(Retrying):
         key = _key(envelope_id, "envelope_id")
         return self._read(lambda uow: _public_delivery(_delivery(uow, key)))
 
-    def _transition(self, envelope_id: Any, *, expected: Iterable[str], **values: Any) -> DeliveryRecord | None:
-        """Guarded state change: the row if it was in ``expected`` (and now changed), else None."""
+    def _transition(
+        self, envelope_id: Any, *, expected: Iterable[str], wake: str | None = None, **values: Any
+    ) -> DeliveryRecord | None:
+        """Guarded state change: the row if it was in ``expected`` (and now changed), else None. ``wake``: the
+        work a change makes due (waiters on the ledger's wake-up channel are woken on commit)."""
         key = _key(envelope_id, "envelope_id")
         timestamp = self._now()
 
@@ -148,13 +151,16 @@ class Deliveries(Retrying):
 
         def work(uow: UnitOfWork) -> DeliveryRecord | None:
             statement = uow.dialect.statement(("ledger.transition", *shape), _transition_statement(*shape))
-            return _public_delivery(uow.execute(statement, params).mappings().first())
+            row = _public_delivery(uow.execute(statement, params).mappings().first())
+            if row is not None and wake is not None:
+                self._wake(uow, wake)
+            return row
 
         return self._write(work)
 
     def authorize(self, envelope_id: str) -> DeliveryRecord | None:
         """``prepared``/``authorized`` -> ``authorized`` (the remote receipt was accepted); else None."""
-        return self._transition(envelope_id, expected=("prepared", "authorized"), state="authorized")
+        return self._transition(envelope_id, expected=("prepared", "authorized"), state="authorized", wake="delivery")
 
     def fail_ownerless_authorized(self, envelope_id: str, *, error: str) -> DeliveryRecord | None:
         """Fail only an ``authorized`` delivery that has no queued/run owner; return the current row."""
@@ -183,6 +189,8 @@ class Deliveries(Retrying):
                 row = uow.execute(_BIND_AUTHORIZED, {
                     "key": key, "set_state": "running" if run is not None else "queued", "set_queued_id": queued,
                     "set_run_id": run, "set_updated_at": timestamp}).mappings().first()
+                if run is None:
+                    self._wake(uow, "delivery")  # a newly queued delivery
             elif state == "queued":
                 if owner != (queued, None):  # another queue entry, or a run is already bound
                     return None

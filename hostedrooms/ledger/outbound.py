@@ -93,6 +93,7 @@ class OutboundIntents(Retrying):
                 return known(row)
             public = _public_outbound(inserted)
             assert public is not None
+            self._wake(uow, "outbound")
             return public, True
 
         return self._write(work)

@@ -73,6 +73,8 @@ class ResponseIntents(Retrying):
             changed = _returned(uow, _PREPARE, {
                 "key": key, "request": request_id, "digest": digest, "body": body,
                 "request_response": int(request_response), "now": timestamp})
+            if changed is not None:
+                self._wake(uow, "response")
             return _public_delivery(row if changed is None else changed)
 
         return self._write(work)

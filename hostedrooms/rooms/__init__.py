@@ -10,14 +10,16 @@ operators can lower them, and the compat facade passes its own module so lowerin
 
 The package, by concern: :mod:`.rules` (validation, :class:`PreparedEvent`), :mod:`.rows` (row mappers, replay
 page checks), :mod:`.transaction` (:class:`RoomTransaction`, :func:`run_room_write`, and the concurrency
-argument), :mod:`.events` (append, read) and :mod:`.lifecycle` (create, rename, claim, disband, prune). Every
-statement they run is a method of the backend's :class:`hostedrooms.store.RoomStore`.
+argument), :mod:`.events` (append, read), :mod:`.lifecycle` (create, rename, claim, disband, prune) and
+:mod:`.follow` (the live log). Every statement they run is a method of the backend's
+:class:`hostedrooms.store.RoomStore`.
 """
 
 from __future__ import annotations
 
 from ..engines import EngineSource
 from .events import append_event, append_events, read_events, request_room_stop
+from .follow import follow
 from .lifecycle import (
     claim_authority,
     create_room,
@@ -70,6 +72,7 @@ __all__ = [
     "disband_room",
     "event_page_checker",
     "event_to_dict",
+    "follow",
     "list_rooms",
     "max_event_bytes",
     "payload_json",

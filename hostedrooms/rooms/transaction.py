@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from ..dialect import ROOM_EVENTS_CHANNEL
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
     AuthorityConflictError,
@@ -234,6 +235,7 @@ class RoomTransaction:
             raise error if error is not None else RuntimeError(_SEQUENCE_FENCE)
         rows = event_rows(room_id, first_seq, events, now)
         self.store.insert_events(connection, rows)
+        self.uow.dialect.notify(connection, ROOM_EVENTS_CHANNEL, room_id)  # followers wake when this commits
         return rows
 
     def append(

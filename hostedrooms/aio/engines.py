@@ -1,0 +1,315 @@
+"""AsyncEngines for hostedrooms, and how the synchronous services run for one (its :class:`Runner`).
+
+There is one implementation of every service: the synchronous one. An AsyncEngine gets a :class:`Runner` that
+runs it without blocking the event loop, in one of two ways (``create_async_engine(..., services=...)``):
+
+* ``"threads"`` (the default): each call runs whole in a worker thread, on a synchronous *twin* Engine of the
+  same database built by :func:`hostedrooms.create_engine` with the same options (a SQLite file: pysqlite; a
+  PostgreSQL URL: psycopg in its synchronous mode). One thread hop per call. The AsyncEngine itself (aiosqlite,
+  psycopg's async mode) serves the host's own code (:class:`~hostedrooms.aio.AsyncUnitOfWork`), wake-ups and
+  ``LISTEN``. The twin is disposed with the AsyncEngine (``await engine.dispose()``).
+* ``"awaited"``: each call runs inside SQLAlchemy's greenlet bridge (``greenlet_spawn``, what
+  ``AsyncConnection.run_sync`` and ``AsyncSession`` use) on the AsyncEngine's own ``sync_engine``, every driver
+  call awaited on the loop: no thread, any number of calls in flight, but every driver call costs a trip through
+  the loop (aiosqlite: a hop to its own thread and back for each; psycopg async: a loop iteration per round trip,
+  about twice the client CPU of the synchronous driver). Used where no twin can open the same database (an
+  in-memory SQLite database, a SQLite URI).
+
+Why threads by default: measured on a 2-core machine (README, "asyncio"), a single append ran at 0.8-0.9x the
+synchronous API in a thread and 0.5-0.7x awaited; 50 tasks appending on PostgreSQL reached about 1.6x the
+awaited throughput, with the loop answering a 1 ms ticker within a few ms instead of tens.
+
+Either way a call is cancellation-safe: a cancelled call leaves its transaction committed or rolled back,
+never half-written, and its connection back in the pool (see :meth:`Runner.run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+from sqlalchemy import URL, Engine, event
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import create_async_engine as _sa_create_async_engine
+from sqlalchemy.util import greenlet_spawn
+
+from ..db import (
+    DEFAULT_BUSY_TIMEOUT,
+    build_configured,
+    check_synchronous,
+    configure_adopted,
+    create_engine,
+    resolve_url,
+)
+from ..dialect import dialect_for_url
+from ..errors import HostedRoomError
+
+__all__ = ["AsyncTarget", "Runner", "create_async_engine", "require_async_engine", "runner_for", "sync_url"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+AsyncTarget = str | os.PathLike[str] | URL | AsyncEngine
+
+#: Worker threads per twin at most (calls beyond wait for one); the twin's pool holds as many connections.
+THREAD_WORKERS = 8
+SERVICES = ("threads", "awaited")
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    synchronous: str = "FULL"
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT
+    create: bool = True
+    services: str = "threads"
+
+
+#: What create_async_engine was told, per engine (adopted engines get the defaults).
+_options: weakref.WeakKeyDictionary[Engine, _Options] = weakref.WeakKeyDictionary()
+_runners: weakref.WeakKeyDictionary[Engine, Runner] = weakref.WeakKeyDictionary()
+
+
+def create_async_engine(
+    target: AsyncTarget,
+    *,
+    synchronous: str = "FULL",
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    create: bool = True,
+    services: str = "threads",
+    **engine_kwargs: Any,
+) -> AsyncEngine:
+    """:func:`hostedrooms.create_engine` for asyncio: an AsyncEngine configured for hostedrooms.
+
+    A path means a SQLite file through ``aiosqlite``, with the same WAL, ``synchronous`` (``FULL`` unless told),
+    ``BEGIN IMMEDIATE`` and busy-timeout behaviour as the synchronous engine; a ``postgresql://`` URL uses psycopg
+    3's async mode. An AsyncEngine is used as given (its synchronous side gets hostedrooms' connection hooks).
+    Bad targets raise :class:`~hostedrooms.errors.HostedRoomError` as ``create_engine`` does. ``services``: how
+    hostedrooms' calls run for this engine, ``"threads"`` or ``"awaited"`` (see :mod:`hostedrooms.aio.engines`).
+    """
+    check_synchronous(synchronous)
+    if services not in SERVICES:
+        raise HostedRoomError(f"services must be one of {', '.join(SERVICES)}")
+    if isinstance(target, AsyncEngine):
+        configure_adopted(target.sync_engine, synchronous=synchronous, busy_timeout=busy_timeout)
+        _options[target.sync_engine] = _Options(synchronous, busy_timeout, True, services)
+        return target
+    if isinstance(target, Engine):
+        raise HostedRoomError(
+            "hostedrooms.aio needs an asyncio target (a path, a URL or an AsyncEngine), not a synchronous "
+            "Engine; give its URL instead")
+    url = resolve_url(target)
+    built = build_configured(dialect_for_url(url).async_url(url), _sa_create_async_engine, synchronous=synchronous,
+                             busy_timeout=busy_timeout, create=create, **engine_kwargs)
+    _options[built.sync_engine] = _Options(synchronous, busy_timeout, create, services)
+    return built
+
+
+def require_async_engine(engine: object) -> AsyncEngine:
+    """``engine`` if it is an AsyncEngine; a HostedRoomError saying what to pass otherwise."""
+    if isinstance(engine, AsyncEngine):
+        return engine
+    raise HostedRoomError(
+        f"hostedrooms.aio needs a SQLAlchemy AsyncEngine, not {type(engine).__name__}; build one with "
+        "hostedrooms.aio.create_async_engine(target), or call the synchronous API with an Engine")
+
+
+def sync_url(engine: AsyncEngine) -> URL:
+    """The URL of ``engine``'s database with hostedrooms' synchronous driver."""
+    url = engine.url
+    return dialect_for_url(url).normalise_url(url.set(drivername=url.get_backend_name()))
+
+
+class Runner:
+    """How hostedrooms' synchronous code runs for one AsyncEngine: :meth:`run` it, given :attr:`engine`."""
+
+    @property
+    def engine(self) -> Engine:
+        """The synchronous Engine the services are given (the AsyncEngine's ``sync_engine``, or its twin)."""
+        raise NotImplementedError
+
+    async def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """``fn(*args, **kwargs)`` without blocking the loop. When the awaiting task is cancelled, the call
+        finishes what it started first (its unit of work commits or rolls back and checks its connection in), then
+        the cancellation propagates."""
+        raise NotImplementedError
+
+    def dispose(self) -> None:
+        """Release what the runner holds besides the AsyncEngine itself."""
+
+
+class _Awaited(Runner):
+    """The synchronous code on the AsyncEngine's own ``sync_engine``; each driver call awaited on the loop.
+
+    A cancellation arrives inside the call at the driver call it was waiting for (as a CancelledError raised
+    there): the unit of work rolls back and closes its connection, each an awaited driver call too, then the
+    CancelledError leaves the call."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        # Weak: the runners are values of a weak mapping keyed by this very engine.
+        self._engine = weakref.ref(engine.sync_engine)
+
+    @property
+    def engine(self) -> Engine:
+        engine = self._engine()
+        if engine is None:  # pragma: no cover - a runner is looked up through its live engine
+            raise RuntimeError("the AsyncEngine of this runner is gone")
+        return engine
+
+    async def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = await greenlet_spawn(functools.partial(fn, *args, **kwargs))
+        return result
+
+
+class _Threaded(Runner):
+    """The synchronous code in a worker thread, on a synchronous twin Engine of the same SQLite file.
+
+    One hop per call, kept short: the call goes on a queue that worker threads (started on demand, at most
+    :data:`THREAD_WORKERS`) take from, and its outcome comes back on a future of the loop
+    (``call_soon_threadsafe``); ``run_in_executor`` with the ``shield`` a cancellation-safe wait needs costs
+    about twice as much per call. Workers are daemon threads: a call still running when the interpreter exits is
+    abandoned, and SQLite rolls its transaction back when the file is next opened.
+    """
+
+    def __init__(self, twin: Engine) -> None:
+        self._twin = twin
+        self._workers = _Workers()
+
+    @property
+    def engine(self) -> Engine:
+        return self._twin
+
+    async def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        call = _Call(asyncio.get_running_loop(), functools.partial(fn, *args, **kwargs))
+        self._workers.submit(call)
+        try:
+            result: R = await call.future
+            return result
+        except asyncio.CancelledError:
+            if not call.skip():  # already running: let it end (commit or roll back) before giving up
+                await call.settle()
+            raise
+
+    def dispose(self) -> None:
+        # Workers busy with a call finish it (and what was queued before), then stop; later calls get new ones.
+        workers, self._workers = self._workers, _Workers()
+        workers.stop()
+        self._twin.dispose()
+
+
+class _Workers:
+    """Up to :data:`THREAD_WORKERS` daemon threads taking calls from one queue, started when none is idle."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._started = self._idle = 0
+
+    def submit(self, call: _Call) -> None:
+        with self._lock:
+            start = self._idle == 0 and self._started < THREAD_WORKERS
+            if start:
+                self._started += 1
+            elif self._idle:
+                self._idle -= 1
+        if start:
+            threading.Thread(target=self._work, name="hostedrooms-aio", daemon=True).start()
+        self._queue.put(call)
+
+    def _work(self) -> None:
+        while (call := self._queue.get()) is not None:
+            call.perform()
+            with self._lock:
+                self._idle += 1
+
+    def stop(self) -> None:
+        with self._lock:
+            started = self._started
+        for _ in range(started):
+            self._queue.put(None)
+
+
+class _Call:
+    """One call handed to a worker thread, and how its outcome reaches the loop."""
+
+    __slots__ = ("_done", "_fn", "_lock", "_loop", "_settled", "_started", "future")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], Any]) -> None:
+        self._loop, self._fn = loop, fn
+        self.future: asyncio.Future[Any] = loop.create_future()
+        self._lock = threading.Lock()
+        self._started = self._done = False
+        self._settled: asyncio.Future[None] | None = None
+
+    def skip(self) -> bool:
+        """Cancel the call if no worker has started it; whether it will not run."""
+        with self._lock:
+            if self._started:
+                return False
+            self._started = True  # a worker that takes it now finds it taken
+            return True
+
+    def perform(self) -> None:
+        """On a worker thread: run the call unless it was skipped, then report to the loop."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        try:
+            outcome: tuple[bool, Any] = (True, self._fn())
+        except BaseException as exc:  # handed to the awaiting task
+            outcome = (False, exc)
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits the outcome any more
+            self._loop.call_soon_threadsafe(self._report, outcome)
+
+    def _report(self, outcome: tuple[bool, Any]) -> None:
+        """On the loop: the outcome, to the awaiting task (unless it was cancelled) and to :meth:`settle`."""
+        self._done = True
+        ok, value = outcome
+        if not self.future.done():
+            if ok:
+                self.future.set_result(value)
+            else:
+                self.future.set_exception(value)
+        if self._settled is not None and not self._settled.done():
+            self._settled.set_result(None)
+
+    async def settle(self) -> None:
+        """Wait until the started call has ended, whatever further cancellations arrive."""
+        if self._done:
+            return
+        settled = self._settled = self._loop.create_future()
+        while not settled.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(settled)
+
+
+async def runner_for(engine: object) -> Runner:
+    """The :class:`Runner` of an AsyncEngine (built on first use; an adopted engine gets hostedrooms' hooks)."""
+    async_engine = require_async_engine(engine)
+    sync_engine = async_engine.sync_engine
+    runner = _runners.get(sync_engine)
+    if runner is not None:
+        return runner
+    options = _options.get(sync_engine, _Options())
+    if configure_adopted(sync_engine, synchronous=options.synchronous, busy_timeout=options.busy_timeout):
+        await async_engine.dispose()  # pooled connections predate the hooks
+    twin_target = dialect_for_url(async_engine.url).twin_target(async_engine.url)
+    if options.services == "awaited" or twin_target is None:
+        return _runners.setdefault(sync_engine, _Awaited(async_engine))
+    threaded = _Threaded(create_engine(
+        twin_target, synchronous=options.synchronous, busy_timeout=options.busy_timeout, create=options.create,
+        pool_size=THREAD_WORKERS, max_overflow=THREAD_WORKERS))  # the overflow: wake-ups, callers' own threads
+    runner = _runners.setdefault(sync_engine, threaded)
+    if runner is threaded:
+        event.listen(sync_engine, "engine_disposed", lambda _engine: threaded.dispose())
+    else:  # another task built one first, while this one awaited the dispose above
+        threaded.dispose()
+    return runner

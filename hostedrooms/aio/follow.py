@@ -1,0 +1,52 @@
+"""``follow()`` for asyncio: :func:`hostedrooms.rooms.follow`'s loop, awaited (the same cursor, checks and
+guarantees; see :mod:`hostedrooms.rooms.follow`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .. import rooms as _rooms
+from ..limits import Limits
+from ..rooms.follow import FollowCursor
+from ..wakeup import FALLBACK_INTERVAL
+from .derive import service
+from .engines import require_async_engine
+from .wakeup import room_wakeup
+
+__all__ = ["follow"]
+
+_read_events = service(_rooms.read_events)
+_room_state = service(_rooms.room_state)
+
+
+def follow(
+    engine: AsyncEngine, room_id: Any, since_seq: Any = 0, *, limit: Any = 100, poll_interval: float | None = None,
+    fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
+) -> AsyncGenerator[dict[str, Any], None]:
+    """``async for event in follow(engine, room_id, since_seq)``: each event after ``since_seq``, in seq order,
+    as it commits; ends after ``room.disbanded``. Arguments are checked here, before anything is opened; close the
+    iterator (``contextlib.aclosing``) or cancel its task to give its connection back."""
+    cursor = FollowCursor.start(room_id, since_seq, limit, limits)
+    return _follow(require_async_engine(engine), cursor, poll_interval, fallback_interval, limits)
+
+
+async def _follow(
+    engine: AsyncEngine, cursor: FollowCursor, poll_interval: float | None, fallback_interval: float,
+    limits: Limits | None,
+) -> AsyncGenerator[dict[str, Any], None]:
+    async with room_wakeup(engine, cursor.room_id, poll_interval=poll_interval) as wakeup:
+        if cursor.since and cursor.ended_before(
+                await _room_state(engine, room_id=cursor.room_id, include_disbanded=True, limits=limits)):
+            return
+        while True:
+            events, more = cursor.take(await _read_events(engine, **cursor.read_arguments(limits)))
+            for event in events:
+                yield event
+                cursor.advance(event)
+            if cursor.done:
+                return
+            if not more:
+                await wakeup.wait(fallback_interval)

@@ -1,0 +1,106 @@
+"""Following a room's log live: :func:`follow` yields each event once, in seq order, as it commits.
+
+Why a follower never skips or repeats a seq: it reads with :func:`~hostedrooms.rooms.read_events` from the last
+seq it yielded, and a page holds exactly the events ``since < seq <= latest_seq`` where ``latest_seq`` comes from
+the room row read first. Every write that adds events to a room advances that row in the same transaction, under
+the room row's lock (SQLite: the database write lock), so a room's events commit in seq order: a writer that
+allocated seq ``n + 1`` waited for the one holding ``n`` to commit or roll back. A row that shows ``latest_seq``
+therefore means every seq up to it is committed and readable; nothing below it can commit later.
+
+It waits between pages with a :class:`~hostedrooms.wakeup.Wakeup` entered before the first read (so a commit
+between a read and the wait still wakes it): ``NOTIFY`` on PostgreSQL with a re-read every
+``fallback_interval`` seconds anyway, ``PRAGMA data_version`` polled every ``poll_interval`` seconds on SQLite.
+It ends after yielding ``room.disbanded`` (nothing follows it), and raises what ``read_events`` raises:
+RoomHistoryExpiredError when the room was purged under it, RoomNotFoundError for an unknown room, HostedRoomError
+for a ``since_seq`` ahead of the log. It holds one page of events at a time, and two connections while reading
+(the wake-up's and the read's). Close it (``with contextlib.closing(follow(...))``, or let the generator go) to
+give the wake-up connection back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..engines import EngineSource, resolve_engine
+from ..limits import Limits, in_force
+from ..wakeup import FALLBACK_INTERVAL, ROOM_EVENTS_CHANNEL, Wakeup
+from .events import read_events
+from .lifecycle import room_state
+from .rules import _bounded_limit, _non_negative, _room_id
+
+__all__ = ["FollowCursor", "follow"]
+
+#: The event that ends a room's log.
+DISBANDED = "room.disbanded"
+
+
+@dataclass
+class FollowCursor:
+    """The state of one follower, shared by the synchronous and the asyncio :func:`follow`: where it is, and
+    whether the log has ended. Validates the arguments as ``read_events`` does, before anything is opened."""
+
+    room_id: str
+    since: int
+    limit: int
+    done: bool = False
+
+    @classmethod
+    def start(cls, room_id: Any, since_seq: Any, limit: Any, limits: Limits | None) -> FollowCursor:
+        lim = in_force(limits)
+        return cls(_room_id(room_id, lim), _non_negative(since_seq, "since_seq"),
+                   _bounded_limit(limit, lim.MAX_LOG_LIMIT))
+
+    def read_arguments(self, limits: Limits | None) -> dict[str, Any]:
+        """The keyword arguments of the next ``read_events`` call."""
+        return {"room_id": self.room_id, "since_seq": self.since, "limit": self.limit, "include_disbanded": True,
+                "limits": limits}
+
+    def ended_before(self, state: Mapping[str, Any]) -> bool:
+        """Whether a room (``room_state`` with ``include_disbanded``) was disbanded at or before the cursor: a
+        follower resuming after ``room.disbanded`` has nothing left to wait for."""
+        if state.get("disbanded_at") is not None and int(state["latest_seq"]) <= self.since:
+            self.done = True
+        return self.done
+
+    def take(self, page: Mapping[str, Any]) -> tuple[Sequence[dict[str, Any]], bool]:
+        """The events of ``page`` to yield, and whether more are already committed (read again at once)."""
+        events: list[dict[str, Any]] = page["events"]
+        for index, event in enumerate(events):
+            if event["kind"] == DISBANDED:
+                self.done = True
+                return events[: index + 1], False
+        return events, bool(page["has_more"])
+
+    def advance(self, event: Mapping[str, Any]) -> None:
+        """The event was yielded: the next read starts after it."""
+        self.since = int(event["seq"])
+
+
+def follow(
+    engine: EngineSource, room_id: Any, since_seq: Any = 0, *, limit: Any = 100, poll_interval: float | None = None,
+    fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
+) -> Generator[dict[str, Any], None, None]:
+    """Yield each event of ``room_id`` after ``since_seq``, in seq order, as it commits (see the module
+    docstring); the dicts are ``read_events``' events. Ends after ``room.disbanded``."""
+    cursor = FollowCursor.start(room_id, since_seq, limit, limits)
+    return _follow(resolve_engine(engine), cursor, poll_interval, fallback_interval, limits)
+
+
+def _follow(
+    engine: Any, cursor: FollowCursor, poll_interval: float | None, fallback_interval: float, limits: Limits | None
+) -> Generator[dict[str, Any], None, None]:
+    with Wakeup(engine, ROOM_EVENTS_CHANNEL, key=cursor.room_id, poll_interval=poll_interval) as wakeup:
+        if cursor.since and cursor.ended_before(
+                room_state(engine, room_id=cursor.room_id, include_disbanded=True, limits=limits)):
+            return
+        while True:
+            events, more = cursor.take(read_events(engine, **cursor.read_arguments(limits)))
+            for event in events:
+                yield event
+                cursor.advance(event)
+            if cursor.done:
+                return
+            if not more:
+                wakeup.wait(fallback_interval)
