@@ -418,6 +418,50 @@ def _add_alembic_ini(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--force", action="store_true", help="replace an existing file")
 
 
+def _add_log(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("room")
+    sub.add_argument("--since", type=int, default=0, help="print events after this seq")
+    sub.add_argument("--limit", type=_positive, default=500, help="events per read")
+    sub.add_argument("--follow", action="store_true",
+                     help="print new events as they commit, until the room is disbanded")
+    sub.add_argument("--interval", type=float, default=0.25,
+                     help="with --follow on SQLite: how often to look for commits (seconds; PostgreSQL is woken "
+                          "by NOTIFY)")
+    sub.add_argument("--json", action="store_true", help="JSON lines instead of text")
+
+
+def _add_replicate(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--from", dest="source", required=True,
+                     help="the authority: its database (path or URL) or its page endpoint (http(s)://...)")
+    sub.add_argument("--to", dest="target", default=default_url(),
+                     help=f"this gateway's database (default: ${DATABASE_URL_ENV} or ./{DEFAULT_DATABASE})")
+    sub.add_argument("--follow", action="store_true", help="keep replicating until interrupted")
+    sub.add_argument("--interval", type=float, default=1.0,
+                     help="with --follow: seconds between passes at most (default 1)")
+    sub.add_argument("--poll", type=float,
+                     help="with --follow: seconds between checks for new commits on the source, which "
+                     "start a pass at once (default 0.01 for a database, 0.5 for an http(s) endpoint; "
+                     "0: passes at --interval only)")
+    sub.add_argument("--max-pages", type=_positive, default=16,
+                     help="with --follow: pages read from one room per pass (default 16)")
+    sub.add_argument("--workers", type=_positive, default=1,
+                     help="rooms replicated at once (default 1; more helps where the stores take concurrent "
+                     "work, such as PostgreSQL on a machine with cores to spare)")
+    sub.add_argument("--gateway", help="this gateway's id, to demote rooms the source shows a newer "
+                     "lineage of (default: install:$HOSTEDROOMS_INSTALL_ID)")
+
+
+def _add_failover(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--from-gateway", required=True, help="the silent authority's gateway id (install:...)")
+    sub.add_argument("--to", dest="target", default=default_url(),
+                     help=f"this gateway's database (default: ${DATABASE_URL_ENV} or ./{DEFAULT_DATABASE})")
+    sub.add_argument("--dry-run", action="store_true", help="report what would be promoted; write nothing")
+    sub.add_argument("--gateway", help="this gateway's id (default: install:$HOSTEDROOMS_INSTALL_ID)")
+    sub.add_argument("--catch-up-from", metavar="SOURCE",
+                     help="replicate from the authority's database or endpoint first (when still readable)")
+    sub.add_argument("--reason", default="authority-unreachable", help="recorded in each claim event")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hostedrooms", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -436,51 +480,17 @@ def build_parser() -> argparse.ArgumentParser:
     command("current", cmd_current, "print the schema revision")
     command("check", cmd_check, "exit 0 when the schema is at head, 1 otherwise")
     command("rooms", cmd_rooms, "list rooms")
-    log = command("log", cmd_log, "print a room's events")
-    log.add_argument("room")
-    log.add_argument("--since", type=int, default=0, help="print events after this seq")
-    log.add_argument("--limit", type=_positive, default=500, help="events per read")
-    log.add_argument("--follow", action="store_true",
-                     help="print new events as they commit, until the room is disbanded")
-    log.add_argument("--interval", type=float, default=0.25,
-                     help="with --follow on SQLite: how often to look for commits (seconds; PostgreSQL is woken "
-                          "by NOTIFY)")
-    log.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    _add_log(command("log", cmd_log, "print a room's events"))
     command("replicas", cmd_replicas, "list replicas")
     command("deliveries", cmd_deliveries, "list secure-peer deliveries").add_argument(
         "--state", choices=("prepared", "authorized", "queued", "running", "completed", "failed"))
     command("verify", cmd_verify, "check every store invariant; exit 1 on violations")
     _add_alembic_ini(command("alembic-ini", cmd_alembic_ini, "write an alembic.ini for the installed package",
                              url=False))
-    replicate = command("replicate", cmd_replicate, "keep replicas of every room of another gateway caught up",
-                        url=False)
-    replicate.add_argument("--from", dest="source", required=True,
-                           help="the authority: its database (path or URL) or its page endpoint (http(s)://...)")
-    replicate.add_argument("--to", dest="target", default=default_url(),
-                           help=f"this gateway's database (default: ${DATABASE_URL_ENV} or ./{DEFAULT_DATABASE})")
-    replicate.add_argument("--follow", action="store_true", help="keep replicating until interrupted")
-    replicate.add_argument("--interval", type=float, default=1.0,
-                           help="with --follow: seconds between passes at most (default 1)")
-    replicate.add_argument("--poll", type=float,
-                           help="with --follow: seconds between checks for new commits on the source, which "
-                                "start a pass at once (default 0.01 for a database, 0.5 for an http(s) endpoint; "
-                                "0: passes at --interval only)")
-    replicate.add_argument("--max-pages", type=_positive, default=16,
-                           help="with --follow: pages read from one room per pass (default 16)")
-    replicate.add_argument("--workers", type=_positive, default=1,
-                           help="rooms replicated at once (default 1; more helps where the stores take concurrent "
-                                "work, such as PostgreSQL on a machine with cores to spare)")
-    replicate.add_argument("--gateway", help="this gateway's id, to demote rooms the source shows a newer "
-                                             "lineage of (default: install:$HOSTEDROOMS_INSTALL_ID)")
-    fail = command("failover", cmd_failover, "promote every caught-up replica of a silent authority", url=False)
-    fail.add_argument("--from-gateway", required=True, help="the silent authority's gateway id (install:...)")
-    fail.add_argument("--to", dest="target", default=default_url(),
-                      help=f"this gateway's database (default: ${DATABASE_URL_ENV} or ./{DEFAULT_DATABASE})")
-    fail.add_argument("--dry-run", action="store_true", help="report what would be promoted; write nothing")
-    fail.add_argument("--gateway", help="this gateway's id (default: install:$HOSTEDROOMS_INSTALL_ID)")
-    fail.add_argument("--catch-up-from", metavar="SOURCE",
-                      help="replicate from the authority's database or endpoint first (when still readable)")
-    fail.add_argument("--reason", default="authority-unreachable", help="recorded in each claim event")
+    _add_replicate(command("replicate", cmd_replicate,
+                           "keep replicas of every room of another gateway caught up", url=False))
+    _add_failover(command("failover", cmd_failover, "promote every caught-up replica of a silent authority",
+                          url=False))
     demo = command("demo", cmd_demo, "run the failover story on two gateways' databases", url=False)
     demo.add_argument("--dir", help="folder for the two SQLite files (default: a temporary folder)")
     demo.add_argument("--url-a", help="gateway A's database URL (instead of a SQLite file)")

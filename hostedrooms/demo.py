@@ -100,7 +100,18 @@ def _side_by_side(story: Story) -> None:
 
 
 def _run(story: Story) -> int:
-    a, b = story.a, story.b
+    _act_conversation(story)
+    _act_replica(story)
+    _act_promotion(story)
+    if not _act_return(story) or _run_automatic(story) != 0:
+        return 1
+    story.say(f"Room {ROOM!r}: both logs, side by side (e<epoch> kind detail):")
+    _side_by_side(story)
+    return _act_verify(story)
+
+
+def _act_conversation(story: Story) -> None:
+    a = story.a
     story.say(f"Gateway A creates room {ROOM!r} and the conversation starts.")
     rooms.create_room(a, room_id=ROOM, name="Daily stand-up", members=MEMBERS, authority_gateway_id=GATEWAY_A,
                       now=story.tick())
@@ -109,6 +120,9 @@ def _run(story: Story) -> int:
         story.message(a, GATEWAY_A, 1, user, text)
     story.authority(a, "A")
 
+
+def _act_replica(story: Story) -> None:
+    a, b = story.a, story.b
     story.say("Gateway B ingests A's log into its replica, two events per page (and one page twice).")
     since, pages = 0, []
     while True:
@@ -126,6 +140,9 @@ def _run(story: Story) -> int:
                f"authority {state['authority']['gateway_id']} at epoch {state['authority']['epoch']}, "
                f"caught up: {result['caught_up']}")
 
+
+def _act_promotion(story: Story) -> None:
+    b = story.b
     story.say("Gateway A goes silent. B promotes its caught-up replica at epoch 2 and carries on.")
     promoted = replicas.promote_replica(b, room_id=ROOM, reason="authority-unreachable", now=story.tick(),
                                         local_gateway_id=GATEWAY_B)
@@ -135,6 +152,10 @@ def _run(story: Story) -> int:
     story.message(b, GATEWAY_B, 2, "alice", "seamless, nothing lost")
     story.authority(b, "B")
 
+
+def _act_return(story: Story) -> bool:
+    """A returns, demotes itself and has a stale write refused; False when the fence failed."""
+    a, b = story.a, story.b
     story.say("Gateway A comes back, reads B's log, observes the newer lineage and demotes itself.")
     observed = rooms.read_events(b, room_id=ROOM, since_seq=0, limit=1)["authority"]
     story.note(f"observed authority: {observed['gateway_id']} at epoch {observed['epoch']}")
@@ -149,17 +170,14 @@ def _run(story: Story) -> int:
         story.note(f"refused: {type(exc).__name__}: {exc}")
     else:
         story.note("NOT refused: the fence failed")
-        return 1
+        return False
+    return True
 
-    if _run_automatic(story) != 0:
-        return 1
 
-    story.say(f"Room {ROOM!r}: both logs, side by side (e<epoch> kind detail):")
-    _side_by_side(story)
-
+def _act_verify(story: Story) -> int:
     story.say("verify on both databases:")
     problems = 0
-    for label, engine in (("A", a), ("B", b)):
+    for label, engine in (("A", story.a), ("B", story.b)):
         found = verify(engine)
         problems += len(found)
         story.note(f"{label}: {'clean' if not found else '; '.join(map(str, found))}")
