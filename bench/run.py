@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -596,16 +597,17 @@ def follow_latency(setup: Setup) -> Result:
     engine.dispose()
     n = setup.count(300, 40)
     committed: dict[int, float] = {}
-    latencies: list[float] = []
+    received: dict[int, float] = {}
 
     async def main() -> float:
         async_engine = aio.create_async_engine(target, synchronous=setup.synchronous)
 
         async def follower() -> None:
+            # The follower may get an event before the appender's await returns (the commit ran in a worker
+            # thread and NOTIFY woke the follower first): such a wake-up counts as zero latency, below.
             async for event in aio.rooms.follow(async_engine, "r", 0):
-                received = time.perf_counter()
-                latencies.append(received - committed[event["seq"]])
-                if len(latencies) == n:
+                received[event["seq"]] = time.perf_counter()
+                if len(received) == n:
                     return
 
         following = asyncio.create_task(follower())
@@ -623,6 +625,7 @@ def follow_latency(setup: Setup) -> Result:
         return seconds
 
     seconds = asyncio.run(main())
+    latencies = [max(0.0, received[seq] - committed[seq]) for seq in sorted(committed)]
     how = "LISTEN/NOTIFY" if setup.url else f"polling every {DEFAULT_POLL_INTERVAL * 1000:.0f} ms"
     return Result("follow() wake-up: append's commit returned -> follower has the event", 1, n, seconds, latencies,
                   note=f"{how}; latency columns are the wake-up's")
@@ -674,7 +677,14 @@ def run(name: str, setup: Setup) -> Result:
     queue = context.Queue()
     process = context.Process(target=_child, args=(name, setup, queue))
     process.start()
-    result: Result = queue.get()
+    while True:  # a workload whose process dies (an exception in it) ends the run instead of hanging it
+        try:
+            result: Result = queue.get(timeout=1.0)
+            break
+        except Empty:
+            if not process.is_alive():
+                failed = f"workload {name} failed (exit code {process.exitcode}); see its traceback above"
+                raise SystemExit(failed) from None
     process.join()
     return result
 
