@@ -30,6 +30,7 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 
 from .. import rooms
 from ..db import create_engine
+from ..dialect import dialect_for
 from ..errors import HostedRoomError, describe_target
 from ..limits import Limits
 from .heads import LISTING_PAGE, RoomHead, room_counters, room_heads
@@ -146,7 +147,8 @@ class EnginePageSource:
         return cast("dict[str, Any]", page)  # an EventPage; the protocol's pages are untrusted (checked again)
 
     def change_token(self) -> Hashable | None:
-        if self.engine.dialect.name != "sqlite":
+        dialect = dialect_for(self.engine)
+        if dialect.notifies:  # no commit counter to poll (PostgreSQL): sums over the rooms table instead
             try:
                 return room_counters(self.engine)
             except HostedRoomError:
@@ -158,13 +160,7 @@ class EnginePageSource:
                     # and only inside a unit of work): no transaction is held open between probes, so the WAL
                     # can checkpoint and the value reflects the latest commit.
                     self._probe = self.engine.raw_connection()
-                cursor = self._probe.cursor()
-                try:
-                    cursor.execute("PRAGMA data_version")
-                    row = cursor.fetchone()
-                finally:
-                    cursor.close()
-                return ("data_version", int(row[0]) if row else 0)
+                return ("data_version", dialect.change_counter(self._probe))
             except Exception:  # a hint only: the next pass reports the real (translated) error
                 self._drop_probe()
                 return ("unavailable", next(_fresh))
