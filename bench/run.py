@@ -15,6 +15,7 @@ figures on shared machines are noisy: quote the ratios, measured in one run, wit
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -553,34 +554,6 @@ def _tasks(setup: Setup, tasks: int, how: str) -> Result:
                   seconds, latencies, note=self_note[0])
 
 
-def aio_tasks_1(setup: Setup) -> Result:
-    return _tasks(setup, 1, "aio")
-
-
-def aio_tasks_50(setup: Setup) -> Result:
-    return _tasks(setup, 50, "aio")
-
-
-def aio_awaited_tasks_1(setup: Setup) -> Result:
-    return _tasks(setup, 1, "aio-awaited")
-
-
-def aio_awaited_tasks_50(setup: Setup) -> Result:
-    return _tasks(setup, 50, "aio-awaited")
-
-
-def to_thread_tasks_1(setup: Setup) -> Result:
-    return _tasks(setup, 1, "to_thread")
-
-
-def to_thread_tasks_50(setup: Setup) -> Result:
-    return _tasks(setup, 50, "to_thread")
-
-
-def sync_on_loop_tasks_50(setup: Setup) -> Result:
-    return _tasks(setup, 50, "sync-on-loop")
-
-
 def follow_latency(setup: Setup) -> Result:
     """From an append's commit returning (to its caller) to a follower receiving the event: one appender task
     and one ``hostedrooms.aio.rooms.follow`` task on the same loop, an append every 20 ms (the follower waits
@@ -654,13 +627,13 @@ POSTGRES_WORKLOADS: dict[str, Callable[[Setup], Result]] = {
     "writers-4-one-room": writers_4_one_room,
     "raw-writers-1": raw_writers_1,
     "raw-writers-8": raw_writers_8,
-    "aio-tasks-1": aio_tasks_1,
-    "aio-tasks-50": aio_tasks_50,
-    "aio-awaited-tasks-1": aio_awaited_tasks_1,
-    "aio-awaited-tasks-50": aio_awaited_tasks_50,
-    "to-thread-tasks-1": to_thread_tasks_1,
-    "to-thread-tasks-50": to_thread_tasks_50,
-    "sync-on-loop-tasks-50": sync_on_loop_tasks_50,
+    "aio-tasks-1": functools.partial(_tasks, tasks=1, how="aio"),
+    "aio-tasks-50": functools.partial(_tasks, tasks=50, how="aio"),
+    "aio-awaited-tasks-1": functools.partial(_tasks, tasks=1, how="aio-awaited"),
+    "aio-awaited-tasks-50": functools.partial(_tasks, tasks=50, how="aio-awaited"),
+    "to-thread-tasks-1": functools.partial(_tasks, tasks=1, how="to_thread"),
+    "to-thread-tasks-50": functools.partial(_tasks, tasks=50, how="to_thread"),
+    "sync-on-loop-tasks-50": functools.partial(_tasks, tasks=50, how="sync-on-loop"),
 }
 
 

@@ -104,18 +104,21 @@ def cmd_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def cmd_current(args: argparse.Namespace, out: TextIO) -> int:
+def _revisions(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The database's current revision (None before the first migration) and the head revision."""
     with _engine(args) as engine:
         revision = migrate.current_revision(engine)
-    head = migrate.head_revision()
+    return revision, migrate.head_revision()
+
+
+def cmd_current(args: argparse.Namespace, out: TextIO) -> int:
+    revision, head = _revisions(args)
     out.write(f"{revision or '(none)'}{' (head)' if revision == head else ''}\n")
     return EXIT_OK
 
 
 def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
-    with _engine(args) as engine:
-        revision = migrate.current_revision(engine)
-    head = migrate.head_revision()
+    revision, head = _revisions(args)
     if revision == head:
         out.write(f"schema at head ({head})\n")
         return EXIT_OK

@@ -45,8 +45,24 @@ Seconds: TypeEngine[float] = Double().with_variant(sqlite.REAL(), "sqlite")
 Int64: TypeEngine[int] = BigInteger().with_variant(Integer(), "sqlite")
 
 
+def _at_least(**minimums: int) -> tuple[CheckConstraint, ...]:
+    # ``column >= minimum`` checks in keyword order, named ``<column>_positive`` (minimum 1) or
+    # ``<column>_non_negative`` (minimum 0).
+    return tuple(
+        CheckConstraint(f"{column} >= {minimum}", name=f"{column}_{'positive' if minimum else 'non_negative'}")
+        for column, minimum in minimums.items())
+
+
+def _unique_when_set(name: str, column: str) -> Index:
+    # A partial unique index over the rows where ``column`` is set, on both backends.
+    where = text(f"{column} IS NOT NULL")
+    return Index(name, column, unique=True, sqlite_where=where, postgresql_where=where)
+
+
 class Base(DeclarativeBase):
     metadata = metadata
+    # Each Python type has one column type: a ``Mapped[...]`` annotation alone declares the column.
+    type_annotation_map = {str: Text, int: Int64, float: Seconds}
 
 
 # --- rooms and the event log -------------------------------------------------------------------------
@@ -58,26 +74,36 @@ class Room(Base):
     __tablename__ = "hosted_rooms"
     __table_args__ = (
         PrimaryKeyConstraint("room_id"),
-        CheckConstraint("authority_epoch >= 1", name="authority_epoch_positive"),
-        CheckConstraint("next_seq >= 1", name="next_seq_positive"),
-        CheckConstraint("event_bytes >= 0", name="event_bytes_non_negative"),
-        CheckConstraint("revision >= 1", name="revision_positive"),
+        *_at_least(authority_epoch=1, next_seq=1, event_bytes=0, revision=1),
     )
 
-    room_id: Mapped[str] = mapped_column(Text)
-    name: Mapped[str] = mapped_column(Text)
-    members_json: Mapped[str] = mapped_column(Text)
-    authority_gateway_id: Mapped[str] = mapped_column(Text)
-    authority_epoch: Mapped[int] = mapped_column(Int64, server_default=text("1"))
-    next_seq: Mapped[int] = mapped_column(Int64, server_default=text("1"))
-    event_bytes: Mapped[int] = mapped_column(Int64, server_default=text("0"))
-    revision: Mapped[int] = mapped_column(Int64, server_default=text("1"))
-    created_at: Mapped[float] = mapped_column(Seconds)
-    updated_at: Mapped[float] = mapped_column(Seconds)
-    disbanded_at: Mapped[float | None] = mapped_column(Seconds)
+    room_id: Mapped[str]
+    name: Mapped[str]
+    members_json: Mapped[str]
+    authority_gateway_id: Mapped[str]
+    authority_epoch: Mapped[int] = mapped_column(server_default=text("1"))
+    next_seq: Mapped[int] = mapped_column(server_default=text("1"))
+    event_bytes: Mapped[int] = mapped_column(server_default=text("0"))
+    revision: Mapped[int] = mapped_column(server_default=text("1"))
+    created_at: Mapped[float]
+    updated_at: Mapped[float]
+    disbanded_at: Mapped[float | None]
 
 
-class RoomEvent(Base):
+class _LogEntry:
+    """The columns of one entry of a room's log: the same in the room's own log and in a replica of it."""
+
+    room_id: Mapped[str]
+    seq: Mapped[int]
+    event_id: Mapped[str]
+    kind: Mapped[str]
+    actor_json: Mapped[str]
+    authority_epoch: Mapped[int | None]
+    payload_json: Mapped[str]
+    created_at: Mapped[float]
+
+
+class RoomEvent(_LogEntry, Base):
     """One entry of a room's append-only log, at a contiguous per-room ``seq``."""
 
     __tablename__ = "hosted_room_events"
@@ -85,19 +111,11 @@ class RoomEvent(Base):
         PrimaryKeyConstraint("room_id", "seq"),
         UniqueConstraint("room_id", "event_id"),
         ForeignKeyConstraint(["room_id"], ["hosted_rooms.room_id"]),
-        CheckConstraint("seq >= 1", name="seq_positive"),
+        *_at_least(seq=1),
         CheckConstraint("authority_epoch IS NULL OR authority_epoch >= 1", name="authority_epoch_positive"),
         Index("idx_hosted_room_events_cursor", "room_id", "seq"),
     )
 
-    room_id: Mapped[str] = mapped_column(Text)
-    seq: Mapped[int] = mapped_column(Int64)
-    event_id: Mapped[str] = mapped_column(Text)
-    kind: Mapped[str] = mapped_column(Text)
-    actor_json: Mapped[str] = mapped_column(Text)
-    authority_epoch: Mapped[int | None] = mapped_column(Int64)
-    payload_json: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[float] = mapped_column(Seconds)
 
 
 class RetiredRoomId(Base):
@@ -106,8 +124,8 @@ class RetiredRoomId(Base):
     __tablename__ = "hosted_room_retired_ids"
     __table_args__ = (PrimaryKeyConstraint("room_id"),)
 
-    room_id: Mapped[str] = mapped_column(Text)
-    retired_at: Mapped[float] = mapped_column(Seconds)
+    room_id: Mapped[str]
+    retired_at: Mapped[float]
 
 
 # --- peer routing state ------------------------------------------------------------------------------
@@ -119,17 +137,17 @@ class RoomLink(Base):
     __tablename__ = "hosted_room_links"
     __table_args__ = (PrimaryKeyConstraint("room_id", "member_id"),)
 
-    room_id: Mapped[str] = mapped_column(Text)
-    member_id: Mapped[str] = mapped_column(Text)
-    target_url: Mapped[str] = mapped_column(Text)
-    target_profile: Mapped[str] = mapped_column(Text)
-    grant: Mapped[str] = mapped_column(Text)
-    catalog_json: Mapped[str] = mapped_column(Text)
-    cancellation_scope_id: Mapped[str] = mapped_column(Text)
-    trace_id: Mapped[str] = mapped_column(Text)
-    transport_security: Mapped[str] = mapped_column(Text)
-    status: Mapped[str] = mapped_column(Text, server_default=text("'ready'"))
-    updated_at: Mapped[float] = mapped_column(Seconds)
+    room_id: Mapped[str]
+    member_id: Mapped[str]
+    target_url: Mapped[str]
+    target_profile: Mapped[str]
+    grant: Mapped[str]
+    catalog_json: Mapped[str]
+    cancellation_scope_id: Mapped[str]
+    trace_id: Mapped[str]
+    transport_security: Mapped[str]
+    status: Mapped[str] = mapped_column(server_default=text("'ready'"))
+    updated_at: Mapped[float]
 
     def __repr__(self) -> str:  # the default repr would include the grant
         return f"RoomLink(room_id={self.room_id!r}, member_id={self.member_id!r}, status={self.status!r})"
@@ -155,23 +173,22 @@ class RemoteRun(Base):
     __tablename__ = "hosted_room_remote_runs"
     __table_args__ = (
         PrimaryKeyConstraint(*REMOTE_RUN_IDENTITY_COLUMNS),
-        CheckConstraint("authority_epoch >= 1", name="authority_epoch_positive"),
-        CheckConstraint("execution_generation >= 1", name="execution_generation_positive"),
+        *_at_least(authority_epoch=1, execution_generation=1),
     )
 
-    room_id: Mapped[str] = mapped_column(Text)
-    home_install_id: Mapped[str] = mapped_column(Text)
-    authority_gateway_id: Mapped[str] = mapped_column(Text)
-    authority_epoch: Mapped[int] = mapped_column(Int64)
-    member_id: Mapped[str] = mapped_column(Text)
-    task_id: Mapped[str] = mapped_column(Text)
-    execution_generation: Mapped[int] = mapped_column(Int64)
-    target_install_id: Mapped[str] = mapped_column(Text)
-    target_profile: Mapped[str] = mapped_column(Text)
-    run_id: Mapped[str] = mapped_column(Text)
-    session_id: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[float] = mapped_column(Seconds)
-    updated_at: Mapped[float] = mapped_column(Seconds)
+    room_id: Mapped[str]
+    home_install_id: Mapped[str]
+    authority_gateway_id: Mapped[str]
+    authority_epoch: Mapped[int]
+    member_id: Mapped[str]
+    task_id: Mapped[str]
+    execution_generation: Mapped[int]
+    target_install_id: Mapped[str]
+    target_profile: Mapped[str]
+    run_id: Mapped[str]
+    session_id: Mapped[str]
+    created_at: Mapped[float]
+    updated_at: Mapped[float]
 
 
 class RevokedGrant(Base):
@@ -180,29 +197,26 @@ class RevokedGrant(Base):
     __tablename__ = "hosted_room_revoked_grants"
     __table_args__ = (PrimaryKeyConstraint("scope_key"),)
 
-    scope_key: Mapped[str] = mapped_column(Text)
-    expires_at: Mapped[float] = mapped_column(Seconds)
-    revoked_before: Mapped[float] = mapped_column(Seconds)
+    scope_key: Mapped[str]
+    expires_at: Mapped[float]
+    revoked_before: Mapped[float]
 
 
 class PeerReservation(Base):
     """A peer gateway's reservation of a room/profile at an authority epoch."""
 
     __tablename__ = "hosted_room_peer_reservations"
-    __table_args__ = (
-        PrimaryKeyConstraint("room_id", "member_id", "target_profile"),
-        CheckConstraint("authority_epoch >= 1", name="authority_epoch_positive"),
-    )
+    __table_args__ = (PrimaryKeyConstraint("room_id", "member_id", "target_profile"), *_at_least(authority_epoch=1))
 
-    room_id: Mapped[str] = mapped_column(Text)
-    member_id: Mapped[str] = mapped_column(Text)
-    target_profile: Mapped[str] = mapped_column(Text)
-    authority_gateway_id: Mapped[str] = mapped_column(Text)
-    authority_epoch: Mapped[int] = mapped_column(Int64)
-    expires_at: Mapped[float] = mapped_column(Seconds)
-    revoked_at: Mapped[float | None] = mapped_column(Seconds)
-    created_at: Mapped[float] = mapped_column(Seconds)
-    updated_at: Mapped[float] = mapped_column(Seconds)
+    room_id: Mapped[str]
+    member_id: Mapped[str]
+    target_profile: Mapped[str]
+    authority_gateway_id: Mapped[str]
+    authority_epoch: Mapped[int]
+    expires_at: Mapped[float]
+    revoked_at: Mapped[float | None]
+    created_at: Mapped[float]
+    updated_at: Mapped[float]
 
 
 # --- replicas ----------------------------------------------------------------------------------------
@@ -212,41 +226,26 @@ class Replica(Base):
     """A follower copy of another gateway's room, fed by its ``read_events`` pages."""
 
     __tablename__ = "hosted_room_replicas"
-    __table_args__ = (
-        PrimaryKeyConstraint("room_id"),
-        CheckConstraint("authority_epoch >= 1", name="authority_epoch_positive"),
-        CheckConstraint("last_seq >= 0", name="last_seq_non_negative"),
-    )
+    __table_args__ = (PrimaryKeyConstraint("room_id"), *_at_least(authority_epoch=1, last_seq=0))
 
-    room_id: Mapped[str] = mapped_column(Text)
-    name: Mapped[str] = mapped_column(Text)
-    members_json: Mapped[str] = mapped_column(Text)
-    authority_gateway_id: Mapped[str] = mapped_column(Text)
-    authority_epoch: Mapped[int] = mapped_column(Int64)
-    last_seq: Mapped[int] = mapped_column(Int64, server_default=text("0"))
-    latest_seq: Mapped[int] = mapped_column(Int64, server_default=text("0"))
-    event_bytes: Mapped[int] = mapped_column(Int64, server_default=text("0"))
-    created_at: Mapped[float] = mapped_column(Seconds)
-    updated_at: Mapped[float] = mapped_column(Seconds)
+    room_id: Mapped[str]
+    name: Mapped[str]
+    members_json: Mapped[str]
+    authority_gateway_id: Mapped[str]
+    authority_epoch: Mapped[int]
+    last_seq: Mapped[int] = mapped_column(server_default=text("0"))
+    latest_seq: Mapped[int] = mapped_column(server_default=text("0"))
+    event_bytes: Mapped[int] = mapped_column(server_default=text("0"))
+    created_at: Mapped[float]
+    updated_at: Mapped[float]
 
 
-class ReplicaEvent(Base):
+class ReplicaEvent(_LogEntry, Base):
     """One replicated log entry, stored verbatim from the authority's page."""
 
     __tablename__ = "hosted_room_replica_events"
-    __table_args__ = (
-        PrimaryKeyConstraint("room_id", "seq"),
-        CheckConstraint("seq >= 1", name="seq_positive"),
-    )
+    __table_args__ = (PrimaryKeyConstraint("room_id", "seq"), *_at_least(seq=1))
 
-    room_id: Mapped[str] = mapped_column(Text)
-    seq: Mapped[int] = mapped_column(Int64)
-    event_id: Mapped[str] = mapped_column(Text)
-    kind: Mapped[str] = mapped_column(Text)
-    actor_json: Mapped[str] = mapped_column(Text)
-    authority_epoch: Mapped[int | None] = mapped_column(Int64)
-    payload_json: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[float] = mapped_column(Seconds)
 
 
 # --- secure-peer delivery ledger ---------------------------------------------------------------------
@@ -279,65 +278,53 @@ class Delivery(Base):
         ),
         Index("secure_peer_delivery_state", "state", "updated_at"),
         Index("secure_peer_delivery_run", "run_id", "state"),
-        Index(
-            "secure_peer_delivery_queued_owner",
-            "queued_id",
-            unique=True,
-            sqlite_where=text("queued_id IS NOT NULL"),
-            postgresql_where=text("queued_id IS NOT NULL"),
-        ),
-        Index(
-            "secure_peer_delivery_run_owner",
-            "run_id",
-            unique=True,
-            sqlite_where=text("run_id IS NOT NULL"),
-            postgresql_where=text("run_id IS NOT NULL"),
-        ),
+        _unique_when_set("secure_peer_delivery_queued_owner", "queued_id"),
+        _unique_when_set("secure_peer_delivery_run_owner", "run_id"),
     )
 
-    envelope_id: Mapped[str] = mapped_column(Text)
-    request_id: Mapped[str] = mapped_column(Text)
-    claim_digest: Mapped[str] = mapped_column(Text)
-    transport_role: Mapped[str] = mapped_column(Text)
-    connection_id: Mapped[str] = mapped_column(Text)
-    lease_token: Mapped[str] = mapped_column(Text)
-    team_id: Mapped[str] = mapped_column(Text)
-    source_peer_id: Mapped[str | None] = mapped_column(Text)
-    source_server_identity: Mapped[str] = mapped_column(Text)
-    source_route_id: Mapped[str] = mapped_column(Text)
-    source_route_revision: Mapped[str] = mapped_column(Text)
-    target_peer_id: Mapped[str | None] = mapped_column(Text)
-    target_server_identity: Mapped[str] = mapped_column(Text)
-    target_route_id: Mapped[str] = mapped_column(Text)
-    target_route_revision: Mapped[str] = mapped_column(Text)
-    target_chat_id: Mapped[str] = mapped_column(Text)
-    action: Mapped[str] = mapped_column(Text)
-    kind: Mapped[str] = mapped_column(Text)
-    exchange_id: Mapped[str] = mapped_column(Text)
-    parent_envelope_id: Mapped[str | None] = mapped_column(Text)
-    parent_leg: Mapped[int | None] = mapped_column(Int64)
-    used_legs: Mapped[int] = mapped_column(Int64)
-    max_legs: Mapped[int] = mapped_column(Int64)
-    expires_at: Mapped[int] = mapped_column(Int64)
-    body_json: Mapped[str] = mapped_column(Text)
-    state: Mapped[str] = mapped_column(Text)
-    queued_id: Mapped[str | None] = mapped_column(Text)
-    run_id: Mapped[str | None] = mapped_column(Text)
-    admission_retry_at: Mapped[int | None] = mapped_column(Int64)
-    admission_attempts: Mapped[int] = mapped_column(Int64, server_default=text("0"))
-    admission_last_error: Mapped[str | None] = mapped_column(Text)
-    response_committed: Mapped[int] = mapped_column(Int64, server_default=text("0"))
-    response_request_id: Mapped[str | None] = mapped_column(Text)
-    response_request_digest: Mapped[str | None] = mapped_column(Text)
-    response_body: Mapped[str | None] = mapped_column(Text)
-    response_request_response: Mapped[int | None] = mapped_column(Int64)
-    response_retry_at: Mapped[int | None] = mapped_column(Int64)
-    response_attempts: Mapped[int] = mapped_column(Int64, server_default=text("0"))
-    response_last_error: Mapped[str | None] = mapped_column(Text)
-    result_hash: Mapped[str | None] = mapped_column(Text)
-    error: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[int] = mapped_column(Int64)
-    updated_at: Mapped[int] = mapped_column(Int64)
+    envelope_id: Mapped[str]
+    request_id: Mapped[str]
+    claim_digest: Mapped[str]
+    transport_role: Mapped[str]
+    connection_id: Mapped[str]
+    lease_token: Mapped[str]
+    team_id: Mapped[str]
+    source_peer_id: Mapped[str | None]
+    source_server_identity: Mapped[str]
+    source_route_id: Mapped[str]
+    source_route_revision: Mapped[str]
+    target_peer_id: Mapped[str | None]
+    target_server_identity: Mapped[str]
+    target_route_id: Mapped[str]
+    target_route_revision: Mapped[str]
+    target_chat_id: Mapped[str]
+    action: Mapped[str]
+    kind: Mapped[str]
+    exchange_id: Mapped[str]
+    parent_envelope_id: Mapped[str | None]
+    parent_leg: Mapped[int | None]
+    used_legs: Mapped[int]
+    max_legs: Mapped[int]
+    expires_at: Mapped[int]
+    body_json: Mapped[str]
+    state: Mapped[str]
+    queued_id: Mapped[str | None]
+    run_id: Mapped[str | None]
+    admission_retry_at: Mapped[int | None]
+    admission_attempts: Mapped[int] = mapped_column(server_default=text("0"))
+    admission_last_error: Mapped[str | None]
+    response_committed: Mapped[int] = mapped_column(server_default=text("0"))
+    response_request_id: Mapped[str | None]
+    response_request_digest: Mapped[str | None]
+    response_body: Mapped[str | None]
+    response_request_response: Mapped[int | None]
+    response_retry_at: Mapped[int | None]
+    response_attempts: Mapped[int] = mapped_column(server_default=text("0"))
+    response_last_error: Mapped[str | None]
+    result_hash: Mapped[str | None]
+    error: Mapped[str | None]
+    created_at: Mapped[int]
+    updated_at: Mapped[int]
 
 
 class OutboundIntent(Base):
@@ -353,24 +340,24 @@ class OutboundIntent(Base):
         Index("secure_peer_outbound_connection", "state", "connection_id", "created_at"),
     )
 
-    request_id: Mapped[str] = mapped_column(Text)
-    intent_digest: Mapped[str] = mapped_column(Text)
-    source_session_id: Mapped[str] = mapped_column(Text)
-    source_run_id: Mapped[str] = mapped_column(Text)
-    connection_id: Mapped[str] = mapped_column(Text)
-    source_route_id: Mapped[str] = mapped_column(Text)
-    source_route_revision: Mapped[str] = mapped_column(Text)
-    snapshot_json: Mapped[str] = mapped_column(Text)
-    body: Mapped[str] = mapped_column(Text)
-    action: Mapped[str] = mapped_column(Text)
-    expires_at: Mapped[int] = mapped_column(Int64)
-    state: Mapped[str] = mapped_column(Text)
-    response_json: Mapped[str | None] = mapped_column(Text)
-    retry_at: Mapped[int | None] = mapped_column(Int64)
-    attempts: Mapped[int] = mapped_column(Int64, server_default=text("0"))
-    last_error: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[int] = mapped_column(Int64)
-    updated_at: Mapped[int] = mapped_column(Int64)
+    request_id: Mapped[str]
+    intent_digest: Mapped[str]
+    source_session_id: Mapped[str]
+    source_run_id: Mapped[str]
+    connection_id: Mapped[str]
+    source_route_id: Mapped[str]
+    source_route_revision: Mapped[str]
+    snapshot_json: Mapped[str]
+    body: Mapped[str]
+    action: Mapped[str]
+    expires_at: Mapped[int]
+    state: Mapped[str]
+    response_json: Mapped[str | None]
+    retry_at: Mapped[int | None]
+    attempts: Mapped[int] = mapped_column(server_default=text("0"))
+    last_error: Mapped[str | None]
+    created_at: Mapped[int]
+    updated_at: Mapped[int]
 
 
 #: Handy Core handles for hot paths (Core statements avoid ORM object churn).

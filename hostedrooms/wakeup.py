@@ -45,7 +45,35 @@ def driver_error(engine: Engine, exc: BaseException) -> BaseException:
     return translate(exc, engine.url)
 
 
-class Wakeup:
+def time_left(deadline: float) -> float:
+    """Seconds until ``deadline`` (a ``time.monotonic()`` reading); zero or less once it has passed."""
+    return deadline - time.monotonic()
+
+
+class Waiting:
+    """What a waiter decides, the same for :class:`Wakeup` and its asyncio twin: which notification wakes it,
+    whether the data version moved, how long to sleep before the next poll."""
+
+    key: str | None
+    poll_interval: float
+    _version: int
+
+    def wanted(self, notification: Any) -> bool:
+        """Whether ``notification`` is for what is waited for (any on the channel when ``key`` is None)."""
+        return self.key is None or notification.payload == self.key
+
+    def changed(self, version: int) -> bool:
+        """Whether ``version`` differs from the one seen last (it becomes the one seen last)."""
+        changed, self._version = version != self._version, version
+        return changed
+
+    def pause(self, deadline: float) -> float | None:
+        """How long to sleep before the next poll, or None once ``deadline`` has passed."""
+        remaining = time_left(deadline)
+        return min(self.poll_interval, remaining) if remaining > 0 else None
+
+
+class Wakeup(Waiting):
     """``with Wakeup(engine, channel, key=...) as wakeup: ... wakeup.wait(timeout)``: see the module docstring.
 
     ``key``: only notifications with this payload wake the waiter (a room id); None: any on ``channel``.
@@ -93,24 +121,19 @@ class Wakeup:
     def _wait_notified(self, deadline: float) -> bool:
         assert self._raw is not None
         driver: Any = self._raw.driver_connection
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
+        while (remaining := time_left(deadline)) > 0:
             for notification in driver.notifies(timeout=remaining, stop_after=1):
-                if self.key is None or notification.payload == self.key:
+                if self.wanted(notification):
                     return True
+        return False
 
     def _wait_polled(self, deadline: float) -> bool:
-        while True:
-            version = self.dialect.change_counter(self._dbapi())
-            if version != self._version:
-                self._version = version
-                return True
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        while not self.changed(self.dialect.change_counter(self._dbapi())):
+            pause = self.pause(deadline)
+            if pause is None:
                 return False
-            time.sleep(min(self.poll_interval, remaining))
+            time.sleep(pause)
+        return True
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -80,6 +80,7 @@ def downgrade():
     ${downgrades if downgrades else "pass"}
 '''
 
+# The host's own configuration: it logs Alembic's progress (the tests read it) and nothing else.
 HOST_INI = """[alembic]
 script_location = %(here)s/migrations
 prepend_sys_path = .
@@ -87,35 +88,30 @@ path_separator = os
 sqlalchemy.url = {url}
 
 [loggers]
-keys = root,sqlalchemy,alembic
+keys = root,alembic
 
 [handlers]
 keys = console
 
 [formatters]
-keys = generic
+keys = plain
+
+[handler_console]
+class = StreamHandler
+args = (sys.stderr,)
+formatter = plain
+
+[formatter_plain]
+format = %(name)s: %(message)s
 
 [logger_root]
 level = WARNING
 handlers = console
 
-[logger_sqlalchemy]
-level = WARNING
-handlers =
-qualname = sqlalchemy.engine
-
 [logger_alembic]
 level = INFO
 handlers =
 qualname = alembic
-
-[handler_console]
-class = StreamHandler
-args = (sys.stderr,)
-formatter = generic
-
-[formatter_generic]
-format = %(levelname)-5.5s [%(name)s] %(message)s
 """
 
 

@@ -5,26 +5,14 @@ their own small synchronous engine, bounded to :data:`~hostedrooms.peers.PROBE_T
 from __future__ import annotations
 
 from .. import peers as _peers
-from ..peers import room_grant_scope_key
+from ..peers import room_grant_scope_key as room_grant_scope_key  # re-exported (see __all__)
 from .derive import service, threaded
 
-__all__ = [
-    "delete_room_link_records",
-    "list_remote_run_receipts",
-    "list_room_link_records",
-    "peer_room_grant_is_current",
-    "peer_room_is_reserved",
-    "probe_hosted_room",
-    "probe_peer_room_reservation",
-    "remote_run_receipt",
-    "reserve_peer_room",
-    "revoke_room_grant_scope",
-    "room_grant_is_revoked",
-    "room_grant_scope_key",
-    "update_room_link_status",
-    "upsert_remote_run_receipt",
-    "upsert_room_link_record",
-]
+#: The synchronous module's names that stay there: its constants and what manages its own engines.
+_SYNC_ONLY = frozenset({
+    "GRANT_SCOPE_FIELDS", "LINK_COLUMNS", "PROBE_TIMEOUT_SECONDS", "REMOTE_RUN_COLUMNS", "EngineSource",
+    "forget_probe_engines"})
+__all__ = [name for name in _peers.__all__ if name not in _SYNC_ONLY]
 
 list_room_link_records = service(_peers.list_room_link_records)
 upsert_room_link_record = service(_peers.upsert_room_link_record)

@@ -20,13 +20,13 @@ from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.util import greenlet_spawn
 
 from ..dialect import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, StoreDialect, dialect_for
-from ..wakeup import DEFAULT_POLL_INTERVAL, driver_error
+from ..wakeup import DEFAULT_POLL_INTERVAL, Waiting, driver_error, time_left
 from .engines import Runner, require_async_engine, runner_for
 
 __all__ = ["AsyncWakeup", "ledger_wakeup"]
 
 
-class AsyncWakeup:
+class AsyncWakeup(Waiting):
     """``async with AsyncWakeup(engine, channel, key=...) as wakeup: ... await wakeup.wait(timeout)``."""
 
     def __init__(
@@ -72,26 +72,21 @@ class AsyncWakeup:
     async def _wait_notified(self, deadline: float) -> bool:
         assert self._raw is not None
         driver: Any = self._raw.driver_connection
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
+        while (remaining := time_left(deadline)) > 0:
             async with contextlib.aclosing(driver.notifies(timeout=remaining, stop_after=1)) as notifications:
                 async for notification in notifications:
-                    if self.key is None or notification.payload == self.key:
+                    if self.wanted(notification):
                         return True
+        return False
 
     async def _wait_polled(self, deadline: float) -> bool:
         assert self._raw is not None and self._runner is not None
-        while True:
-            version = await self._runner.run(self._dialect.change_counter, self._raw.dbapi_connection)
-            if version != self._version:
-                self._version = version
-                return True
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        while not self.changed(await self._runner.run(self._dialect.change_counter, self._raw.dbapi_connection)):
+            pause = self.pause(deadline)
+            if pause is None:
                 return False
-            await asyncio.sleep(min(self.poll_interval, remaining))
+            await asyncio.sleep(pause)
+        return True
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -25,22 +25,11 @@ from ..records import RemoteRunIdentity, RemoteRunRecord, RoomLinkRecord
 from ._engine import engine_for
 from ._rooms_api import facade_limits
 
-__all__ = [
-    "delete_room_link_records",
-    "list_remote_run_receipts",
-    "list_room_link_records",
-    "peer_room_grant_is_current",
-    "peer_room_is_reserved",
-    "probe_hosted_room",
-    "probe_peer_room_reservation",
-    "remote_run_receipt",
-    "reserve_peer_room",
-    "revoke_room_grant_scope",
-    "room_grant_is_revoked",
-    "update_room_link_status",
-    "upsert_remote_run_receipt",
-    "upsert_room_link_record",
-]
+#: The native module's names the reference module does not have: its constants, engine helpers, and the scope key.
+_NATIVE_ONLY = frozenset({
+    "GRANT_SCOPE_FIELDS", "LINK_COLUMNS", "PROBE_TIMEOUT_SECONDS", "REMOTE_RUN_COLUMNS", "EngineSource",
+    "forget_probe_engines", "room_grant_scope_key"})
+__all__ = [name for name in peers.__all__ if name not in _NATIVE_ONLY]
 
 def _engine(db_path: Target) -> functools.partial[Engine]:
     # Resolved by the service after validation, so bad input never creates or migrates a database.

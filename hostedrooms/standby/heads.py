@@ -16,11 +16,11 @@ They belong in the store (rooms/replicas services) and live here until it offers
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 
 from .. import models
 from ..engines import EngineSource, resolve_engine
@@ -86,17 +86,24 @@ def _page_args(after: Any, limit: Any) -> tuple[str | None, int]:
     return after, limit
 
 
+def _keyset_page(
+    engine: EngineSource, after: Any, limit: Any, key: ColumnElement[str], *columns: ColumnElement[Any]
+) -> Sequence[Sequence[Any]]:
+    # One keyset page: the rows whose ``key`` sorts after ``after`` by code point, in that order.
+    after, limit = _page_args(after, limit)
+    with UnitOfWork(resolve_engine(engine), write=False) as uow:
+        order = uow.dialect.bytewise(key)
+        stmt = select(key, *columns)
+        if after is not None:
+            stmt = stmt.where(order > after)
+        return uow.connection.execute(stmt.order_by(order).limit(limit)).all()
+
+
 def room_heads(engine: EngineSource, *, after: str | None = None, limit: int = LISTING_PAGE) -> list[RoomHead]:
     """Up to ``limit`` rooms (live and disbanded-but-retained) whose ``room_id`` sorts after ``after`` by code
     point, in that order."""
-    after, limit = _page_args(after, limit)
-    with UnitOfWork(resolve_engine(engine), write=False) as uow:
-        order = uow.dialect.bytewise(_rooms.c.room_id)
-        stmt = select(_rooms.c.room_id, _rooms.c.authority_gateway_id, _rooms.c.authority_epoch,
-                      _rooms.c.next_seq, _rooms.c.disbanded_at)
-        if after is not None:
-            stmt = stmt.where(order > after)
-        rows = uow.connection.execute(stmt.order_by(order).limit(limit)).all()
+    rows = _keyset_page(engine, after, limit, _rooms.c.room_id, _rooms.c.authority_gateway_id,
+                        _rooms.c.authority_epoch, _rooms.c.next_seq, _rooms.c.disbanded_at)
     return [RoomHead(str(row[0]), str(row[1]), int(row[2]), int(row[3]) - 1, row[4] is not None) for row in rows]
 
 
@@ -109,14 +116,8 @@ def replica_heads(
     engine: EngineSource, *, after: str | None = None, limit: int = LISTING_PAGE
 ) -> list[ReplicaHead]:
     """Up to ``limit`` replicas whose ``room_id`` sorts after ``after`` by code point, in that order."""
-    after, limit = _page_args(after, limit)
-    with UnitOfWork(resolve_engine(engine), write=False) as uow:
-        order = uow.dialect.bytewise(_replicas.c.room_id)
-        stmt = select(_replicas.c.room_id, _replicas.c.authority_gateway_id, _replicas.c.authority_epoch,
-                      _replicas.c.last_seq, _replicas.c.latest_seq)
-        if after is not None:
-            stmt = stmt.where(order > after)
-        rows = uow.connection.execute(stmt.order_by(order).limit(limit)).all()
+    rows = _keyset_page(engine, after, limit, _replicas.c.room_id, _replicas.c.authority_gateway_id,
+                        _replicas.c.authority_epoch, _replicas.c.last_seq, _replicas.c.latest_seq)
     return [ReplicaHead(str(row[0]), str(row[1]), int(row[2]), int(row[3]), int(row[4])) for row in rows]
 
 
