@@ -16,7 +16,7 @@ from ..limits import Limits, in_force
 from ..store import RowLike, room_store
 from ..uow import UnitOfWork
 from ..validation import clock
-from .rows import appended, event_to_dict, fit_page, parse_all
+from .rows import appended, event_to_dict, fit_page, parse_all, replay_page
 from .rules import (
     _EVENT_FIELDS,
     PreparedEvent,
@@ -27,6 +27,7 @@ from .rules import (
     _non_negative,
     _room_id,
     _validated_event,
+    max_event_bytes,
     room_stop_event,
 )
 from .transaction import require_room, run_room_write
@@ -131,6 +132,22 @@ def read_events(
     A stored event that cannot be decoded (written before MAX_JSON_DEPTH, by the reference or by hand) raises
     StorageError naming the room and seq; a room purged while it is read raises RoomHistoryExpiredError.
     """
+    return _read(engine, room_id, since_seq, limit, include_disbanded, limits, exact=False)
+
+
+def read_events_exact(
+    engine: EngineSource, *, room_id: Any, since_seq: Any = 0, limit: Any = 100, include_disbanded: bool = False,
+    limits: Limits | None = None,
+) -> dict[str, Any]:
+    """Tests only: :func:`read_events` on the plain path (rows through ``execute()``, one ``json.loads`` per text,
+    the page serialised to check its size), the oracle the fast path is compared with."""
+    return _read(engine, room_id, since_seq, limit, include_disbanded, limits, exact=True)
+
+
+def _read(
+    engine: EngineSource, room_id: Any, since_seq: Any, limit: Any, include_disbanded: bool, limits: Limits | None,
+    *, exact: bool,
+) -> dict[str, Any]:
     lim = in_force(limits)
     room_id = _room_id(room_id, lim)
     since = _non_negative(since_seq, "since_seq")
@@ -143,14 +160,29 @@ def read_events(
         authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
         if since > latest_seq:
             raise HostedRoomError("since_seq is ahead of the hosted room log")
-        rows = store.event_page(
-            connection, room_id, since=since, latest_seq=latest_seq, limit=page_size, max_bytes=page_bytes)
-        events = [event_to_dict(row) for row in rows]
-        if not events and since < latest_seq:
-            # PostgreSQL reads each statement at its own snapshot: the room may have been purged (disbanded, then
-            # pruned) after its row was read. Read it again, so that is reported as such.
-            require_room(uow, store.room_head(connection, room_id), room_id, include_disbanded=include_disbanded)
-    return fit_page(room_id, events, since=since, latest_seq=latest_seq, authority=authority, max_bytes=page_bytes)
+        if exact:
+            plain = store.event_page(
+                connection, room_id, since=since, latest_seq=latest_seq, limit=page_size, max_bytes=page_bytes)
+            _check_purged(uow, plain, since, latest_seq, room_id, include_disbanded)
+            events = [event_to_dict(row) for row in plain]
+            return fit_page(
+                room_id, events, since=since, latest_seq=latest_seq, authority=authority, max_bytes=page_bytes)
+        rows, row_bytes = store.replay_rows(
+            connection, room_id, since=since, latest_seq=latest_seq, limit=page_size, max_bytes=page_bytes,
+            max_event_bytes=max_event_bytes(lim))
+        _check_purged(uow, rows, since, latest_seq, room_id, include_disbanded)
+    return replay_page(room_id, rows, row_bytes, since=since, latest_seq=latest_seq, authority=authority,
+                       max_bytes=page_bytes)
+
+
+def _check_purged(
+    uow: UnitOfWork, rows: Sequence[Any], since: int, latest_seq: int, room_id: str, include_disbanded: bool
+) -> None:
+    """PostgreSQL reads each statement at its own snapshot: a room with events to read whose page came back empty
+    may have been purged (disbanded, then pruned) after its row was read. Read it again, so that is reported."""
+    if not rows and since < latest_seq:
+        require_room(uow, room_store(uow.dialect).room_head(uow.connection, room_id), room_id,
+                     include_disbanded=include_disbanded)
 
 
 def request_room_stop(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, select
+from sqlalchemy import Connection, bindparam, func, insert, select
 
 from .. import models
 from ..dialect import StoreDialect
@@ -37,6 +37,28 @@ class PostgreSQLRoomStore(RoomStore):
             [column.name for column in _events.c],
             select(*(bindparam(column.name, type_=column.type) for column in _events.c)).where(
                 GATEWAY_TOTAL.scalar_subquery() <= bindparam("budget"))))
+        # PostgreSQL sends a statement's whole result at once: the running byte sum is cut in the query, so no
+        # more than one page ever leaves the server.
+        candidates = (
+            select(*_events.c, func.sum(self.event_size()).over(order_by=_events.c.seq).label("cumulative"))
+            .where(_events.c.room_id == bindparam("room_id"), _events.c.seq > bindparam("since"),
+                   _events.c.seq <= bindparam("latest_seq"))
+            .order_by(_events.c.seq).limit(bindparam("limit")).cte("candidates"))
+        self._replay = HotStatement(
+            select(*candidates.c).where(candidates.c.cumulative <= bindparam("max_bytes"))
+            .order_by(candidates.c.seq))
+
+    def replay_rows(
+        self, connection: Connection, room_id: str, *, since: int, latest_seq: int, limit: int, max_bytes: int,
+        max_event_bytes: int,
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        cursor = self._replay.run(connection, {
+            "room_id": room_id, "since": since, "latest_seq": latest_seq, "limit": limit, "max_bytes": max_bytes})
+        try:
+            rows: list[tuple[Any, ...]] = cursor.fetchall()
+        finally:
+            cursor.close()
+        return rows, int(rows[-1][-1]) if rows else 0
 
     def _fast_advance(
         self, connection: Connection, params: dict[str, Any], per_writer: int
