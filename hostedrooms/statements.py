@@ -43,19 +43,26 @@ class _Plan:
     processors: Mapping[str, Callable[[Any], Any]]
     #: Positional: picks the values in driver order from a mapping, as one tuple.
     pick: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None
+    #: Keyword arguments of the DBAPI connection's ``cursor()``.
+    cursor_options: Mapping[str, Any]
 
 
 class HotStatement:
     """A Core statement to run many times with different parameters, at the driver's speed.
 
     ``column_keys`` names the columns of an INSERT/UPDATE without explicit values (as ``compile()`` takes them).
+    ``binary_results``: where the driver can (psycopg), rows come in the binary format, which spares the server
+    and the client writing and parsing numbers as text (the values are the same).
     """
 
-    __slots__ = ("_column_keys", "_plans", "statement")
+    __slots__ = ("_binary_results", "_column_keys", "_plans", "statement")
 
-    def __init__(self, statement: ClauseElement, *, column_keys: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, statement: ClauseElement, *, column_keys: Sequence[str] | None = None, binary_results: bool = False
+    ) -> None:
         self.statement = statement
         self._column_keys = list(column_keys) if column_keys is not None else None
+        self._binary_results = binary_results
         self._plans: weakref.WeakKeyDictionary[Dialect, _Plan] = weakref.WeakKeyDictionary()
 
     def _plan(self, dialect: Dialect) -> _Plan:
@@ -72,7 +79,9 @@ class HotStatement:
         # Binds the statement fills itself (the 1 of ``next_seq + 1``); the others come from each call.
         defaults = {name: bind.effective_value for bind, name in compiled.bind_names.items() if not bind.required}
         pick = _tuple_getter(order) if order is not None else None
-        return _Plan(compiled.string, order, defaults, dict(compiled._bind_processors), pick)
+        binary = self._binary_results and dialect.driver == "psycopg"
+        return _Plan(compiled.string, order, defaults, dict(compiled._bind_processors), pick,
+                     {"binary": True} if binary else {})
 
     def _parameters(self, plan: _Plan, params: Mapping[str, Any]) -> Any:
         merged = {**plan.defaults, **params} if plan.defaults or plan.processors else params
@@ -85,7 +94,7 @@ class HotStatement:
     def run(self, connection: Connection, params: Mapping[str, Any]) -> Any:
         """Execute on ``connection`` (inside its transaction); returns the open DBAPI cursor (close it)."""
         plan = self._plan(connection.dialect)
-        cursor = connection.connection.cursor()
+        cursor = connection.connection.cursor(**plan.cursor_options)
         try:
             # Private but long-standing: the path SQLAlchemy itself uses for statements outside execute().
             connection._cursor_execute(cursor, plan.text, self._parameters(plan, params))

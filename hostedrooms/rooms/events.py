@@ -153,7 +153,9 @@ def _read(
     since = _non_negative(since_seq, "since_seq")
     page_size = _bounded_limit(limit, lim.MAX_LOG_LIMIT)
     page_bytes = int(lim.MAX_LOG_PAGE_BYTES)
-    with UnitOfWork(resolve_engine(engine), write=False) as uow:
+    # Each statement is consistent on its own: the page reads only seqs up to the head's latest_seq, and an empty
+    # page is checked against the room again (below).
+    with UnitOfWork(resolve_engine(engine), write=False, statement_snapshots=True) as uow:
         store, connection = room_store(uow.dialect), uow.connection
         room = require_room(uow, store.room_head(connection, room_id), room_id, include_disbanded=include_disbanded)
         latest_seq = int(room["next_seq"]) - 1

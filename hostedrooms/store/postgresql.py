@@ -40,13 +40,14 @@ class PostgreSQLRoomStore(RoomStore):
         # PostgreSQL sends a statement's whole result at once: the running byte sum is cut in the query, so no
         # more than one page ever leaves the server.
         candidates = (
-            select(*_events.c, func.sum(self.event_size()).over(order_by=_events.c.seq).label("cumulative"))
+            select(*_events.c, func.sum(self.event_size()).over(order_by=_events.c.seq, rows=(None, 0))
+                   .label("cumulative"))
             .where(_events.c.room_id == bindparam("room_id"), _events.c.seq > bindparam("since"),
                    _events.c.seq <= bindparam("latest_seq"))
             .order_by(_events.c.seq).limit(bindparam("limit")).cte("candidates"))
         self._replay = HotStatement(
             select(*candidates.c).where(candidates.c.cumulative <= bindparam("max_bytes"))
-            .order_by(candidates.c.seq))
+            .order_by(candidates.c.seq), binary_results=True)
 
     def replay_rows(
         self, connection: Connection, room_id: str, *, since: int, latest_seq: int, limit: int, max_bytes: int,
