@@ -153,38 +153,42 @@ def _read(
     since = _non_negative(since_seq, "since_seq")
     page_size = _bounded_limit(limit, lim.MAX_LOG_LIMIT)
     page_bytes = int(lim.MAX_LOG_PAGE_BYTES)
-    # Each statement is consistent on its own: the page reads only seqs up to the head's latest_seq, and an empty
-    # page is checked against the room again (below).
     with UnitOfWork(resolve_engine(engine), write=False, statement_snapshots=True) as uow:
         store, connection = room_store(uow.dialect), uow.connection
-        room = require_room(uow, store.room_head(connection, room_id), room_id, include_disbanded=include_disbanded)
-        latest_seq = int(room["next_seq"]) - 1
-        authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
-        if since > latest_seq:
-            raise HostedRoomError("since_seq is ahead of the hosted room log")
         if exact:
-            plain = store.event_page(
-                connection, room_id, since=since, latest_seq=latest_seq, limit=page_size, max_bytes=page_bytes)
-            _check_purged(uow, plain, since, latest_seq, room_id, include_disbanded)
-            events = [event_to_dict(row) for row in plain]
-            return fit_page(
-                room_id, events, since=since, latest_seq=latest_seq, authority=authority, max_bytes=page_bytes)
-        rows, row_bytes = store.replay_rows(
-            connection, room_id, since=since, latest_seq=latest_seq, limit=page_size, max_bytes=page_bytes,
+            return _read_plain(uow, room_id, since, page_size, page_bytes, include_disbanded)
+        # The head and the page are read consistently with each other (store.read_page).
+        head, rows, row_bytes = store.read_page(
+            connection, room_id, since=since, limit=page_size, max_bytes=page_bytes,
             max_event_bytes=max_event_bytes(lim))
-        _check_purged(uow, rows, since, latest_seq, room_id, include_disbanded)
+        room = require_room(uow, head, room_id, include_disbanded=include_disbanded)
+    latest_seq = int(room["next_seq"]) - 1
+    if since > latest_seq:
+        raise HostedRoomError("since_seq is ahead of the hosted room log")
+    authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
     return replay_page(room_id, rows, row_bytes, since=since, latest_seq=latest_seq, authority=authority,
                        max_bytes=page_bytes)
 
 
-def _check_purged(
-    uow: UnitOfWork, rows: Sequence[Any], since: int, latest_seq: int, room_id: str, include_disbanded: bool
-) -> None:
-    """PostgreSQL reads each statement at its own snapshot: a room with events to read whose page came back empty
-    may have been purged (disbanded, then pruned) after its row was read. Read it again, so that is reported."""
+def _read_plain(
+    uow: UnitOfWork, room_id: str, since: int, page_size: int, page_bytes: int, include_disbanded: bool
+) -> dict[str, Any]:
+    """The plain path: the head, then the page through ``execute()``, each event decoded by event_to_dict, and
+    fit_page, which serialises the page to check its size."""
+    store, connection = room_store(uow.dialect), uow.connection
+    room = require_room(uow, store.room_head(connection, room_id), room_id, include_disbanded=include_disbanded)
+    latest_seq = int(room["next_seq"]) - 1
+    authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
+    if since > latest_seq:
+        raise HostedRoomError("since_seq is ahead of the hosted room log")
+    rows = store.event_page(
+        connection, room_id, since=since, latest_seq=latest_seq, limit=page_size, max_bytes=page_bytes)
     if not rows and since < latest_seq:
-        require_room(uow, room_store(uow.dialect).room_head(uow.connection, room_id), room_id,
-                     include_disbanded=include_disbanded)
+        # Each statement may read at its own snapshot: the room may have been purged (disbanded, then pruned)
+        # after its row was read. Read it again, so that is reported as such.
+        require_room(uow, store.room_head(connection, room_id), room_id, include_disbanded=include_disbanded)
+    events = [event_to_dict(row) for row in rows]
+    return fit_page(room_id, events, since=since, latest_seq=latest_seq, authority=authority, max_bytes=page_bytes)
 
 
 def request_room_stop(

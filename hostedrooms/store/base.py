@@ -66,10 +66,10 @@ _SELECT_ROOM = select(*_rooms.c).where(_rooms.c.room_id == bindparam("room_id"))
 _SELECT_EVENT = select(*_events.c).where(
     _events.c.room_id == bindparam("room_id"), _events.c.event_id == bindparam("event_id"))
 _SELECT_RETIRED = select(_retired.c.room_id).where(_retired.c.room_id == bindparam("room_id"))
-_ROOM_HEAD = select(
+ROOM_HEAD = select(
     _rooms.c.next_seq, _rooms.c.authority_gateway_id, _rooms.c.authority_epoch, _rooms.c.disbanded_at
 ).where(_rooms.c.room_id == bindparam("room_id"))
-_ROOM_HEAD_KEYS = ("next_seq", "authority_gateway_id", "authority_epoch", "disbanded_at")
+ROOM_HEAD_KEYS = ("next_seq", "authority_gateway_id", "authority_epoch", "disbanded_at")
 #: The event columns of a replay row (:meth:`RoomStore.replay_rows`), in this order.
 REPLAY_COLUMNS = tuple(_EVENT_COLUMNS)
 #: Accounted event bytes of every room on this gateway (live and disbanded).
@@ -169,7 +169,7 @@ class RoomStore:
         self.dialect = dialect
         self._lock_room: Select[Any] = dialect.for_update(_SELECT_ROOM)
         self._gateway_total = HotStatement(GATEWAY_TOTAL)
-        self._room_head = HotStatement(_ROOM_HEAD)
+        self._room_head = HotStatement(ROOM_HEAD)
         self._insert_event = HotStatement(insert(_events), column_keys=_EVENT_COLUMNS)
 
     @contextlib.contextmanager
@@ -207,7 +207,7 @@ class RoomStore:
     def room_head(self, connection: Connection, room_id: str) -> RowLike | None:
         """A room's ``next_seq``, authority and ``disbanded_at`` (what a replay page needs), unlocked."""
         row = self._room_head.first(connection, {"room_id": room_id})
-        return None if row is None else dict(zip(_ROOM_HEAD_KEYS, row, strict=True))
+        return None if row is None else dict(zip(ROOM_HEAD_KEYS, row, strict=True))
 
     def is_retired(self, connection: Connection, room_id: str) -> bool:
         """Whether ``room_id`` is permanently retired."""
@@ -289,6 +289,20 @@ class RoomStore:
         lets a backend that reads rows incrementally hold at most about one page of them at a time.
         """
         raise NotImplementedError
+
+    def read_page(
+        self, connection: Connection, room_id: str, *, since: int, limit: int, max_bytes: int, max_event_bytes: int,
+    ) -> tuple[RowLike | None, list[tuple[Any, ...]], int]:
+        """A room's head (:meth:`room_head`) and its :meth:`replay_rows` after ``since`` up to the head's latest seq,
+        read consistently with each other (the caller's read transaction here; one statement where a backend reads
+        without one); ``(None, [], 0)`` when the room does not exist."""
+        head = self.room_head(connection, room_id)
+        if head is None:
+            return None, [], 0
+        rows, total = self.replay_rows(
+            connection, room_id, since=since, latest_seq=int(head["next_seq"]) - 1, limit=limit, max_bytes=max_bytes,
+            max_event_bytes=max_event_bytes)
+        return head, rows, total
 
     # -- writes ---------------------------------------------------------------------------------------------
 
