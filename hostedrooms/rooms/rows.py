@@ -19,9 +19,11 @@ from ..limits import Limits, in_force
 from ..store import REPLAY_COLUMNS, RowLike
 from ..validation import (
     INT64_MAX,
+    decode_json,
     json_depth_within,
     max_json_depth,
     stored_json,
+    surely_shallow,
     utf8_len,
 )
 from .rules import _event_id, _event_kind
@@ -65,7 +67,7 @@ def appended(row: RowLike, actor: dict[str, str], payload: Any = None) -> dict[s
     return {
         "room_id": row["room_id"], "seq": row["seq"], "event_id": row["event_id"], "kind": row["kind"],
         "actor": actor, "authority_epoch": row["authority_epoch"],
-        "payload": json.loads(row["payload_json"]) if payload is None else payload,
+        "payload": decode_json(row["payload_json"]) if payload is None else payload,
         "created_at": row["created_at"], "idempotent": False}
 
 
@@ -219,26 +221,21 @@ def _scanner(growth: list[int]) -> Callable[[str, int], tuple[Any, int]]:
     return scan
 
 
-def _shallow(text: str, depth: int) -> bool:
-    return text.count("[") + text.count("{") <= depth or json_depth_within(text, depth)
-
-
 def _decoded(rows: Sequence[tuple[Any, ...]]) -> tuple[list[dict[str, Any]], int]:
     """The event dicts of replay rows, exactly as event_to_dict builds them, and how many bytes their float tokens
     grow when written back; :class:`_InDoubt` (or the decoder's own error) when the plain decode must decide."""
     growth = [0]
     scan = _scanner(growth)
-    depth = sys.getrecursionlimit() // 4
-    long = 2 * depth  # a valid JSON text shorter than this cannot nest deeper
+    short = 2 * (sys.getrecursionlimit() >> 2)  # a valid JSON text this short cannot nest deep (surely_shallow)
     events: list[dict[str, Any]] = []
     append = events.append
     for room_id, seq, event_id, kind, actor_json, epoch, payload_json, created_at, _extra in rows:
         # json.loads(text) is scan(text, 0) when the value ends the text (json.loads would also allow whitespace).
         actor, end = scan(actor_json, 0)
-        if end != len(actor_json) or (end > long and not _shallow(actor_json, depth)):
+        if end != len(actor_json) or (end > short and not surely_shallow(actor_json)):
             raise _InDoubt
         payload, end = scan(payload_json, 0)
-        if end != len(payload_json) or (end > long and not _shallow(payload_json, depth)):
+        if end != len(payload_json) or (end > short and not surely_shallow(payload_json)):
             raise _InDoubt
         if seq.__class__ is not int or (epoch is not None and epoch.__class__ is not int):
             raise _InDoubt  # int() of something else (a REAL from a hand-made row) may be wider than 64 bits
