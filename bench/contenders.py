@@ -75,6 +75,7 @@ class Workload:
     stored: tuple[int, int] = (0, 0)  # events in the room a replay reads: full run, --quick
     page: int = 500
     memory: bool = False  # also trace one call's peak Python memory, per contender
+    rooms: tuple[int, int] = (0, 0)  # rooms of ``stored`` events each that a catch-up replicates: full, --quick
 
     def count(self, ctx: Context) -> int:
         return self.calls[1] if ctx.quick else self.calls[0]
@@ -82,12 +83,17 @@ class Workload:
     def room_size(self, ctx: Context) -> int:
         return self.stored[1] if ctx.quick else self.stored[0]
 
+    def room_count(self, ctx: Context) -> int:
+        return self.rooms[1] if ctx.quick else self.rooms[0]
+
     def events_per_call(self, ctx: Context) -> int:
+        if self.rooms[0]:
+            return self.room_count(ctx) * self.room_size(ctx)
         return self.room_size(ctx) if self.stored[0] else self.batch
 
     def describe(self, ctx: Context) -> str:
         return self.title.format(calls=self.count(ctx), batch=self.batch, stored=self.room_size(ctx),
-                                 page=self.page)
+                                 page=self.page, rooms=self.room_count(ctx))
 
 
 WORKLOADS: dict[str, Workload] = {workload.name: workload for workload in (
@@ -97,6 +103,9 @@ WORKLOADS: dict[str, Workload] = {workload.name: workload for workload in (
              calls=(2000, 200), warmup=20),
     Workload("batch100", "append_batch", "append a batch of {batch} events in one transaction, {calls} per round",
              calls=(100, 10), warmup=2, batch=100),
+    Workload("catch-up", "catch_up", "a standby's catch-up of {rooms} rooms x {stored:,} events from the authority's "
+             "store into an empty one, pages of {page}", calls=(1, 1), warmup=0, stored=(2000, 500),
+             rooms=(256, 16)),
 )}
 
 
@@ -184,7 +193,13 @@ class HostedroomsSchema(Contender):
     def prepare(self) -> dict[str, Any]:
         raise_limits()
         target = self.ctx.new_database(self.name, migrated=True)
-        if self.workload.stored[0]:
+        if self.workload.rooms[0]:
+            engine = _engine(self.ctx, target)
+            for index in range(self.workload.room_count(self.ctx)):
+                _create_room(engine, f"room-{index:03}")
+                _fill(engine, f"room-{index:03}", self.workload.room_size(self.ctx))
+            engine.dispose()
+        elif self.workload.stored[0]:
             engine = _engine(self.ctx, target)
             _create_room(engine, READ_ROOM)
             _fill(engine, READ_ROOM, self.workload.room_size(self.ctx))
@@ -213,7 +228,14 @@ class Hostedrooms(HostedroomsSchema):
 
         raise_limits()
         self.rooms = rooms
-        self.room_id = READ_ROOM if self.workload.stored[0] else self._round_room(round_index)
+        self.standby: str | None = None
+        if self.workload.rooms[0]:
+            # The round's standby: an empty store of its own (its creation is not timed).
+            self.standby = self.ctx.new_database(f"{self.name}-standby", migrated=True)
+            self.standby_engine = _engine(self.ctx, self.standby)
+            self.room_id = ""
+        else:
+            self.room_id = READ_ROOM if self.workload.stored[0] else self._round_room(round_index)
         self.engine = _engine(self.ctx, self.state["target"])
 
     def append_one(self, index: int) -> int:
@@ -238,13 +260,24 @@ class Hostedrooms(HostedroomsSchema):
             if not page["has_more"]:
                 return events
 
+    def catch_up(self, index: int) -> int:
+        """The standby's Replicator: one pass over every room of the authority's store."""
+        from hostedrooms.standby import EnginePageSource, Replicator
+
+        report = Replicator(EnginePageSource(self.engine), self.standby_engine,
+                            page_limit=self.workload.page).sync_once()
+        if not report.ok or report.lag:
+            raise RuntimeError(f"the catch-up did not complete: {report.summary()}")
+        return report.events
+
     def page_json_bytes(self) -> int:
         """One replay page's size as JSON (what a page-bounded reader should hold at a time)."""
         page = self.rooms.read_events(self.engine, room_id=self.room_id, since_seq=0, limit=self.workload.page)
         return len(json.dumps(page).encode())
 
     def durability(self) -> dict[str, str]:
-        scalar, connection = _engine_scalar(self.engine)
+        # A catch-up commits to the standby: its settings are the ones that matter.
+        scalar, connection = _engine_scalar(self.standby_engine if self.standby is not None else self.engine)
         try:
             return postgres_durability(scalar) if self.ctx.postgres else sqlite_durability(scalar)
         finally:
@@ -261,6 +294,46 @@ class Hostedrooms(HostedroomsSchema):
 
     def close(self) -> None:
         self.engine.dispose()
+        if self.standby is not None:
+            self.standby_engine.dispose()
+            _drop_database(self.ctx, self.standby)
+
+
+def _drop_database(ctx: Context, target: str) -> None:
+    """Drop a PostgreSQL database a round created (SQLite files go with the run's temp folder)."""
+    if ctx.url is None:
+        return
+    from sqlalchemy import make_url
+
+    from hostedrooms.testing import drop_database
+
+    drop_database(ctx.url, str(make_url(target).database))
+
+
+class RawIngestLoop(Hostedrooms):
+    """The loop every user would write: list the rooms, then per room read_events pages and ingest_page them,
+    with nothing else (no lineage checks, no local-room fence, no reports): the floor of a catch-up."""
+
+    name = "raw-ingest-loop"
+    label = "raw read_events/ingest_page loop"
+    note = "the same pages, no checks around them"
+
+    def catch_up(self, index: int) -> int:
+        from hostedrooms import replicas, rooms
+
+        events = 0
+        for room in rooms.list_rooms(self.engine, include_disbanded=True):
+            since = 0
+            while True:
+                page = rooms.read_events(self.engine, room_id=room["room_id"], since_seq=since,
+                                         limit=self.workload.page, include_disbanded=True)
+                result = replicas.ingest_page(self.standby_engine, room_id=room["room_id"], room_name=room["name"],
+                                              members=room["members"], page=page)
+                events += result["ingested"]
+                since = result["stored_seq"]
+                if not page["has_more"]:
+                    break
+        return events
 
 
 class HostedroomsToThread(Hostedrooms):
@@ -631,6 +704,7 @@ class EventsourcingApplication(Eventsourcing):
 
 CONTENDERS: list[type[Contender]] = [
     Hostedrooms,
+    RawIngestLoop,
     EventsourcingAggregate,
     EventsourcingApplication,
     RawReferenceStatements,

@@ -543,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
         [*WORKLOADS, *POSTGRES_WORKLOADS]))
     parser.add_argument("--compare", metavar="WORKLOADS",
                         help="comparison mode: hostedrooms beside its peers in alternating rounds, for these "
-                             "comma-separated workloads (read, append, batch100, or all); see bench/compare.py")
+                             "comma-separated workloads (read, append, batch100, catch-up, or all); "
+                             "see bench/compare.py")
     parser.add_argument("--rounds", type=int, default=5, help="comparison rounds (default 5)")
     parser.add_argument("--contenders", help="comparison contenders besides hostedrooms, comma-separated "
                                              "(default: all that apply; see bench/contenders.py)")

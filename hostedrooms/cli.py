@@ -247,6 +247,142 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     return run_demo(directory=args.dir, url_a=args.url_a, url_b=args.url_b, out=out)
 
 
+# --- standby ------------------------------------------------------------------------------------------
+
+
+def _seconds(value: float, option: str) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise HostedRoomError(f"{option} must be a finite number of seconds, 0 or more")
+    return value
+
+
+class _ReplicateDisplay:
+    """The replicate command's output: a progress line on a terminal (rooms, events, lag), a line per refused or
+    demoted room on stdout, and one summary line."""
+
+    def __init__(self, out: TextIO, source: str) -> None:
+        self.out, self.source = out, source
+        self.progress = Progress()
+        self.rooms = self.events = self.pages = self.passes = self.lag = 0
+
+    def on_page(self, page: Any) -> None:
+        self.events += page.events
+        self.pages += 1
+        self.progress(f"replicating from {self.source}: room {self.rooms + 1}, {self.events:,} events, "
+                      f"lag {self.lag:,} events ...")
+
+    def on_room(self, room: Any) -> None:
+        from .standby.replicator import DEMOTED, REFUSED
+
+        self.rooms += 1
+        self.lag += room.lag
+        if room.status in (REFUSED, DEMOTED):
+            self.progress.done()
+            self.out.write(terminal_text(f"{room.status} {room.room_id}: {room.reason}") + "\n")
+            self.out.flush()
+
+    def on_pass(self, report: Any) -> None:
+        self.passes += 1
+        self.rooms, self.lag = 0, 0
+        self.progress(f"replicating from {self.source}: {len(report.rooms)} rooms, {self.events:,} events "
+                      f"so far, lag {report.lag:,} events" + (f"; {report.error}" if report.error else ""))
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[Any]:
+    """A threading.Event set by SIGTERM or SIGINT while the block runs (the previous handlers come back)."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {number: signal.signal(number, lambda *_: stop.set()) for number in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def cmd_replicate(args: argparse.Namespace, out: TextIO) -> int:
+    from .standby import PollingWaker, Replicator, open_source
+
+    interval = _seconds(args.interval, "--interval")
+    # A database answers a change probe in microseconds; an HTTP endpoint costs a request per look.
+    http_source = args.source.startswith(("http://", "https://"))
+    poll = _seconds(args.poll if args.poll is not None else 0.5 if http_source else 0.01, "--poll")
+    source = open_source(args.source)
+    try:
+        with _engine(argparse.Namespace(url=args.target)) as target:
+            _require_schema(target)
+            display = _ReplicateDisplay(out, terminal_text(source.describe()))
+            replicator = Replicator(source, target, local_gateway_id=args.gateway, on_page=display.on_page,
+                                    on_room=display.on_room, workers=args.workers,
+                                    max_pages_per_room=args.max_pages if args.follow else None)
+            if not args.follow:
+                report = replicator.sync_once()
+                display.progress.done()
+                out.write(terminal_text(f"replicate: {report.summary()}") + "\n")
+                return EXIT_OK if report.ok else EXIT_FAILED
+            last: list[Any] = []
+
+            def on_pass(report: Any) -> None:
+                last[:] = [report]
+                display.on_pass(report)
+
+            waker = PollingWaker(source.change_token, poll_interval=poll) if poll > 0 else None
+            with _stop_on_signals() as stop:
+                replicator.run(interval=interval, waker=waker, stop=stop, on_pass=on_pass)
+            display.progress.done()
+            tail = f"; last pass: {last[0].summary()}" if last else ""
+            out.write(terminal_text(f"replicate: stopped after {display.passes} passes, {display.events:,} events "
+                                    f"in {display.pages:,} pages{tail}") + "\n")
+            return EXIT_OK
+    finally:
+        source.close()
+
+
+def _failover_line(room: Any) -> str:
+    if room.outcome == "promoted":
+        what = f"epoch {room.previous_epoch} -> {room.epoch}, claim at seq {room.claim_seq}"
+    elif room.outcome == "would-promote":
+        what = f"epoch {room.previous_epoch} -> {room.epoch} (seq {room.last_seq})"
+    else:
+        what = f"{room.outcome}: {room.reason}"
+    label = {"promoted": "promoted", "would-promote": "would promote"}.get(room.outcome, "not promoted")
+    return terminal_text(f"{label:<13} {room.room_id}  {what}")
+
+
+def cmd_failover(args: argparse.Namespace, out: TextIO) -> int:
+    from .identity import local_gateway_id
+    from .standby import Replicator, failover, open_source
+
+    if args.dry_run and args.catch_up_from:
+        raise HostedRoomError("--dry-run writes nothing: run `hostedrooms replicate` first instead of "
+                              "--catch-up-from")
+    local = local_gateway_id(args.gateway)
+    with _engine(argparse.Namespace(url=args.target)) as target:
+        _require_schema(target)
+        if args.catch_up_from:
+            source = open_source(args.catch_up_from)
+            try:
+                caught = Replicator(source, target, local_gateway_id=local).sync_once()
+            finally:
+                source.close()
+            out.write(terminal_text(f"catch-up: {caught.summary()}") + "\n")
+            if caught.error:
+                raise HostedRoomError(f"the catch-up from {args.catch_up_from} failed ({caught.error}); nothing "
+                                      "was promoted (without --catch-up-from, failover promotes what is replicated)")
+        report = failover(target, from_gateway=args.from_gateway, local_gateway_id=local, dry_run=args.dry_run,
+                          reason=args.reason)
+    for room in report.rooms:
+        out.write(_failover_line(room) + "\n")
+    out.write(terminal_text(f"failover: {report.summary()}") + "\n")
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
 # --- parser ------------------------------------------------------------------------------------------
 
 
@@ -294,6 +430,35 @@ def build_parser() -> argparse.ArgumentParser:
     command("verify", cmd_verify, "check every store invariant; exit 1 on violations")
     _add_alembic_ini(command("alembic-ini", cmd_alembic_ini, "write an alembic.ini for the installed package",
                              url=False))
+    replicate = command("replicate", cmd_replicate, "keep replicas of every room of another gateway caught up",
+                        url=False)
+    replicate.add_argument("--from", dest="source", required=True,
+                           help="the authority: its database (path or URL) or its page endpoint (http(s)://...)")
+    replicate.add_argument("--to", dest="target", default=default_url(),
+                           help=f"this gateway's database (default: ${DATABASE_URL_ENV} or ./{DEFAULT_DATABASE})")
+    replicate.add_argument("--follow", action="store_true", help="keep replicating until interrupted")
+    replicate.add_argument("--interval", type=float, default=1.0,
+                           help="with --follow: seconds between passes at most (default 1)")
+    replicate.add_argument("--poll", type=float,
+                           help="with --follow: seconds between checks for new commits on the source, which "
+                                "start a pass at once (default 0.01 for a database, 0.5 for an http(s) endpoint; "
+                                "0: passes at --interval only)")
+    replicate.add_argument("--max-pages", type=_positive, default=16,
+                           help="with --follow: pages read from one room per pass (default 16)")
+    replicate.add_argument("--workers", type=_positive, default=1,
+                           help="rooms replicated at once (default 1; more helps where the stores take concurrent "
+                                "work, such as PostgreSQL on a machine with cores to spare)")
+    replicate.add_argument("--gateway", help="this gateway's id, to demote rooms the source shows a newer "
+                                             "lineage of (default: install:$HOSTEDROOMS_INSTALL_ID)")
+    fail = command("failover", cmd_failover, "promote every caught-up replica of a silent authority", url=False)
+    fail.add_argument("--from-gateway", required=True, help="the silent authority's gateway id (install:...)")
+    fail.add_argument("--to", dest="target", default=default_url(),
+                      help=f"this gateway's database (default: ${DATABASE_URL_ENV} or ./{DEFAULT_DATABASE})")
+    fail.add_argument("--dry-run", action="store_true", help="report what would be promoted; write nothing")
+    fail.add_argument("--gateway", help="this gateway's id (default: install:$HOSTEDROOMS_INSTALL_ID)")
+    fail.add_argument("--catch-up-from", metavar="SOURCE",
+                      help="replicate from the authority's database or endpoint first (when still readable)")
+    fail.add_argument("--reason", default="authority-unreachable", help="recorded in each claim event")
     demo = command("demo", cmd_demo, "run the failover story on two gateways' databases", url=False)
     demo.add_argument("--dir", help="folder for the two SQLite files (default: a temporary folder)")
     demo.add_argument("--url-a", help="gateway A's database URL (instead of a SQLite file)")

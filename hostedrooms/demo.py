@@ -1,8 +1,13 @@
 """The whole story on two gateways' databases, in a few seconds (``hostedrooms demo``).
 
-Gateway A hosts a room and talks; gateway B replicates A's log page by page; A goes silent; B promotes its
-replica at epoch 2 and continues; A comes back, observes B's lineage and demotes itself; A's stale write is
-refused by A's own store. Both logs are printed side by side, and ``verify`` must end clean on both.
+By hand, with the replica primitives: gateway A hosts a room and talks; gateway B replicates A's log page by
+page; A goes silent; B promotes its replica at epoch 2 and continues; A comes back, observes B's lineage and
+demotes itself; A's stale write is refused by A's own store.
+
+Then automatically, with the standby tools (:mod:`hostedrooms.standby`): a Replicator keeps B's replicas of
+every room of A caught up, ``failover`` promotes them all at once when A goes silent, and a Replicator reading
+from B back into A's store demotes each of A's rooms. The first room's logs are printed side by side, and
+``verify`` must end clean on both databases.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from .db import create_engine
 from .display import terminal_text
 from .errors import AuthorityConflictError, HostedRoomError, describe_target
 from .integrity import verify
+from .records import EventRecord
+from .standby import EnginePageSource, Replicator, failover
 
 GATEWAY_A = "install:gateway-a"
 GATEWAY_B = "install:gateway-b"
@@ -53,7 +60,7 @@ class Story:
         self.note(f"{label}: room {ROOM!r} owned by {state['authority_gateway_id']} at epoch "
                   f"{state['authority_epoch']}, latest seq {state.get('latest_seq', '?')}")
 
-    def message(self, engine: Engine, gateway: str, epoch: int, user: str, text: str) -> dict[str, Any]:
+    def message(self, engine: Engine, gateway: str, epoch: int, user: str, text: str) -> EventRecord:
         self.sent += 1
         return rooms.append_event(
             engine, room_id=ROOM, event_id=rooms.user_event_id(f"{user}-{self.sent}"), kind="message.user",
@@ -61,8 +68,8 @@ class Story:
             authority_epoch=epoch, now=self.tick())
 
 
-def _log(engine: Engine) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
+def _log(engine: Engine) -> list[EventRecord]:
+    events: list[EventRecord] = []
     since = 0
     while True:
         page = rooms.read_events(engine, room_id=ROOM, since_seq=since, limit=500)
@@ -72,7 +79,7 @@ def _log(engine: Engine) -> list[dict[str, Any]]:
             return events
 
 
-def _cell(event: dict[str, Any] | None) -> str:
+def _cell(event: EventRecord | None) -> str:
     if event is None:
         return ""
     payload = event["payload"]
@@ -144,7 +151,10 @@ def _run(story: Story) -> int:
         story.note("NOT refused: the fence failed")
         return 1
 
-    story.say("Both logs, side by side (e<epoch> kind detail):")
+    if _run_automatic(story) != 0:
+        return 1
+
+    story.say(f"Room {ROOM!r}: both logs, side by side (e<epoch> kind detail):")
     _side_by_side(story)
 
     story.say("verify on both databases:")
@@ -154,6 +164,69 @@ def _run(story: Story) -> int:
         problems += len(found)
         story.note(f"{label}: {'clean' if not found else '; '.join(map(str, found))}")
     return 0 if problems == 0 else 1
+
+
+AUTO_ROOMS = {"design": ("alice", "bob", "alice"), "ops": ("carol", "dave"), "retro": ("bob",)}
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _pass_lines(story: Story, report: Any) -> None:
+    for room in report.rooms:
+        parts = [f"{_plural(room.events, 'new event')} in {_plural(room.pages, 'page')}" if room.pages
+                 else "up to date" if room.status in ("caught-up", "disbanded") else "", room.reason]
+        story.note(f"{room.room_id:<8} {room.status:<10} " + "; ".join(part for part in parts if part))
+    story.note(f"pass: {report.summary().rsplit(';', 1)[0]}")
+
+
+def _run_automatic(story: Story) -> int:
+    """The same story for every room at once, driven by the standby tools."""
+    a, b = story.a, story.b
+    story.say("Now automatically. Gateway A hosts three more rooms.")
+    for room_id, speakers in AUTO_ROOMS.items():
+        rooms.create_room(a, room_id=room_id, name=room_id.title(), members=MEMBERS, authority_gateway_id=GATEWAY_A,
+                          now=story.tick())
+        for index, user in enumerate(speakers):
+            rooms.append_event(a, room_id=room_id, event_id=rooms.user_event_id(f"{room_id}-{index}"),
+                               kind="message.user", actor={"kind": "user", "id": user},
+                               payload={"text": f"{room_id} note {index}"}, authority_gateway_id=GATEWAY_A,
+                               authority_epoch=1, now=story.tick())
+
+    story.say("Gateway B runs a Replicator on A's database: one pass brings a replica of every room up to date "
+              f"(A's {ROOM!r} now belongs to B: B's own room is never replicated over).")
+    to_b = Replicator(EnginePageSource(a), b, local_gateway_id=GATEWAY_B, now=story.tick)
+    _pass_lines(story, to_b.sync_once())
+    rooms.append_event(a, room_id="design", event_id=rooms.user_event_id("design-late"), kind="message.user",
+                       actor={"kind": "user", "id": "alice"}, payload={"text": "one more thing"},
+                       authority_gateway_id=GATEWAY_A, authority_epoch=1, now=story.tick())
+    rooms.disband_room(a, room_id="retro", expected_gateway_id=GATEWAY_A, expected_epoch=1, now=story.tick())
+    story.note("A appends to 'design' and disbands 'retro'; the next pass reads only what is new:")
+    _pass_lines(story, to_b.sync_once())
+
+    story.say("Gateway A goes silent. `failover` promotes every caught-up replica of A on B, each at epoch 2.")
+    report = failover(b, from_gateway=GATEWAY_A, local_gateway_id=GATEWAY_B, now=story.tick())
+    for room in report.rooms:
+        outcome = (f"promoted at epoch {room.epoch}, claim at seq {room.claim_seq}" if room.promoted
+                   else f"not promoted ({room.outcome}): {room.reason}")
+        story.note(f"{room.room_id:<8} {outcome}")
+    rooms.append_event(b, room_id="design", event_id=rooms.user_event_id("design-on-b"), kind="message.user",
+                       actor={"kind": "user", "id": "bob"}, payload={"text": "B carries on"},
+                       authority_gateway_id=GATEWAY_B, authority_epoch=2, now=story.tick())
+
+    story.say("Gateway A returns and runs a Replicator on B's database: it observes B's newer lineage and "
+              "demotes each room B took over.")
+    _pass_lines(story, Replicator(EnginePageSource(b), a, local_gateway_id=GATEWAY_A, now=story.tick).sync_once())
+    try:
+        rooms.append_event(a, room_id="design", event_id="late-on-a", kind="message.user",
+                           actor={"kind": "user", "id": "mallory"}, payload={"text": "stale"},
+                           authority_gateway_id=GATEWAY_A, authority_epoch=1, now=story.tick())
+    except AuthorityConflictError as exc:
+        story.note(f"A's stale write to 'design': refused: {type(exc).__name__}: {exc}")
+        return 0
+    story.note("A's stale write to 'design' was NOT refused: the fence failed")
+    return 1
 
 
 def _has_demo_replica(engine: Engine) -> bool:

@@ -33,6 +33,7 @@ from .models import metadata
 
 if TYPE_CHECKING:
     from alembic.runtime.environment import NameFilterParentNames, NameFilterType
+    from sqlalchemy.sql.schema import SchemaItem
 
 #: hostedrooms' own Alembic version table (a host application keeps ``alembic_version``).
 VERSION_TABLE = "hostedrooms_alembic_version"
@@ -157,7 +158,9 @@ def host_include_name(name: str | None, type_: NameFilterType, parent_names: Nam
     return not _ours(parent_names.get("table_name"))
 
 
-def host_include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+def host_include_object(
+    obj: SchemaItem, name: str | None, type_: NameFilterType, reflected: bool, compare_to: SchemaItem | None
+) -> bool:
     """``include_object`` for a host's ``env.py``: skip hostedrooms' tables on both sides of the comparison,
     for hosts whose ``target_metadata`` also holds them (for foreign keys to ``hosted_rooms``, say)."""
     if type_ == "table":
@@ -264,7 +267,9 @@ datefmt = %H:%M:%S
 # --- the Alembic environment (alembic/env.py delegates here) ---------------------------------------------
 
 
-def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+def include_object(
+    obj: SchemaItem, name: str | None, type_: NameFilterType, reflected: bool, compare_to: SchemaItem | None
+) -> bool:
     """Autogenerate and ``alembic check`` look only at hostedrooms' own tables, never the host's."""
     if type_ == "table":
         return name in metadata.tables

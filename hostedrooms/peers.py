@@ -15,7 +15,7 @@ import hashlib
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import URL, ColumnElement, Engine, Select, delete, exists, func, inspect, select, update
 from sqlalchemy import exc as sa_exc
@@ -26,6 +26,7 @@ from .dialect import dialect_for_url
 from .engines import EngineCache, EngineSource, resolve_engine
 from .errors import AuthorityConflictError, HostedRoomError, RoomProbeUnavailableError, StorageError
 from .limits import Limits, in_force
+from .records import RemoteRunIdentity, RemoteRunReceipt, RemoteRunRecord, RoomLinkRecord
 from .uow import UnitOfWork
 from .validation import INT64_MAX, clock, compact_json, identifier, storable_string, storable_text
 
@@ -258,7 +259,7 @@ def _restrict_to_owner(uow: UnitOfWork) -> None:
 # --- room links --------------------------------------------------------------------------------------
 
 
-def list_room_link_records(engine: EngineSource) -> list[dict[str, Any]]:
+def list_room_link_records(engine: EngineSource) -> list[RoomLinkRecord]:
     """Every private room link record (grant included) ordered by room and member; never logged."""
     table = models.links
     with UnitOfWork(_secret_engine(_resolve(engine)), write=False) as uow:
@@ -266,10 +267,10 @@ def list_room_link_records(engine: EngineSource) -> list[dict[str, Any]]:
         stmt = select(*(table.c[column] for column in LINK_COLUMNS)).order_by(
             bytewise(table.c.room_id), bytewise(table.c.member_id))
         rows = uow.connection.execute(stmt).mappings().all()
-    return [dict(row) for row in rows]
+    return [cast(RoomLinkRecord, dict(row)) for row in rows]
 
 
-def upsert_room_link_record(engine: EngineSource, *, record: Mapping[str, Any], max_links: int) -> None:
+def upsert_room_link_record(engine: EngineSource, *, record: RoomLinkRecord, max_links: int) -> None:
     """Atomically insert or replace every field of one private room link record.
 
     ``max_links`` caps the number of stored links; it counts only a new (room_id, member_id), so replacing
@@ -469,7 +470,7 @@ def _identity_filter(identity: Mapping[str, Any]) -> list[ColumnElement[bool]]:
     return [models.remote_runs.c[column] == value for column, value in identity.items()]
 
 
-def upsert_remote_run_receipt(engine: EngineSource, *, record: Mapping[str, Any], now: float | None = None) -> None:
+def upsert_remote_run_receipt(engine: EngineSource, *, record: RemoteRunRecord, now: float | None = None) -> None:
     """Durably bind one logical peer task attempt (the 9-column identity) to its run and session.
 
     The same record again only moves ``updated_at``; a different run or session for the same identity
@@ -495,7 +496,7 @@ def upsert_remote_run_receipt(engine: EngineSource, *, record: Mapping[str, Any]
 def list_remote_run_receipts(
     engine: EngineSource, *, room_id: str | None = None, target_profile: str | None = None,
     session_id: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[RemoteRunReceipt]:
     """Remote-run receipts matching every given filter, in durable task order
     (``created_at``, ``task_id``, ``execution_generation``)."""
     candidates = (("room_id", room_id), ("target_profile", target_profile), ("session_id", session_id))
@@ -505,15 +506,15 @@ def list_remote_run_receipts(
         stmt = select(table).where(*(table.c[column] == value for column, value in filters.items())).order_by(
             table.c.created_at, uow.dialect.bytewise(table.c.task_id), table.c.execution_generation)
         rows = uow.connection.execute(stmt).mappings().all()
-    return [dict(row) for row in rows]
+    return [cast(RemoteRunReceipt, dict(row)) for row in rows]
 
 
-def remote_run_receipt(engine: EngineSource, *, record: Mapping[str, Any]) -> dict[str, Any] | None:
+def remote_run_receipt(engine: EngineSource, *, record: RemoteRunIdentity) -> RemoteRunReceipt | None:
     """The durable receipt of one exact task attempt (its 9-column identity), or None."""
     identity = _receipt_identity(record)
     with UnitOfWork(_resolve(engine), write=False) as uow:
         row = uow.connection.execute(select(models.remote_runs).where(*_identity_filter(identity))).mappings().first()
-    return dict(row) if row is not None else None
+    return cast(RemoteRunReceipt, dict(row)) if row is not None else None
 
 
 # --- non-blocking ownership probes -------------------------------------------------------------------
@@ -562,7 +563,7 @@ def _probe(target: Target, table_name: str, stmt: Select[Any], unavailable: str)
         raise RoomProbeUnavailableError(unavailable) from exc
 
 
-def probe_hosted_room(target: Target, *, room_id: Any, limits: Limits | None = None) -> bool:
+def probe_hosted_room(target: Target, *, room_id: str, limits: Limits | None = None) -> bool:
     """Whether this store hosts the live room ``room_id``; never creates, migrates or blocks.
 
     ``target`` is a SQLite path, a URL or an Engine (only its URL is used). On the synchronous
@@ -575,7 +576,7 @@ def probe_hosted_room(target: Target, *, room_id: Any, limits: Limits | None = N
 
 
 def probe_peer_room_reservation(
-    target: Target, *, room_id: Any, target_profile: Any, now: float | None = None, limits: Limits | None = None
+    target: Target, *, room_id: str, target_profile: str, now: float | None = None, limits: Limits | None = None
 ) -> bool:
     """Whether a live peer reservation fences the room/profile; never creates, migrates or blocks."""
     room_id, target_profile = _room_and_profile(room_id, target_profile, in_force(limits))

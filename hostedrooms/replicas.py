@@ -23,7 +23,7 @@ after the room row; ingest never takes a room lock, so no cycle can form.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ from .errors import (
 )
 from .identity import local_gateway_id as resolve_local_gateway_id
 from .limits import Limits, in_force
+from .records import Authority, DemotionResult, EventPage, IngestResult, PromotionResult, ReplicaState
 from .rooms import (
     CONTROL_EVENT_KINDS,
     PreparedEvent,
@@ -118,7 +119,7 @@ class _Page:
     latest_seq: int | None
 
     @property
-    def authority(self) -> dict[str, Any]:
+    def authority(self) -> Authority:
         return {"gateway_id": self.gateway_id, "epoch": self.epoch}
 
 
@@ -216,9 +217,9 @@ def _created_at(value: Any) -> float | None:
 
 
 def ingest_page(
-    engine: EngineSource, *, room_id: Any, room_name: Any, members: Any, page: Any, now: float | None = None,
-    limits: Limits | None = None,
-) -> dict[str, Any]:
+    engine: EngineSource, *, room_id: str, room_name: str, members: list[dict[str, Any]],
+    page: EventPage | dict[str, Any], now: float | None = None, limits: Limits | None = None,
+) -> IngestResult:
     """Persist one replay page of ``room_id`` (the verbatim result of the authority's ``read_events``).
 
     Idempotent: events at or below the stored ``last_seq`` are skipped (after checking they are the same
@@ -245,7 +246,7 @@ def _lock_replica(uow: UnitOfWork, room_id: str) -> Mapping[Any, Any] | None:
 
 def _ingest(
     uow: UnitOfWork, lim: Limits, room_id: str, room_name: str, members_json: str, page: _Page, now: float
-) -> dict[str, Any]:
+) -> IngestResult:
     connection = uow.connection
     row = _lock_replica(uow, room_id)
     if row is None:
@@ -329,7 +330,7 @@ def _check_new_event_ids(uow: UnitOfWork, room_id: str, new_events: Sequence[_Pa
 # --- state ---------------------------------------------------------------------------------------------------------
 
 
-def replica_state(engine: EngineSource, *, room_id: Any, limits: Limits | None = None) -> dict[str, Any]:
+def replica_state(engine: EngineSource, *, room_id: str, limits: Limits | None = None) -> ReplicaState:
     """The stored replica's coverage (``last_seq``/``latest_seq``) and authority lineage (a pure read)."""
     room_id = validate_room_id(room_id, in_force(limits))
     with UnitOfWork(_resolve(engine), write=False) as uow:
@@ -339,7 +340,7 @@ def replica_state(engine: EngineSource, *, room_id: Any, limits: Limits | None =
     return _replica_to_dict(row)
 
 
-def _replica_to_dict(row: Mapping[Any, Any]) -> dict[str, Any]:
+def _replica_to_dict(row: Mapping[Any, Any]) -> ReplicaState:
     return {
         "room_id": row["room_id"], "name": row["name"],
         "members": stored_json(row["members_json"], lambda: f"replica of room {row['room_id']!r}"),
@@ -375,17 +376,18 @@ def _replica_log(uow: UnitOfWork, room_id: str) -> _LogStats:
 
 
 def promote_replica(
-    engine: EngineSource, *, room_id: Any, reason: Any = "authority-unreachable", now: float | None = None,
-    local_gateway_id: Any = None, limits: Limits | None = None,
-) -> dict[str, Any]:
+    engine: EngineSource, *, room_id: str, reason: str = "authority-unreachable", now: float | None = None,
+    local_gateway_id: str | Callable[[], str] | None = None, limits: Limits | None = None,
+) -> PromotionResult:
     """Continue a replicated room on THIS gateway at ``epoch + 1``, in one transaction.
 
     Copies the replica's log into the authoritative tables, appends ``authority.claimed``
     (``system:authority-claimed:<epoch>``, with ``promoted_from_replica`` and ``reason``) and consumes the
     replica. Refuses a replica that is not caught up or whose room was disbanded (ReplicaError), and a room
     that does not fit the capacity limits an append would meet; a refused promotion leaves the replica intact.
-    The local gateway is ``local_gateway_id``, else ``install:$HOSTEDROOMS_INSTALL_ID``. The caller decides
-    that takeover is safe; this primitive only makes it atomic and provable.
+    The local gateway is ``local_gateway_id`` (or what it returns, when a callable), else
+    ``install:$HOSTEDROOMS_INSTALL_ID``. The caller decides that takeover is safe; this primitive only makes it
+    atomic and provable.
     """
     lim = in_force(limits)
     room_id = validate_room_id(room_id, lim)
@@ -395,7 +397,7 @@ def promote_replica(
     local = resolve_local_gateway_id(local_gateway_id)
     actor_json = system_actor_json("authority-control", lim)
 
-    def body(tx: RoomTransaction) -> dict[str, Any]:
+    def body(tx: RoomTransaction) -> PromotionResult:
         replica, log = _promotable(tx, room_id, local)
         previous_gateway, previous_epoch = str(replica["authority_gateway_id"]), int(replica["authority_epoch"])
         last_seq = int(replica["last_seq"])
@@ -459,15 +461,16 @@ def _promotable(tx: RoomTransaction, room_id: str, local: str) -> tuple[Mapping[
 
 
 def demote_room(
-    engine: EngineSource, *, room_id: Any, observed_gateway_id: Any, observed_epoch: Any, now: float | None = None,
-    local_gateway_id: Any = None, limits: Limits | None = None,
-) -> dict[str, Any]:
+    engine: EngineSource, *, room_id: str, observed_gateway_id: str, observed_epoch: int, now: float | None = None,
+    local_gateway_id: str | Callable[[], str] | None = None, limits: Limits | None = None,
+) -> DemotionResult:
     """Fence THIS gateway's stale authority over ``room_id`` against a proven newer epoch.
 
     Appends ``authority.lost`` (``system:authority-lost:<epoch>``) through the fenced append path and adopts
     the observed lineage, so no further local write can commit at the stale epoch. Idempotent for the same
     observation; an epoch that does not supersede the stored one raises ReplicaEpochRegressionError. The
-    local gateway is ``local_gateway_id``, else ``install:$HOSTEDROOMS_INSTALL_ID``.
+    local gateway is ``local_gateway_id`` (or what it returns, when a callable), else
+    ``install:$HOSTEDROOMS_INSTALL_ID``.
     """
     lim = in_force(limits)
     room_id = validate_room_id(room_id, lim)
@@ -486,7 +489,7 @@ def demote_room(
                       "authority_epoch": epoch}, lim),
         epoch, control=True)
 
-    def body(tx: RoomTransaction) -> dict[str, Any]:
+    def body(tx: RoomTransaction) -> DemotionResult:
         room = tx.lock_room(room_id)
         if room is None or room["disbanded_at"] is not None:
             raise ReplicaError("room not found in the local authoritative store")

@@ -18,6 +18,12 @@ def _assert_story(text: str) -> None:
     assert "refused: AuthorityConflictError" in text
     assert text.count(": clean") == 2
     assert "authority.claimed" in text and "authority.lost" in text
+    # The automatic part: a Replicator, failover, and the returning authority demoted by a replicator.
+    assert "retro    disbanded  1 new event in 1 page" in text
+    assert "design   promoted at epoch 2" in text and "ops      promoted at epoch 2" in text
+    assert "retro    not promoted (disbanded)" in text
+    assert "design   demoted" in text and "ops      demoted" in text
+    assert "A's stale write to 'design': refused: AuthorityConflictError" in text
 
 
 def test_demo_on_sqlite_files(tmp_path: Path) -> None:

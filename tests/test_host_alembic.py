@@ -343,7 +343,8 @@ import sqlalchemy as sa
 engine = sa.create_engine(sys.argv[1], connect_args={"timeout": 120} if sys.argv[1].startswith("sqlite") else {})
 with engine.connect() as connection:  # the host's own engine, as in its env.py
     migrate.upgrade(connection)
-print("DONE", migrate.current_revision(sys.argv[1]))
+with engine.connect() as connection:  # read back on the host's engine too (its generous lock timeout)
+    print("DONE", migrate.current_revision(connection))
 """
 
 

@@ -14,7 +14,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 #: Python blocks that are not part of the library walk-through; other tests run them (see readme_block).
-NOT_LIBRARY = ("hostedrooms_engine", "compat import", "from myapp", "pytest_alembic")
+NOT_LIBRARY = ("hostedrooms_engine", "compat import", "from myapp", "pytest_alembic", "hostedrooms.records import")
 
 
 def _python_blocks() -> list[str]:

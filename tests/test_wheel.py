@@ -113,8 +113,11 @@ def test_the_sdist_runs_its_own_tests(dists: tuple[Path, Path, str], tmp_path: P
     with tarfile.open(sdist) as archive:
         archive.extractall(tmp_path, filter="data")
     tree = tmp_path / sdist.name.removesuffix(".tar.gz")
-    shipped = {path.name for path in (tree / "tests").glob("*.py")}
-    assert shipped == {path.name for path in (ROOT / "tests").glob("*.py")}
+    def test_files(top: Path) -> set[str]:
+        return {str(path.relative_to(top)) for path in (top / "tests").rglob("*")
+                if path.suffix in (".py", ".sql") and "__pycache__" not in path.parts}
+
+    assert test_files(tree) == test_files(ROOT)  # snapshots and typing cases included
     assert (tree / "alembic.ini").is_file()
     env = _env(PYTHONPATH=str(tree))  # the unpacked tree's hostedrooms, not this checkout's
     result = _run([sys.executable, "-c", "import hostedrooms; print(hostedrooms.__file__)"], cwd=tree, env=env)

@@ -1,7 +1,8 @@
 """Peer routing functions of the seed-compatible facade: links, grants, reservations, receipts, probes.
 
 Same names, keyword arguments, return shapes, error classes and messages as the reference
-``gateway.hosted_rooms``; ``db_path`` may be a SQLite path, a URL or an Engine. All but the probes use the
+``gateway.hosted_rooms``, annotated with its loose types (mappings in, ``dict[str, Any]`` out: the service's typed
+records, cast); ``db_path`` may be a SQLite path, a URL or an Engine. All but the probes use the
 facade's cached, migrated engine, resolved only after the arguments validated (bad input never creates
 or migrates a database). The probes never use it: they must not create or migrate a store.
 
@@ -14,12 +15,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Engine
 
 from .. import peers
 from ..db import Target
+from ..records import RemoteRunIdentity, RemoteRunRecord, RoomLinkRecord
 from ._engine import engine_for
 from ._rooms_api import facade_limits
 
@@ -49,12 +51,12 @@ def _engine(db_path: Target) -> functools.partial[Engine]:
 
 def list_room_link_records(db_path: Target) -> list[dict[str, Any]]:
     """Return private RoomLink records without logging or formatting grants."""
-    return peers.list_room_link_records(_engine(db_path))
+    return cast("list[dict[str, Any]]", peers.list_room_link_records(_engine(db_path)))
 
 
 def upsert_room_link_record(db_path: Target, *, record: Mapping[str, Any], max_links: int) -> None:
     """Atomically insert or replace one private RoomLink record."""
-    peers.upsert_room_link_record(_engine(db_path), record=record, max_links=max_links)
+    peers.upsert_room_link_record(_engine(db_path), record=cast(RoomLinkRecord, record), max_links=max_links)
 
 
 def update_room_link_status(
@@ -102,20 +104,21 @@ def room_grant_is_revoked(db_path: Target, *, claims: Mapping[str, Any], now: fl
 
 def upsert_remote_run_receipt(db_path: Target, *, record: Mapping[str, Any], now: float | None = None) -> None:
     """Durably bind one logical peer task attempt to its remote run handle."""
-    peers.upsert_remote_run_receipt(_engine(db_path), record=record, now=now)
+    peers.upsert_remote_run_receipt(_engine(db_path), record=cast(RemoteRunRecord, record), now=now)
 
 
 def list_remote_run_receipts(
     db_path: Target, *, room_id: str | None = None, target_profile: str | None = None, session_id: str | None = None
 ) -> list[dict[str, Any]]:
     """Return remote run handles in durable task order."""
-    return peers.list_remote_run_receipts(
-        _engine(db_path), room_id=room_id, target_profile=target_profile, session_id=session_id)
+    return cast("list[dict[str, Any]]", peers.list_remote_run_receipts(
+        _engine(db_path), room_id=room_id, target_profile=target_profile, session_id=session_id))
 
 
 def remote_run_receipt(db_path: Target, *, record: Mapping[str, Any]) -> dict[str, Any] | None:
     """Return the exact durable remote run handle for one task attempt."""
-    return peers.remote_run_receipt(_engine(db_path), record=record)
+    receipt = peers.remote_run_receipt(_engine(db_path), record=cast(RemoteRunIdentity, record))
+    return cast("dict[str, Any] | None", receipt)
 
 
 def probe_hosted_room(db_path: Target, *, room_id: Any) -> bool:

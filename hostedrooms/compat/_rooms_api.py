@@ -1,10 +1,11 @@
 """Room and event functions of the seed-compatible facade, with its constants and exception classes.
 
 Each wrapper takes ``db_path`` first (a SQLite file path, a SQLAlchemy URL string, or an Engine) and the
-reference's keyword arguments, and calls :mod:`hostedrooms.rooms`. The ``MAX_*`` limits are read once per call
-(:func:`facade_limits`) from ``hostedrooms.compat.hosted_rooms`` (which re-exports them) and passed down, so
-lowering one there takes effect. The engine
-is resolved only after the arguments validated, so bad input never creates or migrates a database.
+reference's keyword arguments, and calls :mod:`hostedrooms.rooms`. Like the reference, it is annotated with loose
+types: ``Any`` arguments, and ``dict[str, Any]`` results (the service's typed result, cast: the same dict). The
+``MAX_*`` limits are read once per call (:func:`facade_limits`) from ``hostedrooms.compat.hosted_rooms`` (which
+re-exports them) and passed down, so lowering one there takes effect. The engine is resolved only after the
+arguments validated, so bad input never creates or migrates a database.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from .. import rooms as _rooms
 from ..db import DATABASE_URL_ENV, Target
@@ -153,23 +154,23 @@ def create_room(
     db_path: DbPath, *, room_id: Any, name: Any, members: Any, authority_gateway_id: Any, now: float | None = None
 ) -> dict[str, Any]:
     """Create a room, or return the identical existing room idempotently."""
-    return _rooms.create_room(
+    return cast("dict[str, Any]", _rooms.create_room(
         _engine(db_path), room_id=room_id, name=name, members=members, authority_gateway_id=authority_gateway_id,
-        now=now, limits=facade_limits())
+        now=now, limits=facade_limits()))
 
 
 def list_rooms(
     db_path: DbPath, *, include_disbanded: bool = False, limit: int | None = None, offset: int = 0
 ) -> list[dict[str, Any]]:
     """Return one bounded read-only page ordered by most recent change."""
-    return _rooms.list_rooms(
-        _engine(db_path), include_disbanded=include_disbanded, limit=limit, offset=offset, limits=facade_limits())
+    return cast("list[dict[str, Any]]", _rooms.list_rooms(
+        _engine(db_path), include_disbanded=include_disbanded, limit=limit, offset=offset, limits=facade_limits()))
 
 
 def rename_room(db_path: DbPath, *, room_id: Any, event_id: Any, name: Any, now: float | None = None) -> dict[str, Any]:
     """Rename a live room and append its replay event atomically."""
-    return _rooms.rename_room(_engine(db_path), room_id=room_id, event_id=event_id, name=name, now=now,
-                              limits=facade_limits())
+    return cast("dict[str, Any]", _rooms.rename_room(
+        _engine(db_path), room_id=room_id, event_id=event_id, name=name, now=now, limits=facade_limits()))
 
 
 def append_event(
@@ -177,15 +178,15 @@ def append_event(
     authority_gateway_id: Any = None, authority_epoch: Any = None, now: float | None = None,
 ) -> dict[str, Any]:
     """Append one immutable event and allocate its per-room sequence atomically."""
-    return _rooms.append_event(
+    return cast("dict[str, Any]", _rooms.append_event(
         _engine(db_path), room_id=room_id, event_id=event_id, kind=kind, actor=actor, payload=payload,
-        authority_gateway_id=authority_gateway_id, authority_epoch=authority_epoch, now=now, limits=facade_limits())
+        authority_gateway_id=authority_gateway_id, authority_epoch=authority_epoch, now=now, limits=facade_limits()))
 
 
 def room_state(db_path: DbPath, *, room_id: Any, include_disbanded: bool = False) -> dict[str, Any]:
     """Return durable replay and authority state for one room."""
-    return _rooms.room_state(_engine(db_path), room_id=room_id, include_disbanded=include_disbanded,
-                             limits=facade_limits())
+    return cast("dict[str, Any]", _rooms.room_state(
+        _engine(db_path), room_id=room_id, include_disbanded=include_disbanded, limits=facade_limits()))
 
 
 def request_room_stop(
@@ -209,27 +210,27 @@ def claim_authority(
     event_id: Any, now: float | None = None,
 ) -> dict[str, Any]:
     """Fence a verified authority transfer with a compare-and-swap epoch."""
-    return _rooms.claim_authority(
+    return cast("dict[str, Any]", _rooms.claim_authority(
         _engine(db_path), room_id=room_id, expected_gateway_id=expected_gateway_id, expected_epoch=expected_epoch,
-        new_gateway_id=new_gateway_id, event_id=event_id, now=now, limits=facade_limits())
+        new_gateway_id=new_gateway_id, event_id=event_id, now=now, limits=facade_limits()))
 
 
 def disband_room(
     db_path: DbPath, *, room_id: Any, expected_gateway_id: Any, expected_epoch: Any, now: float | None = None
 ) -> dict[str, Any]:
     """Tombstone a room id permanently and idempotently."""
-    return _rooms.disband_room(
+    return cast("dict[str, Any]", _rooms.disband_room(
         _engine(db_path), room_id=room_id, expected_gateway_id=expected_gateway_id, expected_epoch=expected_epoch,
-        now=now, limits=facade_limits())
+        now=now, limits=facade_limits()))
 
 
 def read_events(
     db_path: DbPath, *, room_id: Any, since_seq: Any = 0, limit: Any = 100, include_disbanded: bool = False
 ) -> dict[str, Any]:
     """Read a monotonic room-log delta after ``since_seq``."""
-    return _rooms.read_events(
+    return cast("dict[str, Any]", _rooms.read_events(
         _engine(db_path), room_id=room_id, since_seq=since_seq, limit=limit, include_disbanded=include_disbanded,
-        limits=facade_limits())
+        limits=facade_limits()))
 
 
 def prune_disbanded_rooms(db_path: DbPath, *, now: float | None = None) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from .. import replicas as _replicas
 from ..errors import HostedRoomError, ReplicaEpochRegressionError, ReplicaError, ReplicaGapError, RoomConflictError
@@ -76,29 +76,29 @@ def ingest_page(
     db_path: DbPath, *, room_id: Any, room_name: Any, members: Any, page: Any, now: float | None = None
 ) -> dict[str, Any]:
     """Persist one replay page for ``room_id``; idempotent, gap- and epoch-regression-safe."""
-    return _replicas.ingest_page(
+    return cast("dict[str, Any]", _replicas.ingest_page(
         _engine(db_path), room_id=room_id, room_name=room_name, members=members, page=page, now=_now(now),
-        limits=_limits())
+        limits=_limits()))
 
 
 def replica_state(db_path: DbPath, *, room_id: Any) -> dict[str, Any]:
     """Return the stored replica's coverage and authority lineage."""
-    return _replicas.replica_state(_engine(db_path), room_id=room_id, limits=_limits())
+    return cast("dict[str, Any]", _replicas.replica_state(_engine(db_path), room_id=room_id, limits=_limits()))
 
 
 def promote_replica(
     db_path: DbPath, *, room_id: Any, reason: Any = "authority-unreachable", now: float | None = None
 ) -> dict[str, Any]:
     """Continue a replicated room on THIS gateway at ``epoch + 1``."""
-    return _replicas.promote_replica(
+    return cast("dict[str, Any]", _replicas.promote_replica(
         _engine(db_path), room_id=room_id, reason=reason, now=_now(now), local_gateway_id=_local_gateway,
-        limits=_limits())
+        limits=_limits()))
 
 
 def demote_room(
     db_path: DbPath, *, room_id: Any, observed_gateway_id: Any, observed_epoch: Any, now: float | None = None
 ) -> dict[str, Any]:
     """Fence THIS gateway's stale room authority against a proven newer epoch."""
-    return _replicas.demote_room(
+    return cast("dict[str, Any]", _replicas.demote_room(
         _engine(db_path), room_id=room_id, observed_gateway_id=observed_gateway_id, observed_epoch=observed_epoch,
-        now=_now(now), local_gateway_id=_local_gateway, limits=_limits())
+        now=_now(now), local_gateway_id=_local_gateway, limits=_limits()))

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, RowMapping, bindparam, func, select, update
 
 from ..dialect import StoreDialect
+from ..records import DeliveryRecord
 from ..uow import UnitOfWork
 from ..validation import canonical_json_bytes
 from .claims import (
@@ -75,8 +76,8 @@ def _transition_statement(expected: tuple[str, ...], names: tuple[str, ...]) -> 
 class Deliveries(Retrying):
     """The delivery state machine (a part of :class:`~hostedrooms.ledger.DeliveryLedger`)."""
 
-    def _deliveries_where(self, *conditions: ColumnElement[bool]) -> list[dict[str, Any]]:
-        def work(uow: UnitOfWork) -> list[dict[str, Any]]:
+    def _deliveries_where(self, *conditions: ColumnElement[bool]) -> list[DeliveryRecord]:
+        def work(uow: UnitOfWork) -> list[DeliveryRecord]:
             statement = select(D).where(*conditions).order_by(*self._order(uow))
             return _public_rows(uow, statement, _public_delivery)
 
@@ -85,7 +86,7 @@ class Deliveries(Retrying):
     def prepare(
         self, envelope: Mapping[str, Any], *, transport_role: str, connection_id: str, lease_token: str,
         target_chat_id: str,
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[DeliveryRecord, bool]:
         """Durably record an envelope's claim before it is acknowledged; return ``(row, created)``.
 
         A known envelope must carry the same claim digest (else ``RuntimeError``); while it is still
@@ -96,7 +97,7 @@ class Deliveries(Retrying):
                                        lease_token=lease_token, target_chat_id=target_chat_id)
         timestamp = self._now()
 
-        def work(uow: UnitOfWork) -> tuple[dict[str, Any], bool]:
+        def work(uow: UnitOfWork) -> tuple[DeliveryRecord, bool]:
             # PostgreSQL: one prepare at a time, so the capacity count cannot be raced (SQLite: BEGIN IMMEDIATE).
             uow.dialect.serialize(uow.connection, PREPARE_LOCK_KEY)
             envelope_id = claim["envelope_id"]
@@ -120,7 +121,7 @@ class Deliveries(Retrying):
     @staticmethod
     def _known_envelope(
         uow: UnitOfWork, row: RowMapping, claim: dict[str, Any], digest: str, timestamp: int
-    ) -> dict[str, Any]:
+    ) -> DeliveryRecord:
         if row["claim_digest"] != digest:
             raise RuntimeError("secure peer envelope identity changed")
         if row["state"] == "prepared" and str(row["lease_token"] or "") != claim["lease_token"]:
@@ -132,12 +133,12 @@ class Deliveries(Retrying):
         assert public is not None
         return public
 
-    def get(self, envelope_id: str) -> dict[str, Any] | None:
+    def get(self, envelope_id: str) -> DeliveryRecord | None:
         """The delivery of ``envelope_id``, or None."""
         key = _key(envelope_id, "envelope_id")
         return self._read(lambda uow: _public_delivery(_delivery(uow, key)))
 
-    def _transition(self, envelope_id: Any, *, expected: Iterable[str], **values: Any) -> dict[str, Any] | None:
+    def _transition(self, envelope_id: Any, *, expected: Iterable[str], **values: Any) -> DeliveryRecord | None:
         """Guarded state change: the row if it was in ``expected`` (and now changed), else None."""
         key = _key(envelope_id, "envelope_id")
         timestamp = self._now()
@@ -145,21 +146,21 @@ class Deliveries(Retrying):
         shape = (tuple(sorted(expected)), tuple(sorted(values)))
         params = {"key": key, "set_updated_at": timestamp, **{f"set_{name}": value for name, value in values.items()}}
 
-        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+        def work(uow: UnitOfWork) -> DeliveryRecord | None:
             statement = uow.dialect.statement(("ledger.transition", *shape), _transition_statement(*shape))
             return _public_delivery(uow.execute(statement, params).mappings().first())
 
         return self._write(work)
 
-    def authorize(self, envelope_id: str) -> dict[str, Any] | None:
+    def authorize(self, envelope_id: str) -> DeliveryRecord | None:
         """``prepared``/``authorized`` -> ``authorized`` (the remote receipt was accepted); else None."""
         return self._transition(envelope_id, expected=("prepared", "authorized"), state="authorized")
 
-    def fail_ownerless_authorized(self, envelope_id: str, *, error: str) -> dict[str, Any] | None:
+    def fail_ownerless_authorized(self, envelope_id: str, *, error: str) -> DeliveryRecord | None:
         """Fail only an ``authorized`` delivery that has no queued/run owner; return the current row."""
         return self._fail(_ADMISSION, _key(envelope_id, "envelope_id"), error)
 
-    def bind_owner(self, envelope_id: str, *, queued_id: str | None, run_id: str | None) -> dict[str, Any] | None:
+    def bind_owner(self, envelope_id: str, *, queued_id: str | None, run_id: str | None) -> DeliveryRecord | None:
         """Bind a queue entry and/or run to an admitted delivery.
 
         ``authorized`` becomes ``queued`` (queue id only) or ``running`` (with a run id); a ``queued``
@@ -172,7 +173,7 @@ class Deliveries(Retrying):
             raise ValueError("secure peer delivery owner is empty")
         timestamp = self._now()
 
-        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+        def work(uow: UnitOfWork) -> DeliveryRecord | None:
             row = _delivery(uow, key, lock=True)
             if row is None:
                 return None
@@ -195,39 +196,39 @@ class Deliveries(Retrying):
 
         return self._write(work)
 
-    def defer_admission(self, envelope_id: str, *, error: str) -> dict[str, Any] | None:
+    def defer_admission(self, envelope_id: str, *, error: str) -> DeliveryRecord | None:
         """Schedule another admission try of an ownerless ``authorized`` delivery (backoff); return the row."""
         return self._retry(_ADMISSION, _key(envelope_id, "envelope_id"), error)
 
-    def pending_admissions(self, *, limit: int = 20, now: int | None = None) -> list[dict[str, Any]]:
+    def pending_admissions(self, *, limit: int = 20, now: int | None = None) -> list[DeliveryRecord]:
         """Ownerless ``authorized`` deliveries whose admission retry is due, soonest first."""
         count = _limit(limit, MAX_RETRY_BATCH, "secure peer admission retry limit is invalid")
         return self._due(_ADMISSION, count, now)
 
-    def nonterminal_for_chat(self, chat_id: str) -> list[dict[str, Any]]:
+    def nonterminal_for_chat(self, chat_id: str) -> list[DeliveryRecord]:
         """Every unfinished delivery targeting ``chat_id``, oldest first."""
         key = _key(chat_id, "chat_id")
         return self._deliveries_where(D.c.target_chat_id == key, D.c.state.in_(NONTERMINAL_DELIVERY_STATES))
 
     def finish(
         self, envelope_id: str, *, succeeded: bool, result_text: str = "", error: str | None = None
-    ) -> dict[str, Any] | None:
+    ) -> DeliveryRecord | None:
         """Complete an admitted delivery (storing the result's SHA-256) or fail any unfinished one."""
         result_hash = _result_hash(result_text)
         expected = ACTIVE_DELIVERY_STATES if succeeded else NONTERMINAL_DELIVERY_STATES
         return self._transition(envelope_id, expected=expected, state="completed" if succeeded else "failed",
                                 result_hash=result_hash, error=_recorded_text(error) if error is not None else None)
 
-    def recoverable(self) -> list[dict[str, Any]]:
+    def recoverable(self) -> list[DeliveryRecord]:
         """Every unfinished delivery (including ``prepared`` ones a crash left behind), oldest first."""
         return self._deliveries_where(D.c.state.in_(NONTERMINAL_DELIVERY_STATES))
 
-    def for_run(self, run_id: str) -> dict[str, Any] | None:
+    def for_run(self, run_id: str) -> DeliveryRecord | None:
         """The delivery owned by run ``run_id``, or None."""
         key = _key(run_id, "run_id")
         return self._read(lambda uow: _public_delivery(_fetch(uow, D, D.c.run_id == key)))
 
-    def nonterminal_for_connection(self, connection_id: str) -> list[dict[str, Any]]:
+    def nonterminal_for_connection(self, connection_id: str) -> list[DeliveryRecord]:
         """Every unfinished delivery received over ``connection_id``, oldest first."""
         key = _key(connection_id, "connection_id")
         return self._deliveries_where(D.c.connection_id == key, D.c.state.in_(NONTERMINAL_DELIVERY_STATES))

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, RowMapping, bindparam, select, update
 
 from ..dialect import StoreDialect
+from ..records import OutboundRecord
 from ..uow import UnitOfWork
 from .claims import (
     EXPIRED_ERROR,
@@ -47,10 +48,10 @@ _SEND = retry_machine(
 class OutboundIntents(Retrying):
     """Outbound intents (a part of :class:`~hostedrooms.ledger.DeliveryLedger`)."""
 
-    def _pending_outbound_where(self, now: Any, *conditions: ColumnElement[bool]) -> list[dict[str, Any]]:
+    def _pending_outbound_where(self, now: Any, *conditions: ColumnElement[bool]) -> list[OutboundRecord]:
         timestamp = self._timestamp(now)
 
-        def work(uow: UnitOfWork) -> list[dict[str, Any]]:
+        def work(uow: UnitOfWork) -> list[OutboundRecord]:
             uow.execute(_EXPIRE_PENDING, {"now": timestamp, "expired_at": timestamp})
             statement = (select(OUT).where(OUT.c.state == "pending", *conditions)
                          .order_by(*self._order(uow, table=OUT)))
@@ -61,7 +62,7 @@ class OutboundIntents(Retrying):
     def prepare_outbound(
         self, *, request_id: str, source_session_id: str, source_run_id: str, snapshot: Mapping[str, Any],
         body: str, action: str, expires_at: int,
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[OutboundRecord, bool]:
         """Bind an outbound request to its digest before it is sent; return ``(row, created)``.
 
         Replaying the same intent returns the stored row; a different intent under the same ``request_id``
@@ -72,14 +73,14 @@ class OutboundIntents(Retrying):
             snapshot=snapshot, body=body, action=action, expires_at=expires_at)
         timestamp = self._now()
 
-        def known(row: RowMapping) -> tuple[dict[str, Any], bool]:
+        def known(row: RowMapping) -> tuple[OutboundRecord, bool]:
             if row["intent_digest"] != digest:
                 raise RuntimeError("secure peer outbound intent changed")
             public = _public_outbound(row)
             assert public is not None
             return public, False
 
-        def work(uow: UnitOfWork) -> tuple[dict[str, Any], bool]:
+        def work(uow: UnitOfWork) -> tuple[OutboundRecord, bool]:
             row = _outbound(uow, request_id, lock=True)
             if row is not None:
                 return known(row)
@@ -96,14 +97,14 @@ class OutboundIntents(Retrying):
 
         return self._write(work)
 
-    def pending_outbound_for_chat(self, source_session_id: str, *, now: int | None = None) -> list[dict[str, Any]]:
+    def pending_outbound_for_chat(self, source_session_id: str, *, now: int | None = None) -> list[OutboundRecord]:
         """Pending outbound intents of one chat, oldest first (expired ones are failed first)."""
         key = _key(source_session_id, "source_session_id")
         return self._pending_outbound_where(now, OUT.c.source_session_id == key)
 
     def pending_outbound_for_route(
         self, connection_id: str, source_route_id: str, source_route_revision: str, *, now: int | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[OutboundRecord]:
         """Pending outbound intents of one exact route revision, oldest first (expired ones failed first)."""
         keys = (_key(connection_id, "connection_id"), _key(source_route_id, "source_route_id"),
                 _key(source_route_revision, "source_route_revision"))
@@ -111,22 +112,22 @@ class OutboundIntents(Retrying):
             now, OUT.c.connection_id == keys[0], OUT.c.source_route_id == keys[1],
             OUT.c.source_route_revision == keys[2])
 
-    def pending_outbound_for_connection(self, connection_id: str, *, now: int | None = None) -> list[dict[str, Any]]:
+    def pending_outbound_for_connection(self, connection_id: str, *, now: int | None = None) -> list[OutboundRecord]:
         """Pending outbound intents of one connection, oldest first (expired ones are failed first)."""
         key = _key(connection_id, "connection_id")
         return self._pending_outbound_where(now, OUT.c.connection_id == key)
 
-    def outbound(self, request_id: str) -> dict[str, Any] | None:
+    def outbound(self, request_id: str) -> OutboundRecord | None:
         """The outbound intent ``request_id``, or None."""
         key = _key(request_id, "request_id")
         return self._read(lambda uow: _public_outbound(_outbound(uow, key)))
 
-    def commit_outbound(self, request_id: str, response: Mapping[str, Any]) -> dict[str, Any] | None:
+    def commit_outbound(self, request_id: str, response: Mapping[str, Any]) -> OutboundRecord | None:
         """Store the Hub's response of a pending intent (idempotent; a different response raises)."""
         key = _key(request_id, "request_id")
         text, timestamp = _response_text(response), self._now()
 
-        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+        def work(uow: UnitOfWork) -> OutboundRecord | None:
             row = _outbound(uow, key, lock=True)
             if row is None:
                 return None
@@ -140,23 +141,23 @@ class OutboundIntents(Retrying):
 
         return self._write(work)
 
-    def defer_outbound(self, request_id: str, error: str) -> dict[str, Any] | None:
+    def defer_outbound(self, request_id: str, error: str) -> OutboundRecord | None:
         """Schedule another send of a pending intent (backoff); return the row."""
         return self._retry(_SEND, _key(request_id, "request_id"), error)
 
-    def fail_outbound(self, request_id: str, error: str) -> dict[str, Any] | None:
+    def fail_outbound(self, request_id: str, error: str) -> OutboundRecord | None:
         """Fail a pending intent; return the current row."""
         return self._fail(_SEND, _key(request_id, "request_id"), error)
 
-    def pending_outbound(self, *, limit: int = 8, now: int | None = None) -> list[dict[str, Any]]:
+    def pending_outbound(self, *, limit: int = 8, now: int | None = None) -> list[OutboundRecord]:
         """Pending intents whose send is due, soonest first."""
         return self._due(_SEND, _limit(limit, MAX_RETRY_BATCH, "secure peer outbound retry limit is invalid"), now)
 
-    def recoverable_outbound(self, *, limit: int = 50) -> list[dict[str, Any]]:
+    def recoverable_outbound(self, *, limit: int = 50) -> list[OutboundRecord]:
         """Return every nonterminal outbound intent, including future retries (oldest first)."""
         count = _limit(limit, MAX_RETRY_BATCH, "secure peer outbound recovery limit is invalid")
 
-        def work(uow: UnitOfWork) -> list[dict[str, Any]]:
+        def work(uow: UnitOfWork) -> list[OutboundRecord]:
             statement = select(OUT).where(OUT.c.state == "pending").order_by(*self._order(uow, table=OUT))
             return _public_rows(uow, statement, _public_outbound, count)
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import bindparam, update
 
+from ..records import DeliveryRecord
 from ..uow import UnitOfWork
 from .claims import (
     ACTIVE_DELIVERY_STATES,
@@ -56,13 +55,13 @@ class ResponseIntents(Retrying):
 
     def prepare_response(
         self, envelope_id: str, *, request_id: str, body: str, request_response: bool
-    ) -> dict[str, Any] | None:
+    ) -> DeliveryRecord | None:
         """Bind the reply owed for a request delivery to its digest before it is sent (idempotent)."""
         key = _key(envelope_id, "envelope_id")
         digest = response_claim(request_id=request_id, body=body, request_response=request_response)
         timestamp = self._now()
 
-        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+        def work(uow: UnitOfWork) -> DeliveryRecord | None:
             row = _delivery(uow, key, lock=True)
             if row is None or row["state"] not in ACTIVE_DELIVERY_STATES or row["kind"] == "instruction":
                 return None
@@ -78,13 +77,13 @@ class ResponseIntents(Retrying):
 
         return self._write(work)
 
-    def mark_response_committed(self, envelope_id: str, *, request_id: str | None = None) -> dict[str, Any] | None:
+    def mark_response_committed(self, envelope_id: str, *, request_id: str | None = None) -> DeliveryRecord | None:
         """Record that the reply (``request_id``, or any when None) reached the Hub; return the row."""
         key = _key(envelope_id, "envelope_id")
         request = _optional_key(request_id, "request_id")
         timestamp = self._now()
 
-        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+        def work(uow: UnitOfWork) -> DeliveryRecord | None:
             statement = _COMMIT_ANY if request is None else _COMMIT
             changed = uow.execute(statement, {"key": key, "request": request, "now": timestamp}).mappings().all()
             if len(changed) > 1:
@@ -93,22 +92,22 @@ class ResponseIntents(Retrying):
 
         return self._write(work)
 
-    def clear_response_intent(self, envelope_id: str, *, request_id: str) -> dict[str, Any] | None:
+    def clear_response_intent(self, envelope_id: str, *, request_id: str) -> DeliveryRecord | None:
         """Drop an uncommitted response intent ``request_id`` (so another may be prepared); return the row."""
         key, request = _key(envelope_id, "envelope_id"), _key(request_id, "request_id")
         timestamp = self._now()
 
-        def work(uow: UnitOfWork) -> dict[str, Any] | None:
+        def work(uow: UnitOfWork) -> DeliveryRecord | None:
             changed = _returned(uow, _CLEAR, {"key": key, "request": request, "now": timestamp})
             return _public_delivery(_delivery(uow, key) if changed is None else changed)
 
         return self._write(work)
 
-    def defer_response(self, envelope_id: str, *, request_id: str, error: str) -> dict[str, Any] | None:
+    def defer_response(self, envelope_id: str, *, request_id: str, error: str) -> DeliveryRecord | None:
         """Persist bounded exponential retry state for one response intent; return the row."""
         key, request = _key(envelope_id, "envelope_id"), _key(request_id, "request_id")
         return self._retry(_RESPONSE, key, error, request=request)
 
-    def pending_responses(self, *, limit: int = 8, now: int | None = None) -> list[dict[str, Any]]:
+    def pending_responses(self, *, limit: int = 8, now: int | None = None) -> list[DeliveryRecord]:
         """Uncommitted response intents whose retry is due, soonest first (limit up to the capacity)."""
         return self._due(_RESPONSE, _limit(limit, self._capacity(), "secure peer response retry limit is invalid"), now)

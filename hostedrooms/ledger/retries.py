@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import BindParameter, ColumnElement, RowMapping, Table, bindparam, func, select, update
 
@@ -24,26 +24,28 @@ from .rows import _public_rows, _returned
 #: Where the caller's error text goes in a failure's values (see :func:`retry_machine`).
 ERROR: BindParameter[Any] = bindparam("v_error")
 
+#: The public record of a row (DeliveryRecord, OutboundRecord).
+_R = TypeVar("_R")
 Fetch = Callable[..., RowMapping | None]  # fetch(uow, key, *, lock=False)
-Public = Callable[[RowMapping | None], dict[str, Any] | None]
 Retryable = Callable[[RowMapping, Mapping[str, Any]], bool]
 
 
 @dataclass(frozen=True, slots=True)
-class RetryMachine:
-    """One table's retry/fail transitions and queue (build with :func:`retry_machine`)."""
+class RetryMachine(Generic[_R]):
+    """One table's retry/fail transitions and queue (build with :func:`retry_machine`); ``public`` makes a row
+    its public record."""
 
     table: Table
     waiting: tuple[ColumnElement[bool], ...]
     retry_at: str
     attempts: str
     fetch: Fetch
-    public: Public
+    public: Callable[[RowMapping | None], _R | None]
     retryable: Retryable
     retry_statement: Any
     fail_statement: Any
 
-    def retry(self, uow: UnitOfWork, key: str, *, error: str, now: int, **guard: Any) -> dict[str, Any] | None:
+    def retry(self, uow: UnitOfWork, key: str, *, error: str, now: int, **guard: Any) -> _R | None:
         """Count one more failed try of the row ``key`` and schedule the next; return the row.
 
         The row is read locked (PostgreSQL ``FOR UPDATE``; SQLite's write lock) for its attempt count, so the
@@ -58,7 +60,7 @@ class RetryMachine:
             "v_now": now})
         return self.public(row if changed is None else changed)
 
-    def fail(self, uow: UnitOfWork, key: str, *, error: str, now: int, **guard: Any) -> dict[str, Any] | None:
+    def fail(self, uow: UnitOfWork, key: str, *, error: str, now: int, **guard: Any) -> _R | None:
         """Fail the row ``key`` while its guard holds; return the row as it now stands (None when missing)."""
         changed = _returned(uow, self.fail_statement, {**guard, "key": key, "v_error": error, "v_now": now})
         return self.public(self.fetch(uow, key) if changed is None else changed)
@@ -66,9 +68,9 @@ class RetryMachine:
 
 def retry_machine(
     table: Table, key: str, waiting: tuple[ColumnElement[bool], ...], *, retryable: Retryable, attempts: str,
-    retry_at: str, last_error: str, failed: Mapping[str, Any] | None, fetch: Fetch, public: Public,
-    guard: tuple[ColumnElement[bool], ...] = (),
-) -> RetryMachine:
+    retry_at: str, last_error: str, failed: Mapping[str, Any] | None, fetch: Fetch,
+    public: Callable[[RowMapping | None], _R | None], guard: tuple[ColumnElement[bool], ...] = (),
+) -> RetryMachine[_R]:
     """The retry/fail transitions of rows of ``table`` whose ``key`` column is bound as ``:key``.
 
     A row may be retried or failed while ``waiting`` and ``guard`` hold (``guard`` narrows a call to one intent
@@ -91,20 +93,20 @@ def _guarded(table: Table, where: tuple[ColumnElement[bool], ...], values: Mappi
 class Retrying(LedgerBase):
     """The ledger calls over a :class:`RetryMachine`: retry, fail, and the queue of due retries."""
 
-    def _retry(self, machine: RetryMachine, key: str, error: Any, **guard: Any) -> dict[str, Any] | None:
+    def _retry(self, machine: RetryMachine[_R], key: str, error: Any, **guard: Any) -> _R | None:
         text, timestamp = _error_text(error), self._now()
         return self._write(lambda uow: machine.retry(uow, key, error=text, now=timestamp, **guard))
 
-    def _fail(self, machine: RetryMachine, key: str, error: Any) -> dict[str, Any] | None:
+    def _fail(self, machine: RetryMachine[_R], key: str, error: Any) -> _R | None:
         text, timestamp = _error_text(error), self._now()
         return self._write(lambda uow: machine.fail(uow, key, error=text, now=timestamp))
 
-    def _due(self, machine: RetryMachine, count: int, now: Any) -> list[dict[str, Any]]:
+    def _due(self, machine: RetryMachine[_R], count: int, now: Any) -> list[_R]:
         """At most ``count`` waiting rows whose retry is due at ``now``: soonest first, then oldest."""
         timestamp = self._timestamp(now)
         due = func.coalesce(machine.table.c[machine.retry_at], 0)
 
-        def work(uow: UnitOfWork) -> list[dict[str, Any]]:
+        def work(uow: UnitOfWork) -> list[_R]:
             statement = (select(machine.table).where(*machine.waiting, due <= timestamp)
                          .order_by(*self._order(uow, due, table=machine.table)))
             return _public_rows(uow, statement, machine.public, count)

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import ColumnElement, RowMapping, Select, Table, bindparam, select
 
 from ..dialect import StoreDialect
 from ..errors import StorageError
 from ..models import deliveries, outbound_intents
+from ..records import DeliveryRecord, OutboundRecord
 from ..uow import UnitOfWork
 from ..validation import stored_json
 
 D = deliveries
 OUT = outbound_intents
 _log = logging.getLogger("hostedrooms.ledger")
+#: A public record type (DeliveryRecord, OutboundRecord).
+_R = TypeVar("_R")
 
 
 # Stored JSON that cannot be decoded (written by the reference or by hand: not JSON, or nested deeper than the
@@ -26,15 +29,15 @@ _log = logging.getLogger("hostedrooms.ledger")
 # stay stored until they expire or are finished, and ``verify`` reports them.
 
 
-def _public_delivery(row: RowMapping | None) -> dict[str, Any] | None:
+def _public_delivery(row: RowMapping | None) -> DeliveryRecord | None:
     if row is None:
         return None
     item = dict(row)
     item["body"] = stored_json(item.pop("body_json"), lambda: f"secure peer delivery {row['envelope_id']!r}")
-    return item
+    return cast(DeliveryRecord, item)
 
 
-def _public_outbound(row: RowMapping | None) -> dict[str, Any] | None:
+def _public_outbound(row: RowMapping | None) -> OutboundRecord | None:
     if row is None:
         return None
 
@@ -45,10 +48,10 @@ def _public_outbound(row: RowMapping | None) -> dict[str, Any] | None:
     item["snapshot"] = stored_json(item.pop("snapshot_json"), where)
     response = item.pop("response_json")
     item["response"] = stored_json(response, where) if response else None
-    return item
+    return cast(OutboundRecord, item)
 
 
-def _listed(public: Callable[[RowMapping], dict[str, Any] | None], row: RowMapping) -> dict[str, Any] | None:
+def _listed(public: Callable[[RowMapping], _R | None], row: RowMapping) -> _R | None:
     """``public(row)``, or None (with a warning) for a row whose stored JSON cannot be decoded."""
     try:
         return public(row)
@@ -58,14 +61,13 @@ def _listed(public: Callable[[RowMapping], dict[str, Any] | None], row: RowMappi
 
 
 def _public_rows(
-    uow: UnitOfWork, statement: Select[Any], public: Callable[[RowMapping], dict[str, Any] | None],
-    limit: int | None = None,
-) -> list[dict[str, Any]]:
+    uow: UnitOfWork, statement: Select[Any], public: Callable[[RowMapping], _R | None], limit: int | None = None,
+) -> list[_R]:
     """The decodable rows of ``statement`` in order, at most ``limit``: rows skipped as undecodable do not count,
     so the next ones are read instead."""
     if limit is None:
         return [item for row in uow.execute(statement).mappings() if (item := _listed(public, row)) is not None]
-    found: list[dict[str, Any]] = []
+    found: list[_R] = []
     offset = 0
     while True:
         page = statement.limit(limit) if not offset else statement.limit(limit).offset(offset)

@@ -18,7 +18,8 @@ class DeliveryLedger(Deliveries, ResponseIntents, OutboundIntents, Retention):
     :mod:`hostedrooms.limits` module), or a zero-argument provider of one (the facade resolves its own module's
     constant with :meth:`~hostedrooms.limits.LimitValues.read`). Every method is one transaction and returns
     the reference's shapes: a delivery row with ``body`` decoded, an outbound row with ``snapshot`` and
-    ``response`` decoded, or None.
+    ``response`` decoded (typed :class:`~hostedrooms.records.DeliveryRecord` and
+    :class:`~hostedrooms.records.OutboundRecord`), or None.
 
     Stored values follow the store's rules (README, "Limits on stored values"): text with a NUL character or a
     lone surrogate is refused with ``ValueError`` (a caller's error text is recorded escaped instead), and

@@ -2,7 +2,8 @@
 
 Every public function takes an :class:`~sqlalchemy.Engine` first, then the reference implementation's keyword
 arguments, validates all of them before touching the database, runs in one transaction (one
-:class:`~hostedrooms.uow.UnitOfWork`) and returns the reference's dict shapes, errors and messages.
+:class:`~hostedrooms.uow.UnitOfWork`) and returns the reference's dict shapes (typed in
+:mod:`hostedrooms.records`), errors and messages.
 
 Limits (``MAX_*``) are read at call time from ``limits=`` (default: :mod:`hostedrooms.limits`), so tests and
 operators can lower them, and the compat facade passes its own module so lowering a limit there works too.

@@ -13,6 +13,7 @@ from typing import Any
 from ..engines import EngineSource, resolve_engine
 from ..errors import HostedRoomError
 from ..limits import Limits, in_force
+from ..records import Actor, Authority, EventPage, EventRecord, NewEvent
 from ..store import RowLike, room_store
 from ..uow import UnitOfWork
 from ..validation import clock
@@ -39,10 +40,9 @@ _Prepared = Sequence[tuple[PreparedEvent, dict[str, str]]]
 
 
 def append_event(
-    engine: EngineSource, *, room_id: Any, event_id: Any, kind: Any, actor: Any, payload: Any,
-    authority_gateway_id: Any = None, authority_epoch: Any = None, now: float | None = None,
-    limits: Limits | None = None,
-) -> dict[str, Any]:
+    engine: EngineSource, *, room_id: str, event_id: str, kind: str, actor: Actor, payload: dict[str, Any],
+    authority_gateway_id: str, authority_epoch: int, now: float | None = None, limits: Limits | None = None,
+) -> EventRecord:
     """Append one immutable event at the room's next sequence number under the authority fence.
 
     Repeating an ``event_id`` with identical content returns the original (even after the room was disbanded
@@ -57,9 +57,9 @@ def append_event(
 
 
 def append_events(
-    engine: EngineSource, room_id: Any, events: Any, authority_gateway_id: Any, authority_epoch: Any,
-    now: float | None = None, *, limits: Limits | None = None,
-) -> list[dict[str, Any]]:
+    engine: EngineSource, room_id: str, events: list[NewEvent] | tuple[NewEvent, ...], authority_gateway_id: str,
+    authority_epoch: int, now: float | None = None, *, limits: Limits | None = None,
+) -> list[EventRecord]:
     """Append many events to one room in one transaction: all or nothing, at contiguous seqs, in order.
 
     Each item is a mapping with ``event_id``, ``kind``, ``actor`` and ``payload`` validated as
@@ -92,7 +92,7 @@ def append_events(
 
 def _append(
     engine: EngineSource, lim: Limits, room_id: str, prepared: _Prepared, gateway_id: str, epoch: int, now: float
-) -> list[dict[str, Any]]:
+) -> list[EventRecord]:
     """The one append path of both services: one room write, then the result dict of each item in order."""
     events = [event for event, _ in prepared]
     written, replays = run_room_write(
@@ -102,7 +102,7 @@ def _append(
 
 def _results(
     prepared: _Prepared, written: Sequence[RowLike], replays: Mapping[str, RowLike]
-) -> list[dict[str, Any]]:
+) -> list[EventRecord]:
     """Each item's dict: the first item of each written event id is the fresh row (its actor as given, its
     payload parsed once for the lot); a replay, or a repeat of an item written by this call, is idempotent."""
     if len(written) == len(prepared) == 1:  # the commonest case: one new event
@@ -113,7 +113,7 @@ def _results(
                 for row, (_, actor), payload in zip(written, prepared, parsed, strict=True)]
     fresh = {row["event_id"]: row for row in written}
     payloads = dict(zip(fresh, parse_all([row["payload_json"] for row in written]), strict=True))
-    results: list[dict[str, Any]] = []
+    results: list[EventRecord] = []
     for event, actor in prepared:
         event_id = event.event_id
         if event_id in payloads:
@@ -124,9 +124,9 @@ def _results(
 
 
 def read_events(
-    engine: EngineSource, *, room_id: Any, since_seq: Any = 0, limit: Any = 100, include_disbanded: bool = False,
+    engine: EngineSource, *, room_id: str, since_seq: int = 0, limit: int = 100, include_disbanded: bool = False,
     limits: Limits | None = None,
-) -> dict[str, Any]:
+) -> EventPage:
     """A monotonic page of the room log after ``since_seq`` whose whole serialized form fits MAX_LOG_PAGE_BYTES.
 
     A stored event that cannot be decoded (written before MAX_JSON_DEPTH, by the reference or by hand) raises
@@ -138,7 +138,7 @@ def read_events(
 def read_events_exact(
     engine: EngineSource, *, room_id: Any, since_seq: Any = 0, limit: Any = 100, include_disbanded: bool = False,
     limits: Limits | None = None,
-) -> dict[str, Any]:
+) -> EventPage:
     """Tests only: :func:`read_events` on the plain path (rows through ``execute()``, one ``json.loads`` per text,
     the page serialised to check its size), the oracle the fast path is compared with."""
     return _read(engine, room_id, since_seq, limit, include_disbanded, limits, exact=True)
@@ -147,7 +147,7 @@ def read_events_exact(
 def _read(
     engine: EngineSource, room_id: Any, since_seq: Any, limit: Any, include_disbanded: bool, limits: Limits | None,
     *, exact: bool,
-) -> dict[str, Any]:
+) -> EventPage:
     lim = in_force(limits)
     room_id = _room_id(room_id, lim)
     since = _non_negative(since_seq, "since_seq")
@@ -165,20 +165,20 @@ def _read(
     latest_seq = int(room["next_seq"]) - 1
     if since > latest_seq:
         raise HostedRoomError("since_seq is ahead of the hosted room log")
-    authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
+    authority: Authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
     return replay_page(room_id, rows, row_bytes, since=since, latest_seq=latest_seq, authority=authority,
                        max_bytes=page_bytes)
 
 
 def _read_plain(
     uow: UnitOfWork, room_id: str, since: int, page_size: int, page_bytes: int, include_disbanded: bool
-) -> dict[str, Any]:
+) -> EventPage:
     """The plain path: the head, then the page through ``execute()``, each event decoded by event_to_dict, and
     fit_page, which serialises the page to check its size."""
     store, connection = room_store(uow.dialect), uow.connection
     room = require_room(uow, store.room_head(connection, room_id), room_id, include_disbanded=include_disbanded)
     latest_seq = int(room["next_seq"]) - 1
-    authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
+    authority: Authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
     if since > latest_seq:
         raise HostedRoomError("since_seq is ahead of the hosted room log")
     rows = store.event_page(
@@ -192,9 +192,9 @@ def _read_plain(
 
 
 def request_room_stop(
-    engine: EngineSource, *, room_id: Any, cancel_id: Any, expected_gateway_id: Any, expected_epoch: Any,
+    engine: EngineSource, *, room_id: str, cancel_id: str, expected_gateway_id: str, expected_epoch: int,
     limits: Limits | None = None,
-) -> dict[str, Any]:
+) -> EventRecord:
     """Append an idempotent ``room.stop_requested`` fence that supersedes earlier user turns (wall clock)."""
     lim = in_force(limits)
     stop = room_stop_event(cancel_id=cancel_id, expected_gateway_id=expected_gateway_id,

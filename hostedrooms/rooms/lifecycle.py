@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
@@ -14,6 +14,7 @@ from ..errors import (
     RoomNotFoundError,
 )
 from ..limits import Limits, in_force
+from ..records import ClaimedRoom, CreatedRoom, DisbandedRoom, RenamedRoom, RoomRecord, RoomState
 from ..store import RoomChange, RowLike, room_store
 from ..uow import UnitOfWork
 from ..validation import (
@@ -44,9 +45,9 @@ __all__ = [
 
 
 def create_room(
-    engine: EngineSource, *, room_id: Any, name: Any, members: Any, authority_gateway_id: Any,
+    engine: EngineSource, *, room_id: str, name: str, members: list[dict[str, Any]], authority_gateway_id: str,
     now: float | None = None, limits: Limits | None = None,
-) -> dict[str, Any]:
+) -> CreatedRoom:
     """Create a room, or return the identical existing room idempotently (adopting a 'legacy' room)."""
     lim = in_force(limits)
     room_id = _room_id(room_id, lim)
@@ -55,7 +56,7 @@ def create_room(
     gateway_id = _actor_id(authority_gateway_id, "authority_gateway_id", lim)
     timestamp = clock(now)
 
-    def body(tx: RoomTransaction) -> dict[str, Any]:
+    def body(tx: RoomTransaction) -> CreatedRoom:
         tx.lock_room_creation()
         if tx.is_retired(room_id):
             raise RoomConflictError("room_id belongs to a disbanded room")
@@ -79,7 +80,7 @@ def create_room(
 def _existing_room(
     tx: RoomTransaction, existing: RowLike, name: str, members: list[dict[str, Any]], members_json: str,
     gateway_id: str, now: float,
-) -> dict[str, Any]:
+) -> CreatedRoom:
     if existing["disbanded_at"] is not None:
         raise RoomConflictError("room_id belongs to a disbanded room")
     legacy_adoption = existing["authority_gateway_id"] == "legacy" and gateway_id != "legacy"
@@ -91,12 +92,12 @@ def _existing_room(
         return _adopt_legacy_room(tx, existing, members_json=members_json, gateway_id=gateway_id, now=now)
     if existing["authority_gateway_id"] != gateway_id:
         raise RoomConflictError("room_id already belongs to a different authority")
-    return room_to_dict(existing, idempotent=True)
+    return cast(CreatedRoom, room_to_dict(existing, idempotent=True))
 
 
 def _adopt_legacy_room(
     tx: RoomTransaction, existing: RowLike, *, members_json: str, gateway_id: str, now: float
-) -> dict[str, Any]:
+) -> CreatedRoom:
     """Claim a 'legacy'-authority room for a real gateway with a fenced claim event at epoch + 1."""
     previous_epoch = int(existing["authority_epoch"])
     if previous_epoch >= MAX_EPOCH:  # only a row written outside hostedrooms can be there
@@ -113,13 +114,14 @@ def _adopt_legacy_room(
     adopted = {**existing, "members_json": members_json, "authority_gateway_id": gateway_id,
                "authority_epoch": target_epoch, "next_seq": int(existing["next_seq"]) + 1,
                "revision": int(existing["revision"]) + 1, "updated_at": now}
-    return {**room_to_dict(adopted, idempotent=True), "adopted": True, "claim_event": event_to_dict(row)}
+    result = {**room_to_dict(adopted, idempotent=True), "adopted": True, "claim_event": event_to_dict(row)}
+    return cast(CreatedRoom, result)  # read with next_seq: latest_seq is there
 
 
 def list_rooms(
     engine: EngineSource, *, include_disbanded: bool = False, limit: int | None = None, offset: int = 0,
     limits: Limits | None = None,
-) -> list[dict[str, Any]]:
+) -> list[RoomRecord]:
     """One bounded read-only page ordered by most recent change (``limit`` defaults to MAX_ROOM_LIST_LIMIT)."""
     lim = in_force(limits)
     maximum = lim.MAX_ROOM_LIST_LIMIT
@@ -132,24 +134,24 @@ def list_rooms(
 
 
 def room_state(
-    engine: EngineSource, *, room_id: Any, include_disbanded: bool = False, limits: Limits | None = None
-) -> dict[str, Any]:
+    engine: EngineSource, *, room_id: str, include_disbanded: bool = False, limits: Limits | None = None
+) -> RoomState:
     """Durable replay and authority state for one room, with the claim event of its current epoch if any."""
     room_id = _room_id(room_id, in_force(limits))
     with UnitOfWork(resolve_engine(engine), write=False) as uow:
         store = room_store(uow.dialect)
         row = require_room(uow, store.room(uow.connection, room_id), room_id, include_disbanded=include_disbanded)
         claim = store.claim_event(uow.connection, room_id, int(row["authority_epoch"]))
-    state = room_to_dict(row)
+    state = cast(RoomState, room_to_dict(row))
     if claim is not None:
         state["authority_claim"] = event_to_dict(claim)
     return state
 
 
 def rename_room(
-    engine: EngineSource, *, room_id: Any, event_id: Any, name: Any, now: float | None = None,
+    engine: EngineSource, *, room_id: str, event_id: str, name: str, now: float | None = None,
     limits: Limits | None = None,
-) -> dict[str, Any]:
+) -> RenamedRoom:
     """Rename a live room and append its ``room.renamed`` replay event atomically (no authority fence)."""
     lim = in_force(limits)
     room_id = _room_id(room_id, lim)
@@ -159,7 +161,7 @@ def rename_room(
     actor_json = _system_actor_json("room-control", lim)
     payload_json = _payload_json({"name": name}, lim)
 
-    def body(tx: RoomTransaction) -> dict[str, Any]:
+    def body(tx: RoomTransaction) -> RenamedRoom:
         room = tx.require_room(tx.lock_room(room_id), room_id, include_disbanded=True)
         if room["disbanded_at"] is not None:
             raise RoomNotFoundError("hosted room not found")
@@ -167,12 +169,13 @@ def rename_room(
         if existing is not None:
             if existing["kind"] != "room.renamed" or existing["payload_json"] != payload_json:
                 raise EventConflictError("event_id already exists with different immutable content")
-            return {**room_to_dict(room, idempotent=True), "event": event_to_dict(existing, idempotent=True)}
+            replay = {**room_to_dict(room, idempotent=True), "event": event_to_dict(existing, idempotent=True)}
+            return cast(RenamedRoom, replay)  # a live room read with next_seq: latest_seq is there
         event = PreparedEvent(event_id, "room.renamed", actor_json, payload_json, int(room["authority_epoch"]))
         [row] = tx.append_locked(room, [event], now=timestamp, change=RoomChange(name=name))
         updated = {**room, "name": name, "next_seq": int(room["next_seq"]) + 1,
                    "revision": int(room["revision"]) + 1, "updated_at": timestamp}
-        return {**room_to_dict(updated), "event": event_to_dict(row)}
+        return cast(RenamedRoom, {**room_to_dict(updated), "event": event_to_dict(row)})  # as above
 
     return run_room_write(engine, lim, body)
 
@@ -182,9 +185,9 @@ def rename_room(
 
 
 def claim_authority(
-    engine: EngineSource, *, room_id: Any, expected_gateway_id: Any, expected_epoch: Any, new_gateway_id: Any,
-    event_id: Any, now: float | None = None, limits: Limits | None = None,
-) -> dict[str, Any]:
+    engine: EngineSource, *, room_id: str, expected_gateway_id: str, expected_epoch: int, new_gateway_id: str,
+    event_id: str, now: float | None = None, limits: Limits | None = None,
+) -> ClaimedRoom:
     """Move authority with a compare-and-swap of the epoch and an ``authority.claimed`` event.
 
     It does not decide *when* takeover is safe. An exact retry replays; a retry after a later claim raises
@@ -202,7 +205,7 @@ def claim_authority(
         claim_id, "authority.claimed", _system_actor_json("authority-control", lim),
         _claim_payload_json(expected_gateway, new_gateway, target_epoch, lim), target_epoch, control=True)
 
-    def body(tx: RoomTransaction) -> dict[str, Any]:
+    def body(tx: RoomTransaction) -> ClaimedRoom:
         room = tx.require_room(tx.lock_room(room_id), room_id)
         existing = tx.load_event(room_id, claim_id)
         if existing is not None:
@@ -211,7 +214,8 @@ def claim_authority(
             if room["authority_gateway_id"] != new_gateway or int(room["authority_epoch"]) != target_epoch:
                 raise AuthoritySupersededError("authority claim succeeded but was later superseded")
             replay = room_to_dict(_live(room), idempotent=True)
-            return {**replay, "claim_event": event_to_dict(existing, idempotent=True)}
+            # A live room read with next_seq: latest_seq is there.
+            return cast(ClaimedRoom, {**replay, "claim_event": event_to_dict(existing, idempotent=True)})
         require_authority(room, expected_gateway, expected, "hosted room authority changed")
         [row] = tx.append_locked(
             room, [claim], now=timestamp,
@@ -221,7 +225,7 @@ def claim_authority(
         claimed = {**room, "authority_gateway_id": new_gateway, "authority_epoch": target_epoch,
                    "next_seq": int(room["next_seq"]) + 1, "revision": int(room["revision"]) + 1,
                    "updated_at": timestamp}
-        return {**room_to_dict(_live(claimed)), "claim_event": event_to_dict(row)}
+        return cast(ClaimedRoom, {**room_to_dict(_live(claimed)), "claim_event": event_to_dict(row)})
 
     return run_room_write(engine, lim, body)
 
@@ -232,9 +236,9 @@ def _live(room: RowLike) -> dict[str, Any]:
 
 
 def disband_room(
-    engine: EngineSource, *, room_id: Any, expected_gateway_id: Any, expected_epoch: Any, now: float | None = None,
+    engine: EngineSource, *, room_id: str, expected_gateway_id: str, expected_epoch: int, now: float | None = None,
     limits: Limits | None = None,
-) -> dict[str, Any]:
+) -> DisbandedRoom:
     """Tombstone a room with a fenced ``room.disbanded`` event and retire its id permanently (idempotent)."""
     lim = in_force(limits)
     room_id = _room_id(room_id, lim)
@@ -244,7 +248,7 @@ def disband_room(
     payload_json = _payload_json({"room_id": room_id}, lim)
     actor_json = _system_actor_json("room-control", lim)
 
-    def body(tx: RoomTransaction) -> dict[str, Any]:
+    def body(tx: RoomTransaction) -> DisbandedRoom:
         room = tx.lock_room(room_id)
         replay = _disband_replay(tx, room_id, room)
         if replay is not None:
@@ -266,7 +270,7 @@ def disband_room(
     return run_room_write(engine, lim, body, exclusive=True)
 
 
-def _disband_replay(tx: RoomTransaction, room_id: str, room: RowLike | None) -> dict[str, Any] | None:
+def _disband_replay(tx: RoomTransaction, room_id: str, room: RowLike | None) -> DisbandedRoom | None:
     """The idempotent replay for a retired or already-disbanded room; None when the room is live."""
     if room is None:
         retired_at = tx.store.retired_at(tx.uow.connection, room_id)
@@ -277,7 +281,7 @@ def _disband_replay(tx: RoomTransaction, room_id: str, room: RowLike | None) -> 
         return None
     tx.retire([room_id])
     event = tx.load_event(room_id, "system:room-disbanded")
-    replay: dict[str, Any] = {"room_id": room_id, "disbanded_at": float(room["disbanded_at"]), "idempotent": True}
+    replay: DisbandedRoom = {"room_id": room_id, "disbanded_at": float(room["disbanded_at"]), "idempotent": True}
     if event is not None:
         replay["event"] = event_to_dict(event, idempotent=True)
     return replay

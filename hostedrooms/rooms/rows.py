@@ -16,6 +16,7 @@ from ..errors import (
     StorageError,
 )
 from ..limits import Limits, in_force
+from ..records import Authority, EventPage, EventRecord, RoomRecord
 from ..store import REPLAY_COLUMNS, RowLike
 from ..validation import (
     INT64_MAX,
@@ -32,10 +33,10 @@ __all__ = [
     "appended", "event_page_checker", "event_to_dict", "fit_page", "parse_all", "replay_page", "room_to_dict"]
 
 
-def room_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
+def room_to_dict(row: RowLike, *, idempotent: bool = False) -> RoomRecord:
     """The reference's room dict; ``disbanded_at`` when set and ``latest_seq`` when ``next_seq`` was selected."""
     members = stored_json(row["members_json"], lambda: f"hosted room {row['room_id']!r}")
-    result: dict[str, Any] = {
+    result: RoomRecord = {
         "room_id": row["room_id"], "name": row["name"], "members": members,
         "authority_gateway_id": row["authority_gateway_id"], "authority_epoch": int(row["authority_epoch"]),
         "revision": int(row["revision"]), "created_at": float(row["created_at"]),
@@ -47,7 +48,7 @@ def room_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
     return result
 
 
-def event_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
+def event_to_dict(row: RowLike, *, idempotent: bool = False) -> EventRecord:
     """The reference's event dict (actor and payload parsed from their canonical JSON; :func:`stored_json`)."""
     epoch = row["authority_epoch"]
 
@@ -61,7 +62,7 @@ def event_to_dict(row: RowLike, *, idempotent: bool = False) -> dict[str, Any]:
         "idempotent": idempotent}
 
 
-def appended(row: RowLike, actor: dict[str, str], payload: Any = None) -> dict[str, Any]:
+def appended(row: RowLike, actor: dict[str, str], payload: Any = None) -> EventRecord:
     """The event dict of a row this call just wrote: its normalised actor as given (never re-parsed), and its
     payload parsed from the canonical text unless the caller parsed it already."""
     return {
@@ -120,7 +121,7 @@ def event_page_checker(limits: Limits | None = None) -> Callable[[RowLike], str 
     return problem
 
 
-def _unserialisable(room_id: str, page: Sequence[dict[str, Any]]) -> StorageError:
+def _unserialisable(room_id: str, page: Sequence[EventRecord]) -> StorageError:
     """The error for a page that decoded but cannot be serialised (RecursionError), naming the first culprit."""
     for event in page:
         try:
@@ -131,24 +132,24 @@ def _unserialisable(room_id: str, page: Sequence[dict[str, Any]]) -> StorageErro
     return StorageError(f"hosted room {room_id!r} holds a stored value that cannot be decoded (RecursionError)")
 
 
-def _page(events: list[dict[str, Any]], cursor: int, latest_seq: int, authority: dict[str, Any]) -> dict[str, Any]:
+def _page(events: list[EventRecord], cursor: int, latest_seq: int, authority: Authority) -> EventPage:
     return {"events": events, "cursor": cursor, "latest_seq": latest_seq, "has_more": cursor < latest_seq,
             "authority": authority}
 
 
 def fit_page(
-    room_id: str, events: list[dict[str, Any]], *, since: int, latest_seq: int, authority: dict[str, Any],
+    room_id: str, events: list[EventRecord], *, since: int, latest_seq: int, authority: Authority,
     max_bytes: int,
-) -> dict[str, Any]:
+) -> EventPage:
     """The replay page of ``events`` (read after ``since``): its longest prefix whose serialized page fits
     ``max_bytes``. An event too large for any page raises HostedRoomError (an empty page with ``has_more``
     would make a reader spin forever). The exact rule, serialising the page: :func:`replay_page` gives the same
     page without serialising it when a bound proves it fits."""
 
-    def build(page: list[dict[str, Any]]) -> dict[str, Any]:
+    def build(page: list[EventRecord]) -> EventPage:
         return _page(page, page[-1]["seq"] if page else since, latest_seq, authority)
 
-    def fits(page: list[dict[str, Any]]) -> bool:
+    def fits(page: list[EventRecord]) -> bool:
         try:
             text = json.dumps(build(page), ensure_ascii=False, separators=(",", ":"))
         except RecursionError:  # a decodable but very deep value stored before MAX_JSON_DEPTH (or by the reference)
@@ -221,13 +222,13 @@ def _scanner(growth: list[int]) -> Callable[[str, int], tuple[Any, int]]:
     return scan
 
 
-def _decoded(rows: Sequence[tuple[Any, ...]]) -> tuple[list[dict[str, Any]], int]:
+def _decoded(rows: Sequence[tuple[Any, ...]]) -> tuple[list[EventRecord], int]:
     """The event dicts of replay rows, exactly as event_to_dict builds them, and how many bytes their float tokens
     grow when written back; :class:`_InDoubt` (or the decoder's own error) when the plain decode must decide."""
     growth = [0]
     scan = _scanner(growth)
     short = 2 * (sys.getrecursionlimit() >> 2)  # a valid JSON text this short cannot nest deep (surely_shallow)
-    events: list[dict[str, Any]] = []
+    events: list[EventRecord] = []
     append = events.append
     for room_id, seq, event_id, kind, actor_json, epoch, payload_json, created_at, _extra in rows:
         # json.loads(text) is scan(text, 0) when the value ends the text (json.loads would also allow whitespace).
@@ -246,7 +247,7 @@ def _decoded(rows: Sequence[tuple[Any, ...]]) -> tuple[list[dict[str, Any]], int
 
 def _surely_fits(
     room_id: str, rows: Sequence[tuple[Any, ...]], text_bytes: int, cursor: int, latest_seq: int,
-    authority: dict[str, Any], max_bytes: int,
+    authority: Authority, max_bytes: int,
 ) -> bool:
     """Whether the bound above proves the page of every row fits ``max_bytes`` (False when in doubt)."""
     try:
@@ -264,8 +265,8 @@ def _surely_fits(
 
 def replay_page(
     room_id: str, rows: Sequence[tuple[Any, ...]], row_bytes: int, *, since: int, latest_seq: int,
-    authority: dict[str, Any], max_bytes: int,
-) -> dict[str, Any]:
+    authority: Authority, max_bytes: int,
+) -> EventPage:
     """What :func:`fit_page` returns (or raises) for the events of ``rows``, usually without serialising the page.
 
     ``rows``: replay rows (:meth:`hostedrooms.store.RoomStore.replay_rows`), the :data:`REPLAY_COLUMNS` in order;

@@ -193,7 +193,7 @@ system_actor_json = _system_actor_json
 payload_json = _payload_json
 
 
-def user_event_id(client_event_id: Any, *, limits: Limits | None = None) -> str:
+def user_event_id(client_event_id: str, *, limits: Limits | None = None) -> str:
     """Map a client retry key into the server-owned user-event namespace."""
     client = _event_id(client_event_id, in_force(limits))
     return f"user:{hashlib.sha256(client.encode('utf-8')).hexdigest()}"

@@ -1,0 +1,53 @@
+"""Standby gateways: keep replicas of every room of another gateway caught up, and take over in one call.
+
+* :class:`~hostedrooms.standby.source.PageSource`: the authority's side (its rooms and ``read_events`` pages);
+  :class:`EnginePageSource` reads the authority's database, :class:`HttpPageSource` a gateway's HTTP endpoint
+  (served with :func:`~hostedrooms.standby.http.answer` or :class:`PageServer`).
+* :class:`Replicator`: ``sync_once()`` brings every replica up to date and reports per room; ``run()`` follows
+  (a :class:`Waker` says when to look again).
+* :func:`failover`: promote every caught-up replica of a silent authority at ``epoch + 1``; a returning
+  authority is demoted by a replicator reading from the new one.
+"""
+
+from __future__ import annotations
+
+from .failover import FailoverReport, RoomFailover, failover
+from .heads import ReplicaHead, RoomHead
+from .http import HttpPageSource, PageServer, answer
+from .replicator import Backoff, PageIngested, PassReport, Replicator, RoomReport
+from .source import (
+    EnginePageSource,
+    PageSource,
+    RoomInfo,
+    SourceProtocolError,
+    SourceUnavailableError,
+    iter_rooms,
+    open_source,
+)
+from .wake import IntervalWaker, PollingWaker, Waker
+
+__all__ = [
+    "Backoff",
+    "EnginePageSource",
+    "FailoverReport",
+    "HttpPageSource",
+    "IntervalWaker",
+    "PageIngested",
+    "PageServer",
+    "PageSource",
+    "PassReport",
+    "PollingWaker",
+    "ReplicaHead",
+    "Replicator",
+    "RoomFailover",
+    "RoomHead",
+    "RoomInfo",
+    "RoomReport",
+    "SourceProtocolError",
+    "SourceUnavailableError",
+    "Waker",
+    "answer",
+    "failover",
+    "iter_rooms",
+    "open_source",
+]

@@ -1,0 +1,157 @@
+"""Cheap read-only listings a standby needs and the public services do not offer yet.
+
+Each is one short read transaction of Core statements over the models, on both backends:
+
+* :func:`room_heads`: the rooms of a store in code-point order of ``room_id`` (keyset pages, so rooms that
+  change while a pass lists them are neither skipped nor repeated, unlike ``list_rooms``' offset pages ordered
+  by ``updated_at``), each with its authority, epoch, latest seq and whether it is disbanded; no names or
+  members (up to 128 KiB per room), so a listing stays small whatever the members;
+* :func:`replica_heads`: the coverage and lineage of every replica, without reading ``replica_state`` per room;
+* :func:`disbanded_replicas`: which replicas hold a ``room.disbanded`` event (promotion refuses them);
+* :func:`room_counters`: a few sums over the rooms table that change with every committed append, claim,
+  disband or purge (the PostgreSQL change probe).
+
+They belong in the store (rooms/replicas services) and live here until it offers them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+
+from .. import models
+from ..engines import EngineSource, resolve_engine
+from ..errors import HostedRoomError
+from ..uow import UnitOfWork
+
+__all__ = [
+    "LISTING_PAGE",
+    "ReplicaHead",
+    "RoomHead",
+    "all_replica_heads",
+    "all_room_heads",
+    "disbanded_replicas",
+    "replica_heads",
+    "room_counters",
+    "room_heads",
+]
+
+#: Rooms or replicas per listing page (the services' MAX_ROOM_LIST_LIMIT).
+LISTING_PAGE = 500
+
+_rooms = models.rooms
+_replicas = models.replicas
+_replica_events = models.replica_events
+
+
+@dataclass(frozen=True, slots=True)
+class RoomHead:
+    """One room as a replicator sees it: its lineage (authority and epoch), its latest seq, whether disbanded."""
+
+    room_id: str
+    authority_gateway_id: str
+    authority_epoch: int
+    latest_seq: int
+    disbanded: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"room_id": self.room_id, "authority_gateway_id": self.authority_gateway_id,
+                "authority_epoch": self.authority_epoch, "latest_seq": self.latest_seq, "disbanded": self.disbanded}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaHead:
+    """One stored replica's coverage and lineage (what ``replica_state`` returns, without name and members)."""
+
+    room_id: str
+    authority_gateway_id: str
+    authority_epoch: int
+    last_seq: int
+    latest_seq: int
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether the replica holds every event the authority's last page reported."""
+        return self.last_seq >= self.latest_seq
+
+
+def _page_args(after: Any, limit: Any) -> tuple[str | None, int]:
+    if after is not None and not isinstance(after, str):
+        raise HostedRoomError("after must be a room_id string or None")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LISTING_PAGE:
+        raise HostedRoomError(f"limit must be an integer from 1 to {LISTING_PAGE}")
+    return after, limit
+
+
+def room_heads(engine: EngineSource, *, after: str | None = None, limit: int = LISTING_PAGE) -> list[RoomHead]:
+    """Up to ``limit`` rooms (live and disbanded-but-retained) whose ``room_id`` sorts after ``after`` by code
+    point, in that order."""
+    after, limit = _page_args(after, limit)
+    with UnitOfWork(resolve_engine(engine), write=False) as uow:
+        order = uow.dialect.bytewise(_rooms.c.room_id)
+        stmt = select(_rooms.c.room_id, _rooms.c.authority_gateway_id, _rooms.c.authority_epoch,
+                      _rooms.c.next_seq, _rooms.c.disbanded_at)
+        if after is not None:
+            stmt = stmt.where(order > after)
+        rows = uow.connection.execute(stmt.order_by(order).limit(limit)).all()
+    return [RoomHead(str(row[0]), str(row[1]), int(row[2]), int(row[3]) - 1, row[4] is not None) for row in rows]
+
+
+def all_room_heads(engine: EngineSource) -> dict[str, RoomHead]:
+    """Every room of the store by id (a few hundred at most: MAX_ACTIVE_ROOMS plus retained tombstones)."""
+    return {head.room_id: head for head in _walk(lambda after: room_heads(engine, after=after))}
+
+
+def replica_heads(
+    engine: EngineSource, *, after: str | None = None, limit: int = LISTING_PAGE
+) -> list[ReplicaHead]:
+    """Up to ``limit`` replicas whose ``room_id`` sorts after ``after`` by code point, in that order."""
+    after, limit = _page_args(after, limit)
+    with UnitOfWork(resolve_engine(engine), write=False) as uow:
+        order = uow.dialect.bytewise(_replicas.c.room_id)
+        stmt = select(_replicas.c.room_id, _replicas.c.authority_gateway_id, _replicas.c.authority_epoch,
+                      _replicas.c.last_seq, _replicas.c.latest_seq)
+        if after is not None:
+            stmt = stmt.where(order > after)
+        rows = uow.connection.execute(stmt.order_by(order).limit(limit)).all()
+    return [ReplicaHead(str(row[0]), str(row[1]), int(row[2]), int(row[3]), int(row[4])) for row in rows]
+
+
+def all_replica_heads(engine: EngineSource) -> dict[str, ReplicaHead]:
+    """Every replica of the store by room id (at most MAX_REPLICA_ROOMS)."""
+    return {head.room_id: head for head in _walk(lambda after: replica_heads(engine, after=after))}
+
+
+def _walk(page: Any) -> Iterator[Any]:
+    after: str | None = None
+    while True:
+        heads = page(after)
+        yield from heads
+        if len(heads) < LISTING_PAGE:
+            return
+        after = heads[-1].room_id
+
+
+def disbanded_replicas(engine: EngineSource, room_ids: list[str]) -> set[str]:
+    """Those of ``room_ids`` whose replica log holds ``room.disbanded`` (their rooms are gone for good)."""
+    if not room_ids:
+        return set()
+    with UnitOfWork(resolve_engine(engine), write=False) as uow:
+        rows = uow.connection.execute(
+            select(_replica_events.c.room_id).distinct()
+            .where(_replica_events.c.kind == "room.disbanded", _replica_events.c.room_id.in_(room_ids))).scalars()
+        return {str(room_id) for room_id in rows}
+
+
+def room_counters(engine: EngineSource) -> tuple[int, ...]:
+    """Sums over the rooms table that grow with every committed append, claim, rename and disband, and change
+    when a room is created or purged: equal results mean no such commit in between (a change probe)."""
+    with UnitOfWork(resolve_engine(engine), write=False) as uow:
+        row = uow.connection.execute(select(
+            func.count(), func.coalesce(func.sum(_rooms.c.next_seq), 0),
+            func.coalesce(func.sum(_rooms.c.authority_epoch), 0), func.coalesce(func.sum(_rooms.c.revision), 0),
+            func.count(_rooms.c.disbanded_at))).one()
+    return tuple(int(value) for value in row)

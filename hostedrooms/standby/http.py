@@ -1,0 +1,435 @@
+"""Pages over HTTP: serve a :class:`PageSource` from a gateway, and read one as a standby.
+
+The four calls of :class:`~hostedrooms.standby.source.PageSource` map to four GET requests, each answered
+with one JSON object (``Content-Type: application/json``):
+
+====================================================  ==========================================================
+``GET {base}/rooms?after=ID&limit=N``                  ``{"rooms": [{"room_id", "authority_gateway_id",
+                                                       "authority_epoch", "latest_seq", "disbanded"}, ...]}``
+``GET {base}/rooms/{room_id}``                         ``{"room_id", "name", "members"}``
+``GET {base}/rooms/{room_id}/events?since_seq=S&limit=N``  the authority's ``read_events`` page, verbatim
+``GET {base}/change``                                   ``{"token": "..."}`` (or ``null``: cannot tell)
+====================================================  ==========================================================
+
+Errors are ``{"error": CODE, "message": TEXT}`` with 404 (``room_not_found``, ``room_history_expired``,
+``not_found``), 400 (``bad_request``: the authority refused the arguments), 503 (``unavailable``) or 500.
+
+A gateway mounts :func:`answer` in its own HTTP stack behind its own authentication (it takes the path and
+query below the mount point and returns the status and body); :class:`PageServer` is a small standard-library
+server around it (tests, or a loopback sidecar). :class:`HttpPageSource` is the standby's client: it trusts
+nothing it receives (bounded sizes and time, JSON only, every shape checked; ``ingest_page`` then validates
+every event as the authority's own append rules would).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Hashable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from .. import limits as default_limits
+from ..errors import (
+    HostedRoomError,
+    RoomHistoryExpiredError,
+    RoomNotFoundError,
+    StorageError,
+    StoreUnavailableError,
+)
+from ..limits import Limits
+from ..validation import INT64_MAX, MAX_EPOCH, identifier, json_depth_within, max_json_depth
+from .heads import LISTING_PAGE, RoomHead
+from .source import PageSource, RoomInfo, SourceProtocolError, SourceUnavailableError
+
+__all__ = ["HttpPageSource", "PageServer", "answer"]
+
+_JSON = "application/json"
+_EXPIRED_MESSAGE = "Group Chat history expired; room_id remains permanently retired"
+#: Longest error message kept from a source (its text reaches reports and terminals, escaped).
+_MAX_MESSAGE_CHARS = 200
+
+
+# --- the gateway's side ----------------------------------------------------------------------------------------
+
+
+def _body(status: int, value: Any) -> tuple[int, bytes]:
+    return status, json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _error(status: int, code: str, message: str = "") -> tuple[int, bytes]:
+    return _body(status, {"error": code, "message": message})
+
+
+def _int_param(query: Mapping[str, list[str]], name: str, default: int) -> int:
+    values = query.get(name)
+    if not values:
+        return default
+    text = values[-1]
+    if len(text) > 20 or not text.isascii() or not text.isdigit():
+        raise HostedRoomError(f"{name} must be a non-negative integer")
+    return int(text)
+
+
+def answer(source: PageSource, target: str) -> tuple[int, bytes]:
+    """Answer ``GET target`` (the path and query below the mount point, e.g. ``/rooms?limit=10``) from
+    ``source``: the HTTP status and the JSON body. Never raises for a request; storage failures are reported
+    without their details (they name the authority's database)."""
+    try:
+        parts = urllib.parse.urlsplit(target)
+        query = urllib.parse.parse_qs(parts.query, max_num_fields=8)
+        segments = [urllib.parse.unquote(segment, errors="strict") for segment in parts.path.split("/")[1:]]
+        if segments == ["rooms"]:
+            after = query.get("after", [None])[-1]
+            limit = min(max(_int_param(query, "limit", LISTING_PAGE), 1), LISTING_PAGE)
+            heads = source.list_rooms(after=after, limit=limit)
+            return _body(200, {"rooms": [head.to_dict() for head in heads]})
+        if len(segments) == 2 and segments[0] == "rooms":
+            return _body(200, source.room_info(segments[1]).to_dict())
+        if len(segments) == 3 and segments[0] == "rooms" and segments[2] == "events":
+            page = source.read_events(segments[1], since_seq=_int_param(query, "since_seq", 0),
+                                      limit=_int_param(query, "limit", 100))
+            return _body(200, page)
+        if segments == ["change"]:
+            token = source.change_token()
+            return _body(200, {"token": None if token is None else repr(token)})
+        return _error(404, "not_found", "no such page endpoint")
+    except RoomHistoryExpiredError as exc:
+        return _error(404, "room_history_expired", str(exc))
+    except RoomNotFoundError as exc:
+        return _error(404, "room_not_found", str(exc))
+    except StoreUnavailableError:
+        return _error(503, "unavailable", "the authority's store is unavailable; retry later")
+    except StorageError:
+        return _error(500, "storage_error", "the authority's store failed")
+    except (HostedRoomError, ValueError, UnicodeError) as exc:
+        return _error(400, "bad_request", str(exc)[:_MAX_MESSAGE_CHARS])
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: a catch-up is thousands of requests
+    server: PageServer
+
+    def do_GET(self) -> None:
+        if self.server.authorize is not None and not self.server.authorize(self.headers):
+            status, body = _error(401, "unauthorized", "not authorized")
+        elif not self.path.startswith(self.server.prefix + "/"):
+            status, body = _error(404, "not_found", "no such page endpoint")
+        else:
+            status, body = answer(self.server.source, self.path[len(self.server.prefix):])
+        self.send_response(status)
+        self.send_header("Content-Type", _JSON)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: a request log line per page would flood a gateway's output (and name its rooms)."""
+
+
+class PageServer(ThreadingHTTPServer):
+    """A standard-library HTTP server answering the page endpoints from ``source`` (one thread per connection).
+
+    ``prefix``: the mount point (``""``, or like ``"/standby"``). ``authorize(headers)``: return False to answer
+    401 (for instance, check a bearer token); without it every client that can connect reads every room, so bind
+    it to loopback (the default) or put it behind the gateway's authenticated transport. Use as a context
+    manager, or :meth:`start` and :meth:`stop`.
+    """
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, source: PageSource, address: tuple[str, int] = ("127.0.0.1", 0), *, prefix: str = "",
+                 authorize: Callable[[Any], bool] | None = None) -> None:
+        super().__init__(address, _Handler)
+        self.source = source
+        self.prefix = prefix.rstrip("/")
+        self.authorize = authorize
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = str(self.server_address[0]), self.server_address[1]
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}{self.prefix}"
+
+    def start(self) -> PageServer:
+        # A short poll keeps stop() quick (shutdown waits for the loop's next look).
+        self._thread = threading.Thread(target=self.serve_forever, args=(0.05,), name="hostedrooms-page-server",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join()
+            self._thread = None
+        self.server_close()
+
+    def __enter__(self) -> PageServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --- the standby's side ----------------------------------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+class HttpPageSource:
+    """A :class:`PageSource` reading a gateway's page endpoints over HTTP(S) (one keep-alive connection).
+
+    ``base_url``: ``http://host:port/prefix`` (no credentials, query or fragment: pass ``headers``, for
+    instance ``{"Authorization": "Bearer ..."}``). ``timeout``: seconds for a whole request, however slowly the
+    peer sends. ``max_response_bytes``: the largest answer read (default: MAX_LOG_PAGE_BYTES plus 1 MiB, since a
+    page fits MAX_LOG_PAGE_BYTES as JSON and members fit MAX_MEMBERS_JSON_BYTES). Redirects are not followed.
+    Thread-safe (requests are serialised).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 30.0,
+        max_response_bytes: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise HostedRoomError("the page source URL must be http:// or https:// with a host")
+        if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+            raise HostedRoomError("the page source URL must not carry credentials, a query or a fragment "
+                                  "(pass headers= for authentication)")
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+            raise HostedRoomError("timeout must be a positive number of seconds")
+        for key, value in (headers or {}).items():
+            if not (isinstance(key, str) and isinstance(value, str) and key.isascii() and key.isprintable()
+                    and ":" not in key and "\r" not in value and "\n" not in value):
+                raise HostedRoomError("headers must map header names to single-line strings")
+        self.limits = default_limits if limits is None else limits
+        self.max_response_bytes = (int(self.limits.MAX_LOG_PAGE_BYTES) + (1 << 20) if max_response_bytes is None
+                                   else int(max_response_bytes))
+        self.timeout = float(timeout)
+        self._https = parts.scheme == "https"
+        self._host, self._port = parts.hostname, parts.port
+        self._prefix = parts.path.rstrip("/")
+        self._headers = {"Accept": _JSON, **dict(headers or {})}
+        self._ssl = ssl_context
+        self._described = f"{parts.scheme}://{parts.netloc}{self._prefix}"
+        self._lock = threading.Lock()
+        self._connection: http.client.HTTPConnection | None = None
+
+    # -- the protocol --
+
+    def list_rooms(self, *, after: str | None = None, limit: int = LISTING_PAGE) -> list[RoomHead]:
+        query = {"limit": str(limit)} | ({"after": after} if after is not None else {})
+        answer = self._get("/rooms", query)
+        rooms = answer.get("rooms")
+        if not isinstance(rooms, list) or len(rooms) > limit:
+            raise SourceProtocolError("the source's room listing is malformed")
+        heads: list[RoomHead] = []
+        for raw in rooms:
+            head = self._head(raw)
+            if (heads and not head.room_id > heads[-1].room_id) or (after is not None and not head.room_id > after):
+                raise SourceProtocolError("the source listed rooms out of order")
+            heads.append(head)
+        return heads
+
+    def room_info(self, room_id: str) -> RoomInfo:
+        answer = self._get(f"/rooms/{_quote(room_id)}", {})
+        if answer.get("room_id") != room_id or not isinstance(answer.get("name"), str) \
+                or not isinstance(answer.get("members"), list):
+            raise SourceProtocolError("the source's room answer is malformed")
+        return RoomInfo(room_id, answer["name"], answer["members"])
+
+    def read_events(self, room_id: str, *, since_seq: int, limit: int) -> dict[str, Any]:
+        page = self._get(f"/rooms/{_quote(room_id)}/events", {"since_seq": str(since_seq), "limit": str(limit)})
+        events = page.get("events")
+        if (not isinstance(events, list) or len(events) > limit or not isinstance(page.get("authority"), dict)
+                or not _int_within(page.get("latest_seq"), 0, INT64_MAX)
+                or not _int_within(page.get("cursor"), 0, INT64_MAX)
+                or not isinstance(page.get("has_more"), bool)):
+            raise SourceProtocolError("the source's page is malformed")
+        return page
+
+    def change_token(self) -> Hashable | None:
+        try:
+            token = self._get("/change", {}).get("token")
+        except HostedRoomError:
+            return None
+        return token if isinstance(token, str) and len(token) <= 200 else None
+
+    def describe(self) -> str:
+        return self._described
+
+    def close(self) -> None:
+        with self._lock:
+            self._disconnect()
+
+    # -- checks --
+
+    def _head(self, raw: Any) -> RoomHead:
+        if not isinstance(raw, dict):
+            raise SourceProtocolError("the source's room listing is malformed")
+        room_id = _exact_identifier(raw.get("room_id"), "room_id", int(self.limits.MAX_ROOM_ID_CHARS))
+        gateway = _exact_identifier(raw.get("authority_gateway_id"), "authority_gateway_id",
+                                    int(self.limits.MAX_ACTOR_ID_CHARS))
+        epoch: Any = raw.get("authority_epoch")
+        latest: Any = raw.get("latest_seq")
+        disbanded = raw.get("disbanded")
+        if not _int_within(epoch, 1, MAX_EPOCH) or not _int_within(latest, 0, INT64_MAX) \
+                or not isinstance(disbanded, bool):
+            raise SourceProtocolError("the source's room listing is malformed")
+        return RoomHead(room_id, gateway, int(epoch), int(latest), disbanded)
+
+    # -- transport --
+
+    def _get(self, path: str, query: Mapping[str, str]) -> dict[str, Any]:
+        target = self._prefix + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        with self._lock:
+            deadline = time.monotonic() + self.timeout
+            for attempt in (1, 2):
+                reused = self._connection is not None
+                try:
+                    status, content_type, body = self._exchange(target, deadline)
+                    break
+                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                    self._disconnect()
+                    if attempt == 2 or not reused:  # a kept-alive connection the peer closed: one fresh try
+                        raise SourceUnavailableError(f"page source {self._described}: {type(exc).__name__}") from None
+                except SourceProtocolError:
+                    self._disconnect()
+                    raise
+                except (OSError, http.client.HTTPException) as exc:
+                    self._disconnect()
+                    raise SourceUnavailableError(f"page source {self._described}: {type(exc).__name__}") from None
+        return self._decode(status, content_type, body)
+
+    def _exchange(self, target: str, deadline: float) -> tuple[int, str, bytes]:
+        connection = self._connection
+        if connection is None:
+            remaining = max(deadline - time.monotonic(), 0.001)
+            connection = (http.client.HTTPSConnection(self._host, self._port, timeout=remaining,
+                                                      context=self._ssl or ssl.create_default_context())
+                          if self._https else http.client.HTTPConnection(self._host, self._port, timeout=remaining))
+            self._connection = connection
+        # Socket timeouts bound each read, not a whole answer trickled a byte at a time: a watchdog shuts the
+        # socket down at the deadline, which ends any read in progress.
+        expired = threading.Event()
+        watchdog = threading.Timer(max(deadline - time.monotonic(), 0.0), _shut, (connection, expired))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            answer = self._request(connection, target, deadline)
+        except (OSError, http.client.HTTPException):
+            if expired.is_set():
+                raise TimeoutError("the source did not answer in time") from None
+            raise
+        finally:
+            watchdog.cancel()
+        if expired.is_set():  # the shutdown may have looked like the end of the answer
+            raise TimeoutError("the source did not answer in time")
+        return answer
+
+    def _request(self, connection: http.client.HTTPConnection, target: str,
+                 deadline: float) -> tuple[int, str, bytes]:
+        if connection.sock is not None:
+            connection.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        connection.request("GET", target, headers=self._headers)
+        response = connection.getresponse()
+        declared = response.getheader("Content-Length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_response_bytes):
+            raise SourceProtocolError(f"the source's answer exceeds {self.max_response_bytes} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = response.read1(65536)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > self.max_response_bytes:
+                raise SourceProtocolError(f"the source's answer exceeds {self.max_response_bytes} bytes")
+            chunks.append(chunk)
+        if response.length:  # the peer closed before sending what it declared
+            raise http.client.IncompleteRead(b"".join(chunks), response.length)
+        response.close()  # fully read: the connection can carry the next request
+        if response.will_close:
+            self._disconnect()
+        return response.status, response.getheader("Content-Type", ""), b"".join(chunks)
+
+    def _disconnect(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+
+    def _decode(self, status: int, content_type: str, body: bytes) -> dict[str, Any]:
+        if content_type.split(";")[0].strip().lower() != _JSON:
+            raise SourceProtocolError(f"the source answered {status} with a body that is not JSON")
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SourceProtocolError("the source's answer is not valid JSON (not UTF-8)") from None
+        # A page nests 3 levels above an event's payload, which nests at most MAX_JSON_DEPTH: anything deeper is
+        # refused before the parser recurses into it.
+        if not json_depth_within(text, max_json_depth() + 8):
+            raise SourceProtocolError("the source's answer nests too deeply")
+        try:
+            value = json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as exc:
+            raise SourceProtocolError(f"the source's answer is not valid JSON ({exc.__class__.__name__})") from None
+        if not isinstance(value, dict):
+            raise SourceProtocolError("the source's answer is not a JSON object")
+        if status == 200:
+            return value
+        code = value.get("error")
+        message = value.get("message")
+        message = message[:_MAX_MESSAGE_CHARS] if isinstance(message, str) else ""
+        if status == 404 and code == "room_history_expired":
+            raise RoomHistoryExpiredError(_EXPIRED_MESSAGE)
+        if status == 404 and code == "room_not_found":
+            raise RoomNotFoundError("hosted room not found")
+        if status in (401, 403, 407, 429) or status >= 500:
+            raise SourceUnavailableError(f"page source {self._described} answered {status}")
+        raise SourceProtocolError(f"the source refused the request ({status}): {message}")
+
+
+def _shut(connection: http.client.HTTPConnection, expired: threading.Event) -> None:
+    expired.set()
+    sock = connection.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed
+            pass
+
+
+def _quote(room_id: str) -> str:
+    return urllib.parse.quote(room_id, safe="")
+
+
+def _int_within(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _malformed(message: str) -> SourceProtocolError:
+    return SourceProtocolError(f"the source's room listing is malformed: {message}")
+
+
+def _exact_identifier(value: Any, label: str, max_chars: int) -> str:
+    checked = identifier(value, error=_malformed, label=label, max_chars=max_chars)
+    if checked != value:
+        raise _malformed(f"invalid {label}")
+    return checked
