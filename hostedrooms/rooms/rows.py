@@ -6,7 +6,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from json.scanner import make_scanner
 from operator import itemgetter
 from typing import Any
@@ -30,7 +30,8 @@ from ..validation import (
 from .rules import _event_id, _event_kind
 
 __all__ = [
-    "appended", "event_page_checker", "event_to_dict", "fit_page", "parse_all", "replay_page", "room_to_dict"]
+    "appended", "decode_rows", "event_page_checker", "event_to_dict", "fit_page", "parse_all", "replay_page",
+    "room_to_dict"]
 
 
 def room_to_dict(row: RowLike, *, idempotent: bool = False) -> RoomRecord:
@@ -282,3 +283,14 @@ def replay_page(
         if _surely_fits(room_id, rows, row_bytes + growth, cursor, latest_seq, authority, max_bytes):
             return _page(events, cursor, latest_seq, authority)
     return fit_page(room_id, events, since=since, latest_seq=latest_seq, authority=authority, max_bytes=max_bytes)
+
+
+def decode_rows(rows: Sequence[tuple[Any, ...]]) -> Iterator[EventRecord]:
+    """The event dicts of replay rows (:data:`REPLAY_COLUMNS` first), exactly what :func:`event_to_dict` returns
+    for each, one scanner call per text where that is certain to agree; otherwise event_to_dict itself, row by
+    row as the iterator is consumed (so a row it refuses raises after the rows before it were taken)."""
+    try:
+        events = _decoded(rows)[0]
+    except Exception:  # in doubt, or a row the plain decode refuses: it decides, and raises the plain error
+        return (event_to_dict(dict(zip(REPLAY_COLUMNS, row, strict=False))) for row in rows)
+    return iter(events)

@@ -59,6 +59,7 @@ _rooms = models.rooms
 _events = models.events
 _retired = models.retired_ids
 _EVENT_COLUMNS = [column.name for column in _events.c]
+_ROOM_COLUMNS = tuple(column.name for column in _rooms.c)
 # Rows of a purged room are deleted from these tables, in this order, before the room itself.
 _DEPENDENT_TABLES = (models.remote_runs, models.links, models.peer_reservations, models.events)
 
@@ -171,6 +172,12 @@ class RoomStore:
         self._gateway_total = HotStatement(GATEWAY_TOTAL)
         self._room_head = HotStatement(ROOM_HEAD)
         self._insert_event = HotStatement(insert(_events), column_keys=_EVENT_COLUMNS)
+        # The room listing, live rooms only or all (compiled once each; limit and offset bound per call).
+        listing = (select(*_rooms.c)
+                   .order_by(_rooms.c.updated_at.desc(), dialect.bytewise(_rooms.c.room_id).asc())
+                   .limit(bindparam("limit")).offset(bindparam("offset")))
+        self._list_rooms = {False: HotStatement(listing.where(_rooms.c.disbanded_at.is_(None))),
+                            True: HotStatement(listing)}
 
     @contextlib.contextmanager
     def without_fast_path(self) -> Iterator[None]:
@@ -249,12 +256,12 @@ class RoomStore:
     def list_rooms(
         self, connection: Connection, *, include_disbanded: bool, limit: int, offset: int
     ) -> Sequence[RowLike]:
-        """Rooms by most recent change, then room id code point by code point."""
-        stmt = select(*_rooms.c)
-        if not include_disbanded:
-            stmt = stmt.where(_rooms.c.disbanded_at.is_(None))
-        stmt = stmt.order_by(_rooms.c.updated_at.desc(), self.dialect.bytewise(_rooms.c.room_id).asc())
-        return connection.execute(stmt.limit(limit).offset(offset)).mappings().all()
+        """Rooms by most recent change, then room id code point by code point (rows as dicts)."""
+        cursor = self._list_rooms[include_disbanded].run(connection, {"limit": limit, "offset": offset})
+        try:
+            return [dict(zip(_ROOM_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
+        finally:
+            cursor.close()
 
     def event_size(self) -> ColumnElement[Any]:
         """An event row's accounted bytes: the UTF-8 bytes of its id, kind, actor and payload texts."""
