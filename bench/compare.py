@@ -292,10 +292,10 @@ def table(result: Comparison, ctx: Context) -> list[tuple[str, ...]]:
         inverse = [1 / ratio for ratio in ratios if ratio]
         row = [contender.label, f"{statistics.median(rates):,.0f}", _spread(rates, ",.0f"),
                f"{statistics.median(ratios):.2f}x" if ratios else "", _spread(ratios, ".2f"),
-               f"{statistics.median(inverse):.2f}x" if inverse else "", f"{client:.0f}"]
+               f"{statistics.median(inverse):.2f}x" if inverse else "", f"{client:.1f}"]
         if ctx.postgres:
             servers = [sample.server_cpu / sample.events * 1e6 for sample in samples if sample.server_cpu is not None]
-            row.append(f"{statistics.median(servers):.0f}" if servers else "n/a")
+            row.append(f"{statistics.median(servers):.1f}" if servers else "n/a")
         if result.memory:
             peak = result.memory.get(contender.name)
             row.append(f"{peak[0] / 1e6:.1f}" if peak else "")

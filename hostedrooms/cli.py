@@ -16,10 +16,9 @@ import math
 import os
 import sys
 import time
-import types
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import sqlalchemy as sa
 from alembic.util.exc import CommandError
@@ -32,12 +31,17 @@ from .display import terminal_text
 from .errors import UPGRADE_HINT, HostedRoomError, SchemaMissingError, StorageError, describe_target, translate
 from .integrity import verify
 from .limits import MAX_LOG_LIMIT
-from .models import deliveries, events, replicas, rooms
+from .models import deliveries, replicas, rooms
+from .records import EventRecord
+from .rooms import decode_rows
+from .store import REPLAY_COLUMNS, room_store
 from .uow import UnitOfWork
 from .validation import INT64_MAX, stored_json
 
 DEFAULT_DATABASE = "state.db"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: Where a replay row holds its seq, actor and payload texts.
+_SEQ, _ACTOR, _PAYLOAD = (REPLAY_COLUMNS.index(name) for name in ("seq", "actor_json", "payload_json"))
 
 
 class Progress:
@@ -139,32 +143,53 @@ def cmd_rooms(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def _decoded(row: Any, text: str) -> Any:
-    return stored_json(text, lambda: f"hosted room {row.room_id!r} event seq {row.seq}")
-
-
-def _event_line(row: Any) -> str:
-    actor = _decoded(row, row.actor_json)
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row.created_at))
+def _event_line(event: EventRecord, actor_json: str, payload_json: str) -> str:
+    actor = stored_json(actor_json, lambda: f"hosted room {event['room_id']!r} event seq {event['seq']}")
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(event["created_at"]))
     who = f"{actor.get('kind')}:{actor.get('id')}" if isinstance(actor, dict) else str(actor)
-    line = f"{row.seq:>6}  {stamp}  e{row.authority_epoch or '-'}  {row.kind:<20} {who:<24} {row.payload_json}"
+    line = (f"{event['seq']:>6}  {stamp}  e{event['authority_epoch'] or '-'}  {event['kind']:<20} {who:<24} "
+            f"{payload_json}")
     return terminal_text(line)
 
 
-def _event_json(row: Any) -> str:
-    event = {
-        "room_id": row.room_id, "seq": row.seq, "event_id": row.event_id, "kind": row.kind,
-        "actor": _decoded(row, row.actor_json), "authority_epoch": row.authority_epoch,
-        "payload": _decoded(row, row.payload_json), "created_at": row.created_at}
+def _event_json(event: EventRecord) -> str:
     try:
-        return terminal_text(json.dumps(event, ensure_ascii=False))
+        return terminal_text(json.dumps({key: value for key, value in event.items() if key != "idempotent"},
+                                        ensure_ascii=False))
     except RecursionError:  # decodable, but too deep to encode again here
-        raise StorageError(f"hosted room {row.room_id!r} event seq {row.seq} holds a stored value that cannot "
-                           "be decoded (RecursionError)") from None
+        raise StorageError(f"hosted room {event['room_id']!r} event seq {event['seq']} holds a stored value that "
+                           "cannot be decoded (RecursionError)") from None
+
+
+def _log_lines(rows: Sequence[tuple[Any, ...]], as_json: bool) -> Iterator[str]:
+    """The lines of replay rows, one by one: JSON events decoded as read_events decodes them; the text form
+    decodes the actor only (the payload is printed as stored, so an undecodable payload still shows)."""
+    if as_json:
+        yield from map(_event_json, decode_rows(rows))
+        return
+    for row in rows:
+        event = cast(EventRecord, dict(zip(REPLAY_COLUMNS, row, strict=False)))
+        yield _event_line(event, row[_ACTOR], row[_PAYLOAD])
+
+
+def _require_room(uow: UnitOfWork, room_id: str) -> None:
+    if room_store(uow.dialect).room_head(uow.connection, room_id) is None:
+        raise HostedRoomError(f"hosted room not found: {terminal_text(room_id)}")
+
+
+def _log_page(engine: Engine, room_id: str, since: int, limit: int) -> list[tuple[Any, ...]]:
+    """Up to ``limit`` event rows of ``room_id`` after ``since`` (the store's compiled replay statement)."""
+    with UnitOfWork(engine, write=False) as uow:
+        store = room_store(uow.dialect)
+        _require_room(uow, room_id)
+        # No byte budget here (a page is --limit events): the largest the statement takes; max_event_bytes only
+        # sizes the driver's fetches (a backend stepping the cursor takes max_bytes // max_event_bytes at a time).
+        rows, _ = store.replay_rows(uow.connection, room_id, since=since, latest_seq=INT64_MAX, limit=limit,
+                                    max_bytes=INT64_MAX, max_event_bytes=INT64_MAX // 512)
+    return rows
 
 
 def cmd_log(args: argparse.Namespace, out: TextIO) -> int:
-    render: Callable[[Any], str] = _event_json if args.json else _event_line
     since = args.since
     # Seqs and limits are 64-bit: a larger value cannot even be bound by the driver.
     if not 0 <= since <= INT64_MAX:
@@ -175,36 +200,33 @@ def cmd_log(args: argparse.Namespace, out: TextIO) -> int:
         raise HostedRoomError("--interval must be a finite number of seconds, 0 or more")
     with _engine(args) as engine:
         _require_schema(engine)
+        if not args.follow:
+            for line in _log_lines(_log_page(engine, args.room, since, args.limit), args.json):
+                out.write(line + "\n")
+            return EXIT_OK
         with UnitOfWork(engine, write=False) as uow:
-            exists = uow.execute(sa.select(rooms.c.room_id).where(rooms.c.room_id == args.room)).first()
-            if exists is None:
-                raise HostedRoomError(f"hosted room not found: {terminal_text(args.room)}")
-            if not args.follow:
-                for row in uow.execute(sa.select(events).where(events.c.room_id == args.room, events.c.seq > since)
-                                       .order_by(events.c.seq).limit(args.limit)):
-                    out.write(render(row) + "\n")
-                return EXIT_OK
-        return _follow_log(engine, args, render, out)
+            _require_room(uow, args.room)
+        return _follow_log(engine, args, out)
 
 
-def _follow_log(engine: Engine, args: argparse.Namespace, render: Callable[[Any], str], out: TextIO) -> int:
+def _follow_log(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     """``log --follow``: every event after ``--since`` as it commits (hostedrooms.rooms.follow: NOTIFY on
     PostgreSQL, ``--interval`` polling on SQLite), until the room is disbanded."""
     page_size = min(args.limit, MAX_LOG_LIMIT)
     with contextlib.closing(room_service.follow(engine, args.room, args.since, limit=page_size,
                                                 poll_interval=args.interval)) as feed:
         for event in feed:
-            out.write(render(_event_row(event)) + "\n")
+            out.write((_event_json(event) if args.json else _followed_line(event)) + "\n")
             out.flush()
     return EXIT_OK
 
 
-def _event_row(event: dict[str, Any]) -> Any:
-    """A followed event (a read_events dict) in the shape the log renderers read (a stored row's columns)."""
+def _followed_line(event: EventRecord) -> str:
+    """A followed (decoded) event as a text line: its actor and payload in their canonical stored form."""
     def text(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
-    return types.SimpleNamespace(**event, actor_json=text(event["actor"]), payload_json=text(event["payload"]))
+    return _event_line(event, text(event["actor"]), text(event["payload"]))
 
 
 def cmd_replicas(args: argparse.Namespace, out: TextIO) -> int:

@@ -93,6 +93,12 @@ class StoreDialect:
     def defer_begin(self, connection: Connection) -> None:
         """Make the next transaction on ``connection`` a read transaction that takes no write lock up front."""
 
+    def begin_statement_reads(self, connection: Connection) -> None:
+        """Prepare ``connection`` for a read whose statements each need only a snapshot of their own: where
+        every statement already sees its own snapshot (PostgreSQL at READ COMMITTED), no transaction is opened
+        at all, which saves the BEGIN and ROLLBACK round trips; elsewhere a read transaction (:meth:`defer_begin`)."""
+        self.defer_begin(connection)
+
     def insert(self, table: Table) -> UpsertInsert:
         """An INSERT that supports ``ON CONFLICT`` upserts."""
         raise NotImplementedError
@@ -373,6 +379,11 @@ class PostgreSQLDialect(StoreDialect):
 
     def for_update(self, stmt: _S) -> _S:
         return stmt.with_for_update()
+
+    def begin_statement_reads(self, connection: Connection) -> None:
+        # Each statement is its own transaction (autocommit); the pool restores the engine's isolation level
+        # when the connection is returned.
+        connection.execution_options(isolation_level="AUTOCOMMIT")
 
     def greatest(self, *values: Any) -> ColumnElement[Any]:
         return func.greatest(*values)

@@ -146,13 +146,36 @@ def _scan(connection: Connection, query: sa.Select[Any]) -> Iterator[sa.RowMappi
 def check_readable_events(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
     """Every event of a room log or a replica log could be returned by a replay page and ingested by a replica:
     its id and kind pass the append rules, its actor and payload decode within MAX_JSON_DEPTH, and it fits a
-    page alone (see :func:`hostedrooms.rooms.event_page_checker`)."""
+    page alone (see :func:`hostedrooms.rooms.event_page_checker`). A readable event's actor and payload texts are
+    also canonical JSON (``canonical_events``, ``canonical_replica_events``; one scan for both checks)."""
     problem_of = event_page_checker()
     for table, name in ((events, "readable_events"), (replica_events, "readable_replica_events")):
+        canonical = name.replace("readable", "canonical")
         for row in _scan(connection, sa.select(table).order_by(table.c.room_id, table.c.seq)):
             problem = problem_of(row)
             if problem is not None:
                 yield Violation(name, row["room_id"], f"seq {row['seq']}: {problem}")
+            elif (column := _non_canonical(row)) is not None:
+                yield Violation(canonical, row["room_id"], f"seq {row['seq']}: its {column} is not canonical JSON")
+
+
+#: What hostedrooms and the reference store for an actor or payload: sorted keys, no whitespace, non-ASCII as is.
+#: (NaN and Infinity stay allowed here: the reference stored them, written so, and a page writes them back so.)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+
+
+def _non_canonical(row: sa.RowMapping) -> str | None:
+    """The first of a decodable event's actor and payload texts that is not the canonical text of its value.
+
+    Both hostedrooms and the reference store only canonical text, and the byte accounting (``event_bytes``, a
+    page's running byte sum) and the replay page's size bound take its stored bytes for the bytes a page writes.
+    Other text (hand-written, or by another program) is still read correctly, but is counted for bytes no page
+    carries: a sign the row did not come through the API."""
+    for column in ("actor_json", "payload_json"):
+        text = row[column]
+        if _CANONICAL(json.loads(text)) != text:
+            return column
+    return None
 
 
 def _readable_json(text: Any, depth: int) -> bool:

@@ -43,25 +43,40 @@ class _Plan:
     processors: Mapping[str, Callable[[Any], Any]]
     #: Positional: picks the values in driver order from a mapping, as one tuple.
     pick: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None
+    #: Keyword arguments of the DBAPI connection's ``cursor()``.
+    cursor_options: Mapping[str, Any]
+    #: Positional without statement defaults: (position, bind processor) of the values to process after picking.
+    positions: tuple[tuple[int, Callable[[Any], Any]], ...] | None
 
 
 class HotStatement:
     """A Core statement to run many times with different parameters, at the driver's speed.
 
     ``column_keys`` names the columns of an INSERT/UPDATE without explicit values (as ``compile()`` takes them).
+    ``binary_results``: where the driver can (psycopg), rows come in the binary format, which spares the server
+    and the client writing and parsing numbers as text (the values are the same).
     """
 
-    __slots__ = ("_column_keys", "_plans", "statement")
+    __slots__ = ("_binary_results", "_column_keys", "_last", "_plans", "statement")
 
-    def __init__(self, statement: ClauseElement, *, column_keys: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, statement: ClauseElement, *, column_keys: Sequence[str] | None = None, binary_results: bool = False
+    ) -> None:
         self.statement = statement
         self._column_keys = list(column_keys) if column_keys is not None else None
+        self._binary_results = binary_results
         self._plans: weakref.WeakKeyDictionary[Dialect, _Plan] = weakref.WeakKeyDictionary()
+        #: The plan used last, and (weakly) its dialect: an engine's calls find it without a lookup.
+        self._last: tuple[weakref.ref[Dialect], _Plan] | None = None
 
     def _plan(self, dialect: Dialect) -> _Plan:
+        last = self._last
+        if last is not None and last[0]() is dialect:
+            return last[1]
         plan = self._plans.get(dialect)
         if plan is None:
             plan = self._plans[dialect] = self._compile(dialect)
+        self._last = (weakref.ref(dialect), plan)
         return plan
 
     def _compile(self, dialect: Dialect) -> _Plan:
@@ -72,9 +87,24 @@ class HotStatement:
         # Binds the statement fills itself (the 1 of ``next_seq + 1``); the others come from each call.
         defaults = {name: bind.effective_value for bind, name in compiled.bind_names.items() if not bind.required}
         pick = _tuple_getter(order) if order is not None else None
-        return _Plan(compiled.string, order, defaults, dict(compiled._bind_processors), pick)
+        binary = self._binary_results and dialect.driver == "psycopg"
+        processors = dict(compiled._bind_processors)
+        positions = None if order is None or defaults else tuple(
+            (index, processors[name]) for index, name in enumerate(order) if name in processors)
+        return _Plan(compiled.string, order, defaults, processors, pick, {"binary": True} if binary else {},
+                     positions)
 
     def _parameters(self, plan: _Plan, params: Mapping[str, Any]) -> Any:
+        if plan.positions is not None:  # pick the values, then process those that need it (no dict copy)
+            picked = plan.pick(params)  # type: ignore[misc]  # positional plans always pick
+            if not plan.positions:
+                return picked
+            values = list(picked)
+            for index, process in plan.positions:
+                value = values[index]
+                if value is not None:
+                    values[index] = process(value)
+            return tuple(values)
         merged = {**plan.defaults, **params} if plan.defaults or plan.processors else params
         for name, process in plan.processors.items():
             value = merged.get(name)
@@ -85,7 +115,7 @@ class HotStatement:
     def run(self, connection: Connection, params: Mapping[str, Any]) -> Any:
         """Execute on ``connection`` (inside its transaction); returns the open DBAPI cursor (close it)."""
         plan = self._plan(connection.dialect)
-        cursor = connection.connection.cursor()
+        cursor = connection.connection.cursor(**plan.cursor_options)
         try:
             # Private but long-standing: the path SQLAlchemy itself uses for statements outside execute().
             connection._cursor_execute(cursor, plan.text, self._parameters(plan, params))

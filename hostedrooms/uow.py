@@ -8,8 +8,11 @@ Usage::
         uow.commit()
 
 Write units start with ``BEGIN IMMEDIATE`` on SQLite (the write lock is held from the first statement, so
-read-then-write cannot lose updates); ``write=False`` opens a deferred read transaction instead. Driver
-errors raised inside the block, on commit or on connect are translated here, in one place.
+read-then-write cannot lose updates); ``write=False`` opens a deferred read transaction instead, and
+``write=False, statement_snapshots=True`` a read whose statements need no snapshot in common (each is correct on
+its own), which on PostgreSQL runs without a transaction at all (:meth:`StoreDialect.begin_statement_reads
+<hostedrooms.dialect.StoreDialect.begin_statement_reads>`). Driver errors raised inside the block, on commit or on
+connect are translated here, in one place.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ from .errors import translate
 class UnitOfWork:
     """A context manager around one transaction on ``engine``; exposes ``connection`` and ``session``."""
 
-    def __init__(self, engine: Engine, *, write: bool = True) -> None:
+    def __init__(self, engine: Engine, *, write: bool = True, statement_snapshots: bool = False) -> None:
         reject_async(engine)
         self.engine = engine
         self.write = write
+        self.statement_snapshots = statement_snapshots and not write
         self.dialect: StoreDialect = dialect_for(engine)
         self._connection: Connection | None = None
         self._session: Session | None = None
@@ -41,7 +45,9 @@ class UnitOfWork:
     def __enter__(self) -> Self:
         try:
             connection = self._connection = self.engine.connect()
-            if not self.write:
+            if self.statement_snapshots:
+                self.dialect.begin_statement_reads(connection)
+            elif not self.write:
                 self.dialect.defer_begin(connection)
             connection.begin()
         except sa_exc.SQLAlchemyError as exc:

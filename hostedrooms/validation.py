@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import time
 from collections.abc import Callable
 from json.encoder import (  # type: ignore[attr-defined]  # the C accelerator is not in the stubs
@@ -16,6 +17,7 @@ from json.encoder import (  # type: ignore[attr-defined]  # the C accelerator is
     encode_basestring,
     encode_basestring_ascii,
 )
+from json.scanner import make_scanner
 from typing import Any
 
 from . import limits
@@ -182,8 +184,10 @@ def canonical_json_sized(
 ) -> tuple[str, int]:
     """:func:`canonical_json` and its UTF-8 size; at most ``MAX_JSON_DEPTH`` deep, no NaN or Infinity."""
     try:
-        text = compact_json(value, ensure_ascii=ensure_ascii)
-        size = utf8_len(text)  # a lone surrogate serialises but cannot be encoded (UnicodeEncodeError)
+        text = _COMPACT[ensure_ascii](value)
+        # (utf8_len, inlined: this runs for every event.) A lone surrogate serialises but cannot be encoded
+        # (UnicodeEncodeError).
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
     except (TypeError, ValueError, RecursionError) as exc:
         raise error(f"{label} must be JSON-serializable") from exc
     if size > max_bytes:
@@ -221,6 +225,34 @@ def clock(now: float | None) -> float:
     return value
 
 
+# json.loads(text) of a str runs the json module's scanner at index 0, inside a wrapper (a BOM check, whitespace
+# skipped before and after): calling the scanner directly costs a third of json.loads for a small text.
+_DECODER: Any = json.JSONDecoder()  # (the stubs type make_scanner's argument oddly)
+_SCAN: Callable[[str, int], tuple[Any, int]] = make_scanner(_DECODER)
+
+
+def surely_shallow(text: str) -> bool:
+    """Whether the JSON ``text`` nests at most a quarter of the recursion limit deep, so that decoding it (and
+    writing it back) never comes near the limit, a few frames deeper or shallower: a fast path that decodes at
+    another stack depth than json.loads then fails or succeeds exactly as json.loads would."""
+    depth = sys.getrecursionlimit() >> 2
+    return (len(text) <= 2 * depth or text.count("[") + text.count("{") <= depth
+            or json_depth_within(text, depth))
+
+
+def decode_json(text: Any) -> Any:
+    """``json.loads(text)``, the same value or the same error, faster for a str that holds one JSON value and
+    nothing else (whitespace around it, bytes, a deep text or an invalid one go through json.loads itself)."""
+    if type(text) is str and surely_shallow(text):
+        try:
+            value, end = _SCAN(text, 0)
+        except Exception:  # json.loads raises its own error for it
+            return json.loads(text)
+        if end == len(text):
+            return value
+    return json.loads(text)
+
+
 def stored_json(text: Any, where: Callable[[], str]) -> Any:
     """Decode a JSON column read back from the store.
 
@@ -230,6 +262,6 @@ def stored_json(text: Any, where: Callable[[], str]) -> Any:
     parser error. The recursion limit is never raised for this: deep enough JSON would overflow the C stack.
     """
     try:
-        return json.loads(text)
+        return decode_json(text)
     except (TypeError, ValueError, RecursionError) as exc:
         raise StorageError(f"{where()} holds a stored value that cannot be decoded ({type(exc).__name__})") from exc

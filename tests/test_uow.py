@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -158,4 +159,30 @@ def test_sqlite_a_read_unit_leaves_the_next_write_unit_on_its_connection_locking
                 other.execute("BEGIN IMMEDIATE")
     finally:
         other.close()
+        engine.dispose()
+
+
+def _in_transaction(uow: UnitOfWork) -> bool:
+    raw: Any = uow.connection.connection.dbapi_connection
+    if hasattr(raw, "in_transaction"):  # sqlite3
+        return bool(raw.in_transaction)
+    return str(raw.info.transaction_status.name) != "IDLE"  # psycopg
+
+
+def test_a_statement_snapshot_read_leaves_the_pooled_connection_transactional(
+    engine: sa.Engine, backend: str
+) -> None:
+    """``statement_snapshots`` reads open no transaction on PostgreSQL (each statement is its own), a deferred read
+    transaction on SQLite; either way the connection goes back to the pool as it came, so the next write unit on
+    it is one transaction again."""
+    engine = create_engine(engine.url, pool_size=1, max_overflow=0)  # one connection, reused
+    try:
+        with UnitOfWork(engine, write=False, statement_snapshots=True) as reader:
+            assert reader.execute(sa.select(sa.func.count()).select_from(retired_ids)).scalar_one() == 0
+            assert _in_transaction(reader) is (backend == "sqlite")
+        with UnitOfWork(engine) as writer:
+            writer.execute(sa.insert(retired_ids).values(room_id="gone", retired_at=1.0))
+            assert _in_transaction(writer)
+        assert _count(engine, retired_ids) == 0  # rolled back: it was one transaction
+    finally:
         engine.dispose()

@@ -197,6 +197,38 @@ def test_each_broken_invariant_is_reported(corruptible: Callable[[str], sa.Engin
     assert [(violation.check, violation.subject) for violation in found] == [(check, subject)], found
 
 
+#: Texts that decode to a value whose canonical text (sorted keys, no whitespace, non-ASCII as is) differs.
+NON_CANONICAL = ('{"text": "hello"}', '{"text":"h\\u00e9llo"}', '{"b":1,"a":2}', '{"a":1,"a":2}', '{"x":1e15}',
+                 '{"x":-0}', ' {}', '["\\/"]')
+
+
+@pytest.mark.parametrize("text", NON_CANONICAL)
+def test_a_non_canonical_stored_text_is_reported(engine: sa.Engine, text: str) -> None:
+    _populate(engine)
+    added = utf8_len(text) - utf8_len(_event("live", 2, text="héllo ✓")["payload_json"])  # type: ignore[arg-type]
+    _write(engine,
+           sa.update(events).where(events.c.room_id == "live", events.c.seq == 2).values(payload_json=text),
+           sa.update(rooms).where(rooms.c.room_id == "live").values(event_bytes=rooms.c.event_bytes + added),
+           sa.update(replica_events).where(replica_events.c.seq == 1).values(actor_json=text),
+           sa.update(replicas).values(event_bytes=replicas.c.event_bytes + utf8_len(text)
+                                      - len('{"id":"u1","kind":"user"}')))
+    assert [str(violation) for violation in verify(engine)] == [
+        "canonical_events: live: seq 2: its payload_json is not canonical JSON",
+        "canonical_replica_events: replica: seq 1: its actor_json is not canonical JSON"]
+
+
+def test_canonical_texts_of_every_kind_verify_clean(engine: sa.Engine) -> None:
+    """What the reference's writer produces is canonical: unicode unescaped, control characters escaped, NaN."""
+    _populate(engine)
+    text = json.dumps({"z": [1.5, 1e100, None, True], "a": "é\x00\u2028\"😀", "n": float("nan")},
+                      sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    added = utf8_len(text) - utf8_len(_event("live", 2, text="héllo ✓")["payload_json"])  # type: ignore[arg-type]
+    _write(engine,
+           sa.update(events).where(events.c.room_id == "live", events.c.seq == 2).values(payload_json=text),
+           sa.update(rooms).where(rooms.c.room_id == "live").values(event_bytes=rooms.c.event_bytes + added))
+    assert verify(engine) == []
+
+
 def test_sqlite_page_corruption_is_reported(tmp_path: object) -> None:
     from pathlib import Path
 

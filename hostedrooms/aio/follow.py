@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .. import rooms as _rooms
 from ..limits import Limits
+from ..records import EventRecord
 from ..rooms.follow import FollowCursor
 from ..wakeup import FALLBACK_INTERVAL
 from .derive import service
@@ -25,7 +26,7 @@ _room_state = service(_rooms.room_state)
 def follow(
     engine: AsyncEngine, room_id: Any, since_seq: Any = 0, *, limit: Any = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
-) -> AsyncGenerator[dict[str, Any], None]:
+) -> AsyncGenerator[EventRecord, None]:
     """``async for event in follow(engine, room_id, since_seq)``: each event after ``since_seq``, in seq order,
     as it commits; ends after ``room.disbanded``. Arguments are checked here, before anything is opened; close the
     iterator (``contextlib.aclosing``) or cancel its task to give its connection back."""
@@ -36,7 +37,7 @@ def follow(
 async def _follow(
     engine: AsyncEngine, cursor: FollowCursor, poll_interval: float | None, fallback_interval: float,
     limits: Limits | None,
-) -> AsyncGenerator[dict[str, Any], None]:
+) -> AsyncGenerator[EventRecord, None]:
     async with room_wakeup(engine, cursor.room_id, poll_interval=poll_interval) as wakeup:
         if cursor.since and cursor.ended_before(
                 await _room_state(engine, room_id=cursor.room_id, include_disbanded=True, limits=limits)):

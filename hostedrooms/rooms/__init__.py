@@ -29,7 +29,7 @@ from .lifecycle import (
     rename_room,
     room_state,
 )
-from .rows import event_page_checker, event_to_dict, room_to_dict
+from .rows import decode_rows, event_page_checker, event_to_dict, room_to_dict
 from .rules import (
     CONTROL_EVENT_KINDS,
     EVENT_KINDS_BY_ACTOR,
@@ -69,6 +69,7 @@ __all__ = [
     "append_events",
     "claim_authority",
     "create_room",
+    "decode_rows",
     "disband_room",
     "event_page_checker",
     "event_to_dict",

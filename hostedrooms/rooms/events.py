@@ -17,7 +17,7 @@ from ..records import Actor, Authority, EventPage, EventRecord, NewEvent
 from ..store import RowLike, room_store
 from ..uow import UnitOfWork
 from ..validation import clock
-from .rows import appended, event_to_dict, fit_page, parse_all
+from .rows import appended, event_to_dict, fit_page, parse_all, replay_page
 from .rules import (
     _EVENT_FIELDS,
     PreparedEvent,
@@ -28,6 +28,7 @@ from .rules import (
     _non_negative,
     _room_id,
     _validated_event,
+    max_event_bytes,
     room_stop_event,
 )
 from .transaction import require_room, run_room_write
@@ -77,7 +78,7 @@ def append_events(
     prepared: list[tuple[PreparedEvent, dict[str, str]]] = []
     memo = _BatchMemo(gateway_id, epoch)
     for item in events:
-        if not isinstance(item, Mapping):
+        if type(item) is not dict and not isinstance(item, Mapping):  # (the exact type first: the ABC check is slow)
             raise HostedRoomError("each event must be an object")
         if not item.keys() <= _EVENT_FIELDS:
             unknown = sorted(str(name) for name in item.keys() - _EVENT_FIELDS)
@@ -131,25 +132,62 @@ def read_events(
     A stored event that cannot be decoded (written before MAX_JSON_DEPTH, by the reference or by hand) raises
     StorageError naming the room and seq; a room purged while it is read raises RoomHistoryExpiredError.
     """
+    return _read(engine, room_id, since_seq, limit, include_disbanded, limits, exact=False)
+
+
+def read_events_exact(
+    engine: EngineSource, *, room_id: Any, since_seq: Any = 0, limit: Any = 100, include_disbanded: bool = False,
+    limits: Limits | None = None,
+) -> EventPage:
+    """Tests only: :func:`read_events` on the plain path (rows through ``execute()``, one ``json.loads`` per text,
+    the page serialised to check its size), the oracle the fast path is compared with."""
+    return _read(engine, room_id, since_seq, limit, include_disbanded, limits, exact=True)
+
+
+def _read(
+    engine: EngineSource, room_id: Any, since_seq: Any, limit: Any, include_disbanded: bool, limits: Limits | None,
+    *, exact: bool,
+) -> EventPage:
     lim = in_force(limits)
     room_id = _room_id(room_id, lim)
     since = _non_negative(since_seq, "since_seq")
     page_size = _bounded_limit(limit, lim.MAX_LOG_LIMIT)
     page_bytes = int(lim.MAX_LOG_PAGE_BYTES)
-    with UnitOfWork(resolve_engine(engine), write=False) as uow:
+    with UnitOfWork(resolve_engine(engine), write=False, statement_snapshots=True) as uow:
         store, connection = room_store(uow.dialect), uow.connection
-        room = require_room(uow, store.room_head(connection, room_id), room_id, include_disbanded=include_disbanded)
-        latest_seq = int(room["next_seq"]) - 1
-        authority: Authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
-        if since > latest_seq:
-            raise HostedRoomError("since_seq is ahead of the hosted room log")
-        rows = store.event_page(
-            connection, room_id, since=since, latest_seq=latest_seq, limit=page_size, max_bytes=page_bytes)
-        events = [event_to_dict(row) for row in rows]
-        if not events and since < latest_seq:
-            # PostgreSQL reads each statement at its own snapshot: the room may have been purged (disbanded, then
-            # pruned) after its row was read. Read it again, so that is reported as such.
-            require_room(uow, store.room_head(connection, room_id), room_id, include_disbanded=include_disbanded)
+        if exact:
+            return _read_plain(uow, room_id, since, page_size, page_bytes, include_disbanded)
+        # The head and the page are read consistently with each other (store.read_page).
+        head, rows, row_bytes = store.read_page(
+            connection, room_id, since=since, limit=page_size, max_bytes=page_bytes,
+            max_event_bytes=max_event_bytes(lim))
+        room = require_room(uow, head, room_id, include_disbanded=include_disbanded)
+    latest_seq = int(room["next_seq"]) - 1
+    if since > latest_seq:
+        raise HostedRoomError("since_seq is ahead of the hosted room log")
+    authority: Authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
+    return replay_page(room_id, rows, row_bytes, since=since, latest_seq=latest_seq, authority=authority,
+                       max_bytes=page_bytes)
+
+
+def _read_plain(
+    uow: UnitOfWork, room_id: str, since: int, page_size: int, page_bytes: int, include_disbanded: bool
+) -> EventPage:
+    """The plain path: the head, then the page through ``execute()``, each event decoded by event_to_dict, and
+    fit_page, which serialises the page to check its size."""
+    store, connection = room_store(uow.dialect), uow.connection
+    room = require_room(uow, store.room_head(connection, room_id), room_id, include_disbanded=include_disbanded)
+    latest_seq = int(room["next_seq"]) - 1
+    authority: Authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
+    if since > latest_seq:
+        raise HostedRoomError("since_seq is ahead of the hosted room log")
+    rows = store.event_page(
+        connection, room_id, since=since, latest_seq=latest_seq, limit=page_size, max_bytes=page_bytes)
+    if not rows and since < latest_seq:
+        # Each statement may read at its own snapshot: the room may have been purged (disbanded, then pruned)
+        # after its row was read. Read it again, so that is reported as such.
+        require_room(uow, store.room_head(connection, room_id), room_id, include_disbanded=include_disbanded)
+    events = [event_to_dict(row) for row in rows]
     return fit_page(room_id, events, since=since, latest_seq=latest_seq, authority=authority, max_bytes=page_bytes)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..engines import EngineSource, resolve_engine
 from ..limits import Limits, in_force
+from ..records import EventPage, EventRecord
 from ..wakeup import FALLBACK_INTERVAL, ROOM_EVENTS_CHANNEL, Wakeup
 from .events import read_events
 from .lifecycle import room_state
@@ -64,9 +65,9 @@ class FollowCursor:
             self.done = True
         return self.done
 
-    def take(self, page: Mapping[str, Any]) -> tuple[Sequence[dict[str, Any]], bool]:
+    def take(self, page: EventPage) -> tuple[Sequence[EventRecord], bool]:
         """The events of ``page`` to yield, and whether more are already committed (read again at once)."""
-        events: list[dict[str, Any]] = page["events"]
+        events = page["events"]
         for index, event in enumerate(events):
             if event["kind"] == DISBANDED:
                 self.done = True
@@ -81,7 +82,7 @@ class FollowCursor:
 def follow(
     engine: EngineSource, room_id: Any, since_seq: Any = 0, *, limit: Any = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
-) -> Generator[dict[str, Any], None, None]:
+) -> Generator[EventRecord, None, None]:
     """Yield each event of ``room_id`` after ``since_seq``, in seq order, as it commits (see the module
     docstring); the dicts are ``read_events``' events. Ends after ``room.disbanded``."""
     cursor = FollowCursor.start(room_id, since_seq, limit, limits)
@@ -90,7 +91,7 @@ def follow(
 
 def _follow(
     engine: Any, cursor: FollowCursor, poll_interval: float | None, fallback_interval: float, limits: Limits | None
-) -> Generator[dict[str, Any], None, None]:
+) -> Generator[EventRecord, None, None]:
     with Wakeup(engine, ROOM_EVENTS_CHANNEL, key=cursor.room_id, poll_interval=poll_interval) as wakeup:
         if cursor.since and cursor.ended_before(
                 room_state(engine, room_id=cursor.room_id, include_disbanded=True, limits=limits)):

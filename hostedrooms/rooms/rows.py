@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import math
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from json.scanner import make_scanner
+from operator import itemgetter
 from typing import Any
 
 from ..errors import (
@@ -12,17 +17,21 @@ from ..errors import (
 )
 from ..limits import Limits, in_force
 from ..records import Authority, EventPage, EventRecord, RoomRecord
-from ..store import RowLike
+from ..store import REPLAY_COLUMNS, RowLike
 from ..validation import (
     INT64_MAX,
+    decode_json,
     json_depth_within,
     max_json_depth,
     stored_json,
+    surely_shallow,
     utf8_len,
 )
 from .rules import _event_id, _event_kind
 
-__all__ = ["appended", "event_page_checker", "event_to_dict", "fit_page", "parse_all", "room_to_dict"]
+__all__ = [
+    "appended", "decode_rows", "event_page_checker", "event_to_dict", "fit_page", "parse_all", "replay_page",
+    "room_to_dict"]
 
 
 def room_to_dict(row: RowLike, *, idempotent: bool = False) -> RoomRecord:
@@ -60,7 +69,7 @@ def appended(row: RowLike, actor: dict[str, str], payload: Any = None) -> EventR
     return {
         "room_id": row["room_id"], "seq": row["seq"], "event_id": row["event_id"], "kind": row["kind"],
         "actor": actor, "authority_epoch": row["authority_epoch"],
-        "payload": json.loads(row["payload_json"]) if payload is None else payload,
+        "payload": decode_json(row["payload_json"]) if payload is None else payload,
         "created_at": row["created_at"], "idempotent": False}
 
 
@@ -124,18 +133,22 @@ def _unserialisable(room_id: str, page: Sequence[EventRecord]) -> StorageError:
     return StorageError(f"hosted room {room_id!r} holds a stored value that cannot be decoded (RecursionError)")
 
 
+def _page(events: list[EventRecord], cursor: int, latest_seq: int, authority: Authority) -> EventPage:
+    return {"events": events, "cursor": cursor, "latest_seq": latest_seq, "has_more": cursor < latest_seq,
+            "authority": authority}
+
+
 def fit_page(
     room_id: str, events: list[EventRecord], *, since: int, latest_seq: int, authority: Authority,
     max_bytes: int,
 ) -> EventPage:
     """The replay page of ``events`` (read after ``since``): its longest prefix whose serialized page fits
     ``max_bytes``. An event too large for any page raises HostedRoomError (an empty page with ``has_more``
-    would make a reader spin forever)."""
+    would make a reader spin forever). The exact rule, serialising the page: :func:`replay_page` gives the same
+    page without serialising it when a bound proves it fits."""
 
     def build(page: list[EventRecord]) -> EventPage:
-        cursor = page[-1]["seq"] if page else since
-        return {"events": page, "cursor": cursor, "latest_seq": latest_seq, "has_more": cursor < latest_seq,
-                "authority": authority}
+        return _page(page, page[-1]["seq"] if page else since, latest_seq, authority)
 
     def fits(page: list[EventRecord]) -> bool:
         try:
@@ -157,3 +170,127 @@ def fit_page(
         # The next event alone outweighs a page (only with a lowered MAX_LOG_PAGE_BYTES).
         raise HostedRoomError("hosted room event exceeds replay page limit")
     return build(events)
+
+
+# --- the replay page without serialising it ---------------------------------------------------------------------
+#
+# A page is mostly its events' actor and payload texts, and a stored text is JSON as the json module writes it
+# (canonical: hostedrooms and the reference both store json.dumps output), so decoding it and writing it into the
+# page gives back the same bytes. Whatever a text holds, writing a decoded value never takes MORE bytes than the
+# text, except for numbers with a fraction or exponent: strings keep every character or shorten an escape
+# (\u00e9 -> é, \/ -> /), whitespace and repeated keys go, integers and literals stay. The one exception, an
+# escaped lone surrogate, cannot be written to UTF-8 at all. So decoding with a float hook that measures how much
+# each float token grows when written back bounds the page from above with no serialisation:
+#
+#     envelope (exact) + per event (frame + room id) + accounted bytes of the rows (id, kind, actor, payload)
+#     + growth of float tokens
+#
+# where the frame is the event object's keys and punctuation with the widest seq, epoch and created_at a row can
+# hold. When the bound fits the budget, the whole page fits and the exact rule (fit_page) would return it as is.
+# fit_page runs instead when in doubt: the bound exceeds the budget (a page near it, or cut by it); an id or kind
+# holds a character JSON escapes; a text holds an escaped surrogate; a text nests deeper than a quarter of the
+# recursion limit; a row holds a value the plain decode treats differently (not a str, trailing data, an epoch
+# that is not an integer, ...): then the plain decode (event_to_dict) runs too, so every error is the plain one.
+
+_EVENT_FRAME = len(json.dumps(
+    {"room_id": "", "seq": 0, "event_id": "", "kind": "", "actor": 0, "authority_epoch": 0, "payload": 0,
+     "created_at": 0, "idempotent": False}, separators=(",", ":"))) - 5 + 1  # the five 0s out; a comma in
+#: The widest seq and epoch (a signed 64-bit integer, or null) and the widest float repr (created_at).
+_EVENT_FRAME += 20 + 20 + len("-2.2250738585072014e-308")
+_NEEDS_ESCAPE = re.compile(r'[\x00-\x1f"\\]').search
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD]").search  # (a pair is fine, but rare enough to leave to the exact rule)
+_EVENT_IDS, _KINDS, _ACTORS, _PAYLOADS = (itemgetter(REPLAY_COLUMNS.index(name)) for name in (
+    "event_id", "kind", "actor_json", "payload_json"))
+
+
+class _InDoubt(Exception):
+    """Internal: the fast decode does not vouch for this page; the plain path decides."""
+
+
+def _scanner(growth: list[int]) -> Callable[[str, int], tuple[Any, int]]:
+    """The json module's own scanner (what json.loads runs), adding to ``growth[0]`` how many bytes longer each
+    float token is when written back (``1e15`` -> ``1000000000000000.0``)."""
+
+    def parse_float(token: str) -> float:
+        value = float(token)
+        written = len(repr(value)) if math.isfinite(value) else (8 if value > 0 else 9)  # Infinity, -Infinity
+        if written > len(token):
+            growth[0] += written - len(token)
+        return value
+
+    decoder: Any = json.JSONDecoder(parse_float=parse_float)  # (the stubs type make_scanner's argument oddly)
+    scan: Callable[[str, int], tuple[Any, int]] = make_scanner(decoder)
+    return scan
+
+
+def _decoded(rows: Sequence[tuple[Any, ...]]) -> tuple[list[EventRecord], int]:
+    """The event dicts of replay rows, exactly as event_to_dict builds them, and how many bytes their float tokens
+    grow when written back; :class:`_InDoubt` (or the decoder's own error) when the plain decode must decide."""
+    growth = [0]
+    scan = _scanner(growth)
+    short = 2 * (sys.getrecursionlimit() >> 2)  # a valid JSON text this short cannot nest deep (surely_shallow)
+    events: list[EventRecord] = []
+    append = events.append
+    for room_id, seq, event_id, kind, actor_json, epoch, payload_json, created_at, _extra in rows:
+        # json.loads(text) is scan(text, 0) when the value ends the text (json.loads would also allow whitespace).
+        actor, end = scan(actor_json, 0)
+        if end != len(actor_json) or (end > short and not surely_shallow(actor_json)):
+            raise _InDoubt
+        payload, end = scan(payload_json, 0)
+        if end != len(payload_json) or (end > short and not surely_shallow(payload_json)):
+            raise _InDoubt
+        if seq.__class__ is not int or (epoch is not None and epoch.__class__ is not int):
+            raise _InDoubt  # int() of something else (a REAL from a hand-made row) may be wider than 64 bits
+        append({"room_id": room_id, "seq": seq, "event_id": event_id, "kind": kind, "actor": actor,
+                "authority_epoch": epoch, "payload": payload, "created_at": float(created_at), "idempotent": False})
+    return events, growth[0]
+
+
+def _surely_fits(
+    room_id: str, rows: Sequence[tuple[Any, ...]], text_bytes: int, cursor: int, latest_seq: int,
+    authority: Authority, max_bytes: int,
+) -> bool:
+    """Whether the bound above proves the page of every row fits ``max_bytes`` (False when in doubt)."""
+    try:
+        if _NEEDS_ESCAPE("".join(map(_EVENT_IDS, rows)) + "".join(map(_KINDS, rows))) is not None:
+            return False
+        texts = "".join(map(_ACTORS, rows)) + "".join(map(_PAYLOADS, rows))
+        if "\\" in texts and _SURROGATE_ESCAPE(texts) is not None:
+            return False
+        envelope = utf8_len(json.dumps(_page([], cursor, latest_seq, authority), ensure_ascii=False,
+                                       separators=(",", ":")))
+    except Exception:  # not text: the exact rule decides (and raises what it raises)
+        return False
+    return envelope + len(rows) * (_EVENT_FRAME + len(room_id)) + text_bytes <= max_bytes
+
+
+def replay_page(
+    room_id: str, rows: Sequence[tuple[Any, ...]], row_bytes: int, *, since: int, latest_seq: int,
+    authority: Authority, max_bytes: int,
+) -> EventPage:
+    """What :func:`fit_page` returns (or raises) for the events of ``rows``, usually without serialising the page.
+
+    ``rows``: replay rows (:meth:`hostedrooms.store.RoomStore.replay_rows`), the :data:`REPLAY_COLUMNS` in order;
+    ``row_bytes``: their accounted bytes in total. ``room_id``: the validated room id the rows were selected by.
+    """
+    try:
+        events, growth = _decoded(rows)
+    except Exception:  # in doubt, or a row the plain decode refuses: it raises the plain error
+        events = [event_to_dict(dict(zip(REPLAY_COLUMNS, row, strict=False))) for row in rows]
+        return fit_page(room_id, events, since=since, latest_seq=latest_seq, authority=authority, max_bytes=max_bytes)
+    if events:
+        cursor = events[-1]["seq"]
+        if _surely_fits(room_id, rows, row_bytes + growth, cursor, latest_seq, authority, max_bytes):
+            return _page(events, cursor, latest_seq, authority)
+    return fit_page(room_id, events, since=since, latest_seq=latest_seq, authority=authority, max_bytes=max_bytes)
+
+
+def decode_rows(rows: Sequence[tuple[Any, ...]]) -> Iterator[EventRecord]:
+    """The event dicts of replay rows (:data:`REPLAY_COLUMNS` first), exactly what :func:`event_to_dict` returns
+    for each, one scanner call per text where that is certain to agree; otherwise event_to_dict itself, row by
+    row as the iterator is consumed (so a row it refuses raises after the rows before it were taken)."""
+    try:
+        events = _decoded(rows)[0]
+    except Exception:  # in doubt, or a row the plain decode refuses: it decides, and raises the plain error
+        return (event_to_dict(dict(zip(REPLAY_COLUMNS, row, strict=False))) for row in rows)
+    return iter(events)

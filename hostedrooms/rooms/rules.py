@@ -136,7 +136,8 @@ def _members(value: Any, lim: Limits) -> tuple[list[dict[str, Any]], str]:
                                    max_bytes=lim.MAX_MEMBERS_JSON_BYTES)
 
 
-def _actor(value: Any, *, kind: str, lim: Limits) -> tuple[dict[str, str], str]:
+def _actor(value: Any, *, kind: str, lim: Limits) -> tuple[dict[str, str], str, int]:
+    """The normalised actor, its canonical JSON and that text's UTF-8 size."""
     if not isinstance(value, dict):
         raise HostedRoomError("actor must be an object")
     unknown = set(value) - _ACTOR_FIELDS
@@ -159,7 +160,8 @@ def _actor(value: Any, *, kind: str, lim: Limits) -> tuple[dict[str, str], str]:
             raise HostedRoomError(f"actor.{field} is too long")
         if field_value:
             actor[field] = field_value
-    return actor, _actor_json(actor, lim)
+    return (actor, *canonical_json_sized(
+        actor, error=HostedRoomError, label="actor", max_bytes=lim.MAX_ACTOR_JSON_BYTES))
 
 
 def _legacy_members_match(existing_json: str, proposed: list[dict[str, Any]]) -> bool:
@@ -244,7 +246,7 @@ class _BatchMemo:
     def __init__(self, gateway_id: str, epoch: int) -> None:
         self.gateway_id, self.epoch = gateway_id, epoch
         self.kinds: dict[str, str] = {}
-        self.actors: dict[tuple[str, tuple[tuple[str, str | None], ...]], tuple[dict[str, str], str]] = {}
+        self.actors: dict[tuple[str, tuple[tuple[str, str | None], ...]], tuple[dict[str, str], str, int]] = {}
 
     def kind(self, value: Any, lim: Limits) -> str:
         if type(value) is not str:
@@ -254,7 +256,7 @@ class _BatchMemo:
             checked = self.kinds[value] = _event_kind(value, lim)
         return checked
 
-    def actor(self, value: Any, kind: str, lim: Limits) -> tuple[dict[str, str], str]:
+    def actor(self, value: Any, kind: str, lim: Limits) -> tuple[dict[str, str], str, int]:
         content = _actor_memo_key(value)
         if content is None:
             return _actor(value, kind=kind, lim=lim)
@@ -287,12 +289,12 @@ def _validated_event(
     checked_id = _event_id(event_id, lim)
     if memo is None:
         checked_kind = _event_kind(kind, lim)
-        normalized_actor, actor_json = _actor(actor, kind=checked_kind, lim=lim)
+        normalized_actor, actor_json, actor_size = _actor(actor, kind=checked_kind, lim=lim)
         # Every admitted actor kind is room-scoped, so authority fields are always required.
         gateway_id = _actor_id(authority_gateway_id, "authority_gateway_id", lim)
     else:
         checked_kind = memo.kind(kind, lim)
-        normalized_actor, actor_json = memo.actor(actor, checked_kind, lim)
+        normalized_actor, actor_json, actor_size = memo.actor(actor, checked_kind, lim)
         gateway_id = memo.gateway_id
     if normalized_actor["kind"] == "gateway" and normalized_actor["id"] != gateway_id:
         raise HostedRoomError("gateway actor.id must match authority_gateway_id")
@@ -301,7 +303,7 @@ def _validated_event(
         raise HostedRoomError("payload must be an object")
     payload_json, payload_size = _payload_json_sized(payload, lim)
     # Ids and kinds are ASCII (their shapes say so): their lengths are their byte sizes.
-    size = len(checked_id) + len(checked_kind) + utf8_len(actor_json) + payload_size
+    size = len(checked_id) + len(checked_kind) + actor_size + payload_size
     event = PreparedEvent(
         checked_id, checked_kind, actor_json, payload_json, epoch, control=checked_kind in CONTROL_EVENT_KINDS,
         size=size)

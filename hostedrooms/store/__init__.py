@@ -10,12 +10,21 @@ from __future__ import annotations
 import threading
 
 from ..dialect import StoreDialect
-from .base import GATEWAY_BYTES_LOCK_KEY, ROOM_CREATION_LOCK_KEY, RoomChange, RoomStore, RowLike, event_rows
+from .base import (
+    GATEWAY_BYTES_LOCK_KEY,
+    REPLAY_COLUMNS,
+    ROOM_CREATION_LOCK_KEY,
+    RoomChange,
+    RoomStore,
+    RowLike,
+    event_rows,
+)
 from .postgresql import PostgreSQLRoomStore
 from .sqlite import SQLiteRoomStore
 
 __all__ = [
     "GATEWAY_BYTES_LOCK_KEY",
+    "REPLAY_COLUMNS",
     "ROOM_CREATION_LOCK_KEY",
     "PostgreSQLRoomStore",
     "RoomChange",

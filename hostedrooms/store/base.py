@@ -40,6 +40,7 @@ from ..statements import HotStatement
 
 __all__ = [
     "GATEWAY_BYTES_LOCK_KEY",
+    "REPLAY_COLUMNS",
     "ROOM_CREATION_LOCK_KEY",
     "EventLike",
     "RoomChange",
@@ -58,6 +59,7 @@ _rooms = models.rooms
 _events = models.events
 _retired = models.retired_ids
 _EVENT_COLUMNS = [column.name for column in _events.c]
+_ROOM_COLUMNS = tuple(column.name for column in _rooms.c)
 # Rows of a purged room are deleted from these tables, in this order, before the room itself.
 _DEPENDENT_TABLES = (models.remote_runs, models.links, models.peer_reservations, models.events)
 
@@ -65,9 +67,12 @@ _SELECT_ROOM = select(*_rooms.c).where(_rooms.c.room_id == bindparam("room_id"))
 _SELECT_EVENT = select(*_events.c).where(
     _events.c.room_id == bindparam("room_id"), _events.c.event_id == bindparam("event_id"))
 _SELECT_RETIRED = select(_retired.c.room_id).where(_retired.c.room_id == bindparam("room_id"))
-_ROOM_HEAD = select(
+ROOM_HEAD = select(
     _rooms.c.next_seq, _rooms.c.authority_gateway_id, _rooms.c.authority_epoch, _rooms.c.disbanded_at
 ).where(_rooms.c.room_id == bindparam("room_id"))
+ROOM_HEAD_KEYS = ("next_seq", "authority_gateway_id", "authority_epoch", "disbanded_at")
+#: The event columns of a replay row (:meth:`RoomStore.replay_rows`), in this order.
+REPLAY_COLUMNS = tuple(_EVENT_COLUMNS)
 #: Accounted event bytes of every room on this gateway (live and disbanded).
 GATEWAY_TOTAL = select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))
 
@@ -165,7 +170,14 @@ class RoomStore:
         self.dialect = dialect
         self._lock_room: Select[Any] = dialect.for_update(_SELECT_ROOM)
         self._gateway_total = HotStatement(GATEWAY_TOTAL)
+        self._room_head = HotStatement(ROOM_HEAD)
         self._insert_event = HotStatement(insert(_events), column_keys=_EVENT_COLUMNS)
+        # The room listing, live rooms only or all (compiled once each; limit and offset bound per call).
+        listing = (select(*_rooms.c)
+                   .order_by(_rooms.c.updated_at.desc(), dialect.bytewise(_rooms.c.room_id).asc())
+                   .limit(bindparam("limit")).offset(bindparam("offset")))
+        self._list_rooms = {False: HotStatement(listing.where(_rooms.c.disbanded_at.is_(None))),
+                            True: HotStatement(listing)}
 
     @contextlib.contextmanager
     def without_fast_path(self) -> Iterator[None]:
@@ -201,7 +213,8 @@ class RoomStore:
 
     def room_head(self, connection: Connection, room_id: str) -> RowLike | None:
         """A room's ``next_seq``, authority and ``disbanded_at`` (what a replay page needs), unlocked."""
-        return connection.execute(_ROOM_HEAD, {"room_id": room_id}).mappings().first()
+        row = self._room_head.first(connection, {"room_id": room_id})
+        return None if row is None else dict(zip(ROOM_HEAD_KEYS, row, strict=True))
 
     def is_retired(self, connection: Connection, room_id: str) -> bool:
         """Whether ``room_id`` is permanently retired."""
@@ -243,30 +256,60 @@ class RoomStore:
     def list_rooms(
         self, connection: Connection, *, include_disbanded: bool, limit: int, offset: int
     ) -> Sequence[RowLike]:
-        """Rooms by most recent change, then room id code point by code point."""
-        stmt = select(*_rooms.c)
-        if not include_disbanded:
-            stmt = stmt.where(_rooms.c.disbanded_at.is_(None))
-        stmt = stmt.order_by(_rooms.c.updated_at.desc(), self.dialect.bytewise(_rooms.c.room_id).asc())
-        return connection.execute(stmt.limit(limit).offset(offset)).mappings().all()
+        """Rooms by most recent change, then room id code point by code point (rows as dicts)."""
+        cursor = self._list_rooms[include_disbanded].run(connection, {"limit": limit, "offset": offset})
+        try:
+            return [dict(zip(_ROOM_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
+        finally:
+            cursor.close()
+
+    def event_size(self) -> ColumnElement[Any]:
+        """An event row's accounted bytes: the UTF-8 bytes of its id, kind, actor and payload texts."""
+        length = self.dialect.byte_length
+        return (length(_events.c.event_id) + length(_events.c.kind) + length(_events.c.actor_json)
+                + length(_events.c.payload_json))
 
     def event_page(
         self, connection: Connection, room_id: str, *, since: int, latest_seq: int, limit: int, max_bytes: int
     ) -> Sequence[RowLike]:
         """Events after ``since`` up to ``latest_seq`` (at most ``limit``) while their running raw byte sum
-        (id, kind, actor and payload texts) fits ``max_bytes``."""
-        length = self.dialect.byte_length
-        size = (length(_events.c.event_id) + length(_events.c.kind) + length(_events.c.actor_json)
-                + length(_events.c.payload_json))
+        (id, kind, actor and payload texts) fits ``max_bytes``. The plain path (through ``execute()``, rows as
+        mappings) that :meth:`replay_rows` must agree with; the exact page path uses it."""
         # seq <= latest_seq keeps the page consistent with the room row read just before (PostgreSQL reads each
         # statement at its own snapshot, so later appends could otherwise show up beyond latest_seq).
         candidates = (
-            select(*_events.c, func.sum(size).over(order_by=_events.c.seq).label("cumulative_bytes"))
+            select(*_events.c, func.sum(self.event_size()).over(order_by=_events.c.seq).label("cumulative_bytes"))
             .where(_events.c.room_id == room_id, _events.c.seq > since, _events.c.seq <= latest_seq)
             .order_by(_events.c.seq).limit(limit).cte("candidates"))
         stmt = (select(*(candidates.c[name] for name in _EVENT_COLUMNS))
                 .where(candidates.c.cumulative_bytes <= max_bytes).order_by(candidates.c.seq))
         return connection.execute(stmt).mappings().all()
+
+    def replay_rows(
+        self, connection: Connection, room_id: str, *, since: int, latest_seq: int, limit: int, max_bytes: int,
+        max_event_bytes: int,
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        """The rows :meth:`event_page` selects, as driver tuples, and their accounted bytes in total.
+
+        Each row holds the :data:`REPLAY_COLUMNS` in order, then one more value of the backend's own (ignore it).
+        Compiled-once statements on the cursor. ``max_event_bytes``: the most one event can account for, which
+        lets a backend that reads rows incrementally hold at most about one page of them at a time.
+        """
+        raise NotImplementedError
+
+    def read_page(
+        self, connection: Connection, room_id: str, *, since: int, limit: int, max_bytes: int, max_event_bytes: int,
+    ) -> tuple[RowLike | None, list[tuple[Any, ...]], int]:
+        """A room's head (:meth:`room_head`) and its :meth:`replay_rows` after ``since`` up to the head's latest seq,
+        read consistently with each other (the caller's read transaction here; one statement where a backend reads
+        without one); ``(None, [], 0)`` when the room does not exist."""
+        head = self.room_head(connection, room_id)
+        if head is None:
+            return None, [], 0
+        rows, total = self.replay_rows(
+            connection, room_id, since=since, latest_seq=int(head["next_seq"]) - 1, limit=limit, max_bytes=max_bytes,
+            max_event_bytes=max_event_bytes)
+        return head, rows, total
 
     # -- writes ---------------------------------------------------------------------------------------------
 

@@ -7,6 +7,9 @@ and allocates the seqs.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from itertools import accumulate
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select
@@ -19,6 +22,8 @@ from .base import FAST_ADVANCE_ROOM, FAST_GUARDS, RoomStore
 __all__ = ["SQLiteRoomStore"]
 
 _all_rooms = models.rooms.alias("all_rooms")
+_events = models.events
+_size_of = itemgetter(len(_events.c))  # a replay row's last item: its accounted bytes
 
 
 class SQLiteRoomStore(RoomStore):
@@ -32,6 +37,40 @@ class SQLiteRoomStore(RoomStore):
             *FAST_GUARDS,
             select(func.coalesce(func.sum(_all_rooms.c.event_bytes), 0)).scalar_subquery() + bindparam("fast_size")
             <= bindparam("fast_max_gateway_bytes")))
+        # The replay rows with each one's accounted bytes; the running sum is cut here, not by a window function
+        # (which would copy every candidate row into a temporary table first).
+        self._replay = HotStatement(
+            select(*_events.c, self.event_size())
+            .where(_events.c.room_id == bindparam("room_id"), _events.c.seq > bindparam("since"),
+                   _events.c.seq <= bindparam("latest_seq"))
+            .order_by(_events.c.seq).limit(bindparam("limit")))
+
+    def replay_rows(
+        self, connection: Connection, room_id: str, *, since: int, latest_seq: int, limit: int, max_bytes: int,
+        max_event_bytes: int,
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        # SQLite steps the statement as rows are fetched: fetch in chunks that fit what is left of the budget
+        # (rows written through the API account for at most max_event_bytes each), so no more than about a page is
+        # ever held, and stop at the first row the running sum cannot take.
+        cursor = self._replay.run(
+            connection, {"room_id": room_id, "since": since, "latest_seq": latest_seq, "limit": limit})
+        try:
+            rows: list[tuple[Any, ...]] = []
+            total = 0
+            while True:
+                wanted = max(1, (max_bytes - total) // max(1, max_event_bytes))
+                chunk = cursor.fetchmany(wanted)
+                running = list(accumulate(map(_size_of, chunk), initial=total))
+                if running[-1] > max_bytes:
+                    fitting = bisect_right(running, max_bytes) - 1
+                    rows.extend(chunk[:fitting])
+                    return rows, running[fitting]
+                rows.extend(chunk)
+                total = running[-1]
+                if len(chunk) < wanted:
+                    return rows, total
+        finally:
+            cursor.close()
 
     def _fast_advance(
         self, connection: Connection, params: dict[str, Any], per_writer: int
