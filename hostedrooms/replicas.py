@@ -50,13 +50,8 @@ from .rooms import (
     payload_json,
     run_room_write,
     system_actor_json,
-    validate_actor_id,
-    validate_event_id,
-    validate_event_kind,
-    validate_members,
-    validate_room_id,
-    validate_room_name,
 )
+from .rooms import rules as room_rules
 from .uow import UnitOfWork
 from .validation import MAX_EPOCH, bounded_int, canonical_json, clock, identifier, stored_json
 
@@ -162,8 +157,8 @@ def _validate_event(raw: Any, room_id: str, page_epoch: int, lim: Limits) -> _Pa
     for field in ("event_id", "kind"):
         if not isinstance(raw.get(field), str) or not raw[field]:
             raise ReplicaError(f"event.{field} must be a non-empty string")
-    event_id = _authority_rule(validate_event_id, raw["event_id"], "event_id", lim)
-    kind = _authority_rule(validate_event_kind, raw["kind"], "kind", lim)
+    event_id = _authority_rule(room_rules.validate_event_id, raw["event_id"], "event_id", lim)
+    kind = _authority_rule(room_rules.validate_event_kind, raw["kind"], "kind", lim)
     if not isinstance(raw.get("actor"), dict):
         raise ReplicaError("event.actor must be an object")
     if "payload" not in raw:
@@ -228,9 +223,9 @@ def ingest_page(
     (ReplicaError); nothing is written then. The stored ``latest_seq`` never decreases.
     """
     lim = in_force(limits)
-    room_id = validate_room_id(room_id, lim)
-    room_name = validate_room_name(room_name, lim)
-    _, members_json = validate_members(members, lim)
+    room_id = room_rules.validate_room_id(room_id, lim)
+    room_name = room_rules.validate_room_name(room_name, lim)
+    _, members_json = room_rules.validate_members(members, lim)
     checked = _validate_page(page, room_id, lim)
     timestamp = clock(now)
     with UnitOfWork(_resolve(engine)) as uow:
@@ -332,7 +327,7 @@ def _check_new_event_ids(uow: UnitOfWork, room_id: str, new_events: Sequence[_Pa
 
 def replica_state(engine: EngineSource, *, room_id: str, limits: Limits | None = None) -> ReplicaState:
     """The stored replica's coverage (``last_seq``/``latest_seq``) and authority lineage (a pure read)."""
-    room_id = validate_room_id(room_id, in_force(limits))
+    room_id = room_rules.validate_room_id(room_id, in_force(limits))
     with UnitOfWork(_resolve(engine), write=False) as uow:
         row = uow.connection.execute(select(*_replicas.c).where(_replicas.c.room_id == room_id)).mappings().first()
     if row is None:
@@ -390,7 +385,7 @@ def promote_replica(
     atomic and provable.
     """
     lim = in_force(limits)
-    room_id = validate_room_id(room_id, lim)
+    room_id = room_rules.validate_room_id(room_id, lim)
     if not isinstance(reason, str) or not reason or len(reason) > 200:
         raise ReplicaError("reason must be a non-empty string of at most 200 chars")
     timestamp = clock(now)
@@ -473,8 +468,8 @@ def demote_room(
     ``install:$HOSTEDROOMS_INSTALL_ID``.
     """
     lim = in_force(limits)
-    room_id = validate_room_id(room_id, lim)
-    observed_gateway = validate_actor_id(observed_gateway_id, "observed_gateway_id", lim)
+    room_id = room_rules.validate_room_id(room_id, lim)
+    observed_gateway = room_rules.validate_actor_id(observed_gateway_id, "observed_gateway_id", lim)
     # The room keeps the observed epoch, and a later claim writes epoch + 1.
     epoch = _epoch(observed_epoch, "observed_epoch", MAX_EPOCH)
     timestamp = clock(now)
