@@ -87,7 +87,8 @@ class HotStatement:
         # Binds the statement fills itself (the 1 of ``next_seq + 1``); the others come from each call.
         defaults = {name: bind.effective_value for bind, name in compiled.bind_names.items() if not bind.required}
         pick = _tuple_getter(order) if order is not None else None
-        binary = self._binary_results and dialect.driver == "psycopg"
+        # psycopg's own cursors take ``binary=``; SQLAlchemy's adapter of its async connections does not.
+        binary = self._binary_results and dialect.driver == "psycopg" and not dialect.is_async
         processors = dict(compiled._bind_processors)
         positions = None if order is None or defaults else tuple(
             (index, processors[name]) for index, name in enumerate(order) if name in processors)
