@@ -14,7 +14,9 @@ import contextlib
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -332,17 +334,45 @@ class _ReplicateDisplay:
                       f"so far, lag {report.lag:,} events" + (f"; {report.error}" if report.error else ""))
 
 
-@contextmanager
-def _stop_on_signals() -> Iterator[Any]:
-    """A threading.Event set by SIGTERM or SIGINT while the block runs (the previous handlers come back)."""
-    import signal
-    import threading
+class SignalStop(threading.Event):
+    """A stop flag a signal handler may set: :meth:`signal` only assigns an attribute.
 
-    stop = threading.Event()
+    ``threading.Event.set`` takes the event's lock; a handler runs on the main thread between two bytecodes,
+    possibly while that thread holds the same lock inside ``Event.wait`` (a following replicator waits on the
+    event every few milliseconds), and would then wait for itself forever. Waits here poll the flag instead.
+    """
+
+    _POLL = 0.05
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signalled = False
+
+    def signal(self, *_: Any) -> None:
+        """The handler: no lock, no allocation beyond the assignment."""
+        self.signalled = True
+
+    def is_set(self) -> bool:
+        return self.signalled or super().is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            remaining = self._POLL if deadline is None else min(self._POLL, deadline - time.monotonic())
+            if remaining <= 0:
+                return False
+            super().wait(remaining)
+        return True
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[SignalStop]:
+    """A stop flag set by SIGTERM or SIGINT while the block runs (the previous handlers come back)."""
+    stop = SignalStop()
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
-    previous = {number: signal.signal(number, lambda *_: stop.set()) for number in (signal.SIGTERM, signal.SIGINT)}
+    previous = {number: signal.signal(number, stop.signal) for number in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield stop
     finally:

@@ -4,14 +4,16 @@ demoted or promoted room, peer text escaped; progress only on a terminal), their
 from __future__ import annotations
 
 import io
+import signal
 import sys
+import threading
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 from standby_support import GATEWAY_A, GATEWAY_B, host, say
 
-from hostedrooms.cli import main
+from hostedrooms.cli import _stop_on_signals, main
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.standby import EnginePageSource, PageServer
 
@@ -133,3 +135,23 @@ def test_errors_are_one_line(argv: list[str], message: str, target: str, standby
     assert code == 1 and out == ""
     assert err.startswith("hostedrooms: error: ") and message in err and err.count("\n") == 1
     assert not (tmp_path / "missing.db").exists()
+
+
+# Regression: `replicate --follow` once ignored a SIGTERM for good (the story test's follower never exited). Its
+# handler called threading.Event.set(), which takes the event's lock; a signal handled while the main thread held
+# that lock inside Event.wait (the follower waits every few milliseconds) waited for itself forever.
+def test_the_stop_handler_never_waits_for_a_lock_the_main_thread_may_hold() -> None:
+    with _stop_on_signals() as stop:
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)
+        handled = threading.Event()
+
+        def signal_lands_inside_wait() -> None:
+            with stop._cond:  # type: ignore[attr-defined]  # what Event.wait holds around its sleep
+                handler(signal.SIGTERM, None)
+            handled.set()
+
+        threading.Thread(target=signal_lands_inside_wait, daemon=True).start()
+        assert handled.wait(10), "the SIGTERM handler blocked on the stop event's lock"
+        assert stop.is_set() and stop.wait(0)
+    assert signal.getsignal(signal.SIGTERM) is not handler  # the previous handler is back
