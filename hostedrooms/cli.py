@@ -394,7 +394,8 @@ def cmd_replicate(args: argparse.Namespace, out: TextIO) -> int:
             display = _ReplicateDisplay(out, terminal_text(source.describe()))
             replicator = Replicator(source, target, local_gateway_id=args.gateway, on_page=display.on_page,
                                     on_room=display.on_room, workers=args.workers,
-                                    max_pages_per_room=args.max_pages if args.follow else None)
+                                    max_pages_per_room=args.max_pages if args.follow else None,
+                                    prune_disbanded_after=args.prune_disbanded_after)
             if not args.follow:
                 report = replicator.sync_once()
                 display.progress.done()
@@ -467,6 +468,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= INT64_MAX:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {INT64_MAX}")
+    return value
+
+
 def _add_alembic_ini(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("path", nargs="?", default="alembic.ini", help="file to write, or - for stdout")
     sub.add_argument("--url", dest="ini_url", help="sqlalchemy.url to write (default: sqlite:///state.db)")
@@ -504,6 +512,9 @@ def _add_replicate(sub: argparse.ArgumentParser) -> None:
                      "work, such as PostgreSQL on a machine with cores to spare)")
     sub.add_argument("--gateway", help="this gateway's id, to demote rooms the source shows a newer "
                      "lineage of (default: install:$HOSTEDROOMS_INSTALL_ID)")
+    sub.add_argument("--prune-disbanded-after", type=_non_negative_int, metavar="SECONDS",
+                     help="remove a replica whose room was disbanded this many seconds after its disband, freeing "
+                     "its replica slot (default: keep them)")
 
 
 def _add_failover(sub: argparse.ArgumentParser) -> None:

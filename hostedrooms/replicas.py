@@ -60,6 +60,7 @@ __all__ = [
     "demote_room",
     "ingest_page",
     "promote_replica",
+    "prune_disbanded_replicas",
     "replica_state",
 ]
 
@@ -343,6 +344,39 @@ def _replica_to_dict(row: Mapping[Any, Any]) -> ReplicaState:
         "last_seq": int(row["last_seq"]), "latest_seq": int(row["latest_seq"]),
         "event_bytes": int(row["event_bytes"]), "created_at": float(row["created_at"]),
         "updated_at": float(row["updated_at"])}
+
+
+# --- retention -------------------------------------------------------------------------------------------------
+
+
+def prune_disbanded_replicas(
+    engine: EngineSource, *, retain_seconds: int = 0, now: float | None = None, limits: Limits | None = None,
+) -> list[str]:
+    """Delete the replicas whose log ends with ``room.disbanded`` stamped at least ``retain_seconds`` before
+    ``now``, with their events, in one transaction; return their room ids in code-point order.
+
+    A disbanded room can never be promoted, and its replica would keep one of the ``MAX_REPLICA_ROOMS`` slots for
+    good. Not in the reference implementation (its replicas are never removed). A room's disband is its last
+    event, so it is found at the replica's ``last_seq`` (one key lookup per replica).
+    """
+    in_force(limits)
+    if type(retain_seconds) is not int or not 0 <= retain_seconds <= _MAX_INT64:
+        raise ReplicaError("retain_seconds must be an integer from 0 to 2**63-1")
+    cutoff = clock(now) - retain_seconds
+    last = _replica_events.alias("last_event")
+    disbanded = (
+        select(_replicas.c.room_id)
+        .join(last, (last.c.room_id == _replicas.c.room_id) & (last.c.seq == _replicas.c.last_seq))
+        .where(last.c.kind == "room.disbanded", last.c.created_at <= cutoff))
+    with UnitOfWork(_resolve(engine)) as uow:
+        # Row locks first: an ingest of one of these replicas still running finishes before they go.
+        room_ids = sorted(str(room_id) for room_id in uow.connection.execute(uow.dialect.for_update(disbanded))
+                          .scalars())
+        if room_ids:
+            uow.connection.execute(delete(_replica_events).where(_replica_events.c.room_id.in_(room_ids)))
+            uow.connection.execute(delete(_replicas).where(_replicas.c.room_id.in_(room_ids)))
+        uow.commit()
+    return room_ids
 
 
 # --- promotion -------------------------------------------------------------------------------------------------

@@ -192,6 +192,7 @@ def test_replica_results_match_their_types(engine: Engine) -> None:
     assert check(replicas.demote_room, engine, room_id="r1", observed_gateway_id=factories.B, observed_epoch=3,
                  local_gateway_id=lambda: local)["idempotent"] is True
     check(rooms.read_events, engine, room_id="r1")  # the promoted log, replicated events included
+    check(replicas.prune_disbanded_replicas, engine)  # list[str]: nothing disbanded here
 
     check.assert_complete(_public_functions(replicas))
 

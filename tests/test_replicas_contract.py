@@ -396,3 +396,42 @@ def test_facade_bad_input_creates_no_store(tmp_path: Path) -> None:
     with pytest.raises(ReplicaError, match="^observed_epoch must be a positive integer$"):
         hrr.demote_room(store, room_id="r1", observed_gateway_id=B, observed_epoch=0)
     assert not store.exists()
+
+
+# --- pruning disbanded replicas (not in the reference: it never removes a replica) --------------------------------
+
+
+def _disbanded_replica(engine: Any, room_id: str, at: float, **kwargs: Any) -> None:
+    pg = page(1, 2, room_id=room_id)
+    closing = event(3, room_id=room_id, event_id="system:room-disbanded", kind="room.disbanded",
+                    actor={"id": "room-control", "kind": "system"}, payload={"room_id": room_id}, created_at=at)
+    pg["events"].append(closing)
+    pg.update(cursor=3, latest_seq=3, has_more=False)
+    ingest(engine, pg, room_id=room_id, **kwargs)
+
+
+def test_prune_removes_disbanded_replicas_past_retention_and_frees_their_slots(engine: Engine) -> None:
+    small = lowered(MAX_REPLICA_ROOMS=3)
+    _disbanded_replica(engine, "old", 500.0, limits=small)
+    _disbanded_replica(engine, "new", 900.0, limits=small)
+    ingest(engine, page(1, 4, room_id="live"), room_id="live", limits=small)
+    with pytest.raises(ReplicaError, match="^replica room capacity exhausted$"):
+        ingest(engine, page(1, 1, room_id="next"), room_id="next", limits=small)
+    assert replicas.prune_disbanded_replicas(engine, retain_seconds=200, now=1000.0) == ["old"]
+    assert [row[0] for row in snapshot(engine)["hosted_room_replicas"]] == ["live", "new"]
+    assert {row[0] for row in snapshot(engine)["hosted_room_replica_events"]} == {"live", "new"}
+    ingest(engine, page(1, 1, room_id="next"), room_id="next", limits=small)  # the slot is free again
+    assert replicas.prune_disbanded_replicas(engine, now=1000.0) == ["new"]  # retain_seconds=0: every one
+    assert replicas.prune_disbanded_replicas(engine, now=1000.0) == []
+    assert [row[0] for row in snapshot(engine)["hosted_room_replicas"]] == ["live", "next"]
+    assert replicas.replica_state(engine, room_id="live")["last_seq"] == 4
+    assert verify(engine) == []
+
+
+@pytest.mark.parametrize("retain", [-1, 1.5, True, "60", 2**63, None])
+def test_prune_refuses_a_bad_retention_and_changes_nothing(engine: Engine, retain: Any) -> None:
+    _disbanded_replica(engine, "old", 500.0)
+    before = snapshot(engine)
+    with pytest.raises(ReplicaError, match="^retain_seconds must be an integer from 0 to 2\\*\\*63-1$"):
+        replicas.prune_disbanded_replicas(engine, retain_seconds=retain, now=1000.0)
+    assert snapshot(engine) == before

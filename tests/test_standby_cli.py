@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import Engine
 from standby_support import GATEWAY_A, GATEWAY_B, host, say
 
+from hostedrooms import rooms
 from hostedrooms.cli import _stop_on_signals, main
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.standby import EnginePageSource, PageServer
@@ -34,6 +35,24 @@ def test_replicate_once_prints_one_summary_line(engine: Engine, target: str, sta
     assert code == 0 and err == ""
     assert out.startswith("replicate: 2 rooms (2 caught-up); 703 events in 3 pages; lag 0 events; ")
     assert out.count("\n") == 1
+
+
+def test_replicate_can_remove_disbanded_replicas(engine: Engine, target: str, standby_target: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    host(engine, "r1", 3)
+    host(engine, "r2", 2)
+    assert _run(capsys, "replicate", "--from", target, "--to", standby_target)[0] == 0
+    rooms.disband_room(engine, room_id="r2", expected_gateway_id=GATEWAY_A, expected_epoch=1)
+    code, out, _ = _run(capsys, "replicate", "--from", target, "--to", standby_target)
+    assert code == 0 and "(1 caught-up, 1 disbanded)" in out and "removed" not in out  # kept by default
+    code, out, _ = _run(capsys, "replicate", "--from", target, "--to", standby_target,
+                        "--prune-disbanded-after", "0")
+    assert code == 0 and out.rstrip().endswith("; 1 disbanded replica removed")
+    code, out, _ = _run(capsys, "replicas", "--url", standby_target)
+    assert "r1" in out and "r2" not in out
+    with pytest.raises(SystemExit) as refused:
+        main(["replicate", "--from", target, "--to", standby_target, "--prune-disbanded-after", "-5"])
+    assert refused.value.code == 2 and "--prune-disbanded-after" in capsys.readouterr().err
 
 
 def test_replicate_shows_progress_on_a_terminal(engine: Engine, target: str, standby_target: str,

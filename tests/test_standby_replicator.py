@@ -27,7 +27,12 @@ from standby_support import (
 )
 
 from hostedrooms import replicas, rooms, verify
-from hostedrooms.errors import AuthorityConflictError, RoomHistoryExpiredError, StoreUnavailableError
+from hostedrooms.errors import (
+    AuthorityConflictError,
+    HostedRoomError,
+    RoomHistoryExpiredError,
+    StoreUnavailableError,
+)
 from hostedrooms.limits import LimitValues
 from hostedrooms.standby import (
     Backoff,
@@ -202,6 +207,29 @@ def test_replicates_a_disband_then_stops_reading_the_room(engine: Engine, standb
     third = replicator.sync_once()
     assert _statuses(third) == _statuses(second) and source.reads == {}
     _assert_replicated(engine, standby, ["gone-soon"])
+
+
+def test_pruning_removes_disbanded_replicas_after_their_retention(engine: Engine, standby: Engine) -> None:
+    """A standby that sees rooms disbanded frees their replica slots (MAX_REPLICA_ROOMS) when asked to."""
+    for room_id in ("gone", "kept"):
+        host(engine, room_id, 3)
+    clock = Clock()
+    replicator = Replicator(EnginePageSource(engine), standby, now=clock, prune_disbanded_after=60)
+    replicator.sync_once()
+    rooms.disband_room(engine, room_id="gone", expected_gateway_id=GATEWAY_A, expected_epoch=1, now=clock.value)
+    kept = replicator.sync_once()  # the disband is replicated, and within its retention
+    assert _statuses(kept) == {"gone": DISBANDED, "kept": CAUGHT_UP} and kept.pruned == []
+    assert replica_ids(standby) == ["gone", "kept"]
+    clock.value += 60
+    pruned = replicator.sync_once()
+    assert pruned.pruned == ["gone"] and "1 disbanded replica removed" in pruned.summary()
+    assert [room.reason for room in pruned.rooms if room.room_id == "gone"] == ["replica removed"]
+    assert replica_ids(standby) == ["kept"] and replica_log(standby, "gone") == []
+    after = replicator.sync_once()  # never replicated again: the source's tombstone is skipped
+    assert _statuses(after) == {"gone": SKIPPED, "kept": CAUGHT_UP} and after.pruned == []
+    assert replica_ids(standby) == ["kept"] and verify(standby) == []
+    with pytest.raises(HostedRoomError, match="prune_disbanded_after"):
+        Replicator(EnginePageSource(engine), standby, prune_disbanded_after=-1)
 
 
 def test_never_replicates_over_a_room_this_gateway_promoted(engine: Engine, standby: Engine) -> None:

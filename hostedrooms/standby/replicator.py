@@ -44,7 +44,7 @@ from ..errors import (
 )
 from ..identity import local_gateway_id as resolve_local_gateway_id
 from ..limits import Limits
-from ..replicas import demote_room, ingest_page
+from ..replicas import demote_room, ingest_page, prune_disbanded_replicas
 from .heads import ReplicaHead, RoomHead, all_replica_heads, all_room_heads
 from .source import PageSource, RoomInfo, SourceUnavailableError, iter_rooms
 from .wake import IntervalWaker, Waker
@@ -119,6 +119,7 @@ class PassReport:
     rooms: list[RoomReport] = field(default_factory=list)
     seconds: float = 0.0
     error: str = ""  # the pass stopped early: the source or the local store could not be used
+    pruned: list[str] = field(default_factory=list)  # disbanded replicas removed after this pass
 
     @property
     def pages(self) -> int:
@@ -146,6 +147,8 @@ class PassReport:
             CAUGHT_UP, BEHIND, REFUSED, BACKING_OFF, DISBANDED, LOCAL, DEMOTED, GONE, SKIPPED) if counts[status])
         text = (f"{_count(len(self.rooms), 'room')} ({parts or 'none'}); {_count(self.events, 'event')} in "
                 f"{_count(self.pages, 'page')}; lag {_count(self.lag, 'event')}; {self.seconds:.2f} s")
+        if self.pruned:
+            text += f"; {_count(len(self.pruned), 'disbanded replica')} removed"
         return f"{text}; stopped early: {self.error}" if self.error else text
 
 
@@ -220,6 +223,10 @@ class Replicator:
     with another's. Worth it where the stores take concurrent work (PostgreSQL, a remote source); on SQLite the
     standby's writes still take turns. With more than one worker the source must be thread-safe (both shipped
     sources are).
+
+    ``prune_disbanded_after``: seconds a replica whose room was disbanded is kept (its disband's timestamp
+    against ``now``) before a pass removes it (:func:`~hostedrooms.replicas.prune_disbanded_replicas`), freeing its
+    ``MAX_REPLICA_ROOMS`` slot; None (the default) keeps them, as the reference's replicas are kept.
     """
 
     def __init__(
@@ -237,7 +244,11 @@ class Replicator:
         on_room: Callable[[RoomReport], None] | None = None,
         workers: int = 1,
         limits: Limits | None = None,
+        prune_disbanded_after: int | None = None,
     ) -> None:
+        if prune_disbanded_after is not None and (
+                type(prune_disbanded_after) is not int or not 0 <= prune_disbanded_after <= 2**63 - 1):
+            raise HostedRoomError("prune_disbanded_after must be a non-negative integer (seconds) or None")
         if isinstance(page_limit, bool) or not isinstance(page_limit, int) or page_limit < 1:
             raise HostedRoomError("page_limit must be a positive integer")
         if max_pages_per_room is not None and (
@@ -257,6 +268,7 @@ class Replicator:
         self._page_lock = threading.Lock()
         self.workers = workers
         self.limits = limits
+        self.prune_disbanded_after = prune_disbanded_after
         # Names and members change only with a rename or a claim: read again when a page holds one.
         self._infos: dict[str, RoomInfo] = {}
 
@@ -290,8 +302,24 @@ class Replicator:
             self.backoff.keep_only(seen)
             for room_id in [room for room in self._infos if room not in seen]:
                 del self._infos[room_id]
+            self._prune(report)
         report.seconds = self._monotonic() - started
         return report
+
+    def _prune(self, report: PassReport) -> None:
+        """Remove the disbanded replicas past ``prune_disbanded_after`` (only while the pass reported some)."""
+        if self.prune_disbanded_after is None or not report.count(DISBANDED):
+            return
+        try:
+            report.pruned = prune_disbanded_replicas(
+                self.target, retain_seconds=self.prune_disbanded_after, now=self._now(), limits=self.limits)
+        except _PASS_ERRORS as exc:
+            report.error = f"removing disbanded replicas: {exc}"
+            return
+        pruned = set(report.pruned)
+        for room in report.rooms:
+            if room.room_id in pruned:
+                room.reason = "replica removed"
 
     def _done(self, report: PassReport, room: RoomReport) -> None:
         report.rooms.append(room)
