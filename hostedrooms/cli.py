@@ -191,6 +191,20 @@ def _log_page(engine: Engine, room_id: str, since: int, limit: int) -> list[tupl
     return rows
 
 
+def _print_log(engine: Engine, args: argparse.Namespace, out: TextIO) -> None:
+    """Up to ``--limit`` events after ``--since``, read a page of at most MAX_LOG_LIMIT rows at a time (memory
+    stays one page whatever the limit)."""
+    since, remaining = args.since, args.limit
+    while remaining > 0:
+        page_size = min(remaining, MAX_LOG_LIMIT)
+        rows = _log_page(engine, args.room, since, page_size)
+        for line in _log_lines(rows, args.json):
+            out.write(line + "\n")
+        if len(rows) < page_size:
+            return
+        since, remaining = rows[-1][_SEQ], remaining - len(rows)
+
+
 def cmd_log(args: argparse.Namespace, out: TextIO) -> int:
     since = args.since
     # Seqs and limits are 64-bit: a larger value cannot even be bound by the driver.
@@ -203,8 +217,7 @@ def cmd_log(args: argparse.Namespace, out: TextIO) -> int:
     with _engine(args) as engine:
         _require_schema(engine)
         if not args.follow:
-            for line in _log_lines(_log_page(engine, args.room, since, args.limit), args.json):
-                out.write(line + "\n")
+            _print_log(engine, args, out)
             return EXIT_OK
         with UnitOfWork(engine, write=False) as uow:
             _require_room(uow, args.room)

@@ -110,3 +110,18 @@ def test_cli_log_is_the_plain_rendering(
         assert code == 0
         assert out == _plain_log(engine, as_json, since, limit), (since, limit)
         assert out.count("\n") == max(0, min(limit, 7 - since))
+
+
+def test_cli_log_reads_a_large_limit_a_page_at_a_time(
+    engine: Engine, target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rooms.create_room(engine, room_id="big", name="Big", members=[], authority_gateway_id=GATEWAY)
+    for first in range(1, 1204, 100):
+        rooms.append_events(engine, "big", [
+            {"event_id": f"e{n}", "kind": "message.user", "actor": {"kind": "user", "id": "u1"}, "payload": {"n": n}}
+            for n in range(first, min(first + 100, 1204))], GATEWAY, 1)
+    code, out, _ = run_cli(capsys, "log", "big", "--since", "1", "--limit", "1201", "--json", "--url", target)
+    assert code == 0
+    assert [json.loads(line)["seq"] for line in out.splitlines()] == list(range(2, 1203))  # 3 pages of at most 500
+    code, out, _ = run_cli(capsys, "log", "big", "--since", "900", "--limit", "9223372036854775807", "--url", target)
+    assert code == 0 and [int(line.split()[0]) for line in out.splitlines()] == list(range(901, 1204))
