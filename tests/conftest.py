@@ -32,6 +32,15 @@ from sqlalchemy import Engine
 from hostedrooms import pgcluster, testing
 from hostedrooms.models import metadata
 
+# The pytester fixture (some tests run a pytest of their own) removes, when it ends, every module imported while it
+# ran. Were psycopg first imported then, the next import would build new Python exception classes while psycopg's
+# compiled part keeps raising the old ones, which SQLAlchemy then no longer recognises as driver errors (a raw
+# psycopg.OperationalError instead of a translated StorageError, in whichever tests ran next). Import it first.
+try:
+    import psycopg  # noqa: F401
+except ImportError:  # the postgres extra is optional; its tests are skipped without it
+    pass
+
 BACKENDS = ("sqlite", "postgresql")
 REQUIRE_PG_ENV = "HOSTEDROOMS_REQUIRE_POSTGRES"
 HOW_TO_ENABLE = (
