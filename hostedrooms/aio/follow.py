@@ -42,12 +42,8 @@ async def _follow(
         if cursor.since and cursor.ended_before(
                 await _room_state(engine, room_id=cursor.room_id, include_disbanded=True, limits=limits)):
             return
-        while True:
-            events, more = cursor.take(await _read_events(engine, **cursor.read_arguments(limits)))
-            for event in events:
+        while not cursor.done:
+            for event in cursor.deliver(await _read_events(engine, **cursor.read_arguments(limits))):
                 yield event
-                cursor.advance(event)
-            if cursor.done:
-                return
-            if not more:
+            if cursor.waiting:
                 await wakeup.wait(fallback_interval)

@@ -27,16 +27,23 @@ NONTERMINAL_DELIVERY_STATES = ("authorized", "prepared", "queued", "running")
 #: Admitted (receipt accepted) states: only these may carry a response intent or be finished successfully.
 ACTIVE_DELIVERY_STATES = ("authorized", "queued", "running")
 
+#: The transport roles, leg actions and message kinds an envelope may name.
 ROLES = frozenset({"host", "client"})
 ACTIONS = frozenset({"instruction", "request_reply"})
 KINDS = frozenset({"instruction", "request_reply", "response"})
+#: The leg budget every envelope's claim carries (``max_legs``; ``used_legs`` from 1 to it).
 MAX_LEGS = 6
+#: The longest message body, and the longest error text recorded (characters).
 MAX_MESSAGE_CHARS = 100_000
 MAX_ERROR_CHARS = 400
+#: The most due retries one call may ask for.
 MAX_RETRY_BATCH = 50
+#: ``prune``'s default retention of finished rows: 30 days.
 DEFAULT_RETAIN_SECONDS = 30 * 24 * 60 * 60
+#: Retry back-off: ``2 ** attempts`` seconds, the exponent capped at RETRY_EXPONENT_CAP, the delay at the ceiling.
 RETRY_CEILING_SECONDS = 300
 RETRY_EXPONENT_CAP = 8
+#: The error recorded on a delivery or intent whose exchange expired.
 EXPIRED_ERROR = "secure peer exchange expired"
 #: PostgreSQL advisory-lock key ("ledger" + 1) serialising prepare's read, sweep, capacity count and insert.
 PREPARE_LOCK_KEY = 0x6C65646765720001

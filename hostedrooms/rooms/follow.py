@@ -19,7 +19,7 @@ give the wake-up connection back.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,7 @@ class FollowCursor:
     since: int
     limit: int
     done: bool = False
+    more: bool = False  # the last page said more events are already committed: read again without waiting
 
     @classmethod
     def start(cls, room_id: Any, since_seq: Any, limit: Any, limits: Limits | None) -> FollowCursor:
@@ -78,6 +79,19 @@ class FollowCursor:
         """The event was yielded: the next read starts after it."""
         self.since = int(event["seq"])
 
+    def deliver(self, page: EventPage) -> Iterator[EventRecord]:
+        """The events of ``page`` to hand out, in order; each counts as handed out (the next read starts after
+        it) once the follower asks for the next one, so a follower closed while holding an event resumes at it."""
+        events, self.more = self.take(page)
+        for event in events:
+            yield event
+            self.advance(event)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the follower has caught up with what is committed and should wait for a commit."""
+        return not self.done and not self.more
+
 
 def follow(
     engine: EngineSource, room_id: Any, since_seq: Any = 0, *, limit: Any = 100, poll_interval: float | None = None,
@@ -96,12 +110,7 @@ def _follow(
         if cursor.since and cursor.ended_before(
                 room_state(engine, room_id=cursor.room_id, include_disbanded=True, limits=limits)):
             return
-        while True:
-            events, more = cursor.take(read_events(engine, **cursor.read_arguments(limits)))
-            for event in events:
-                yield event
-                cursor.advance(event)
-            if cursor.done:
-                return
-            if not more:
+        while not cursor.done:
+            yield from cursor.deliver(read_events(engine, **cursor.read_arguments(limits)))
+            if cursor.waiting:
                 wakeup.wait(fallback_interval)
