@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from factories import run_cli
 from sqlalchemy import Engine
 
-from hostedrooms import models, rooms
+from hostedrooms import cli, models, rooms
 from hostedrooms.display import terminal_text
 
 GATEWAY = "g1"
@@ -113,8 +113,17 @@ def test_cli_log_is_the_plain_rendering(
 
 
 def test_cli_log_reads_a_large_limit_a_page_at_a_time(
-    engine: Engine, target: str, capsys: pytest.CaptureFixture[str]
+    engine: Engine, target: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    pages: list[int] = []
+    read_page = cli._log_page
+
+    def counted(*args: Any) -> list[tuple[Any, ...]]:
+        rows = read_page(*args)
+        pages.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(cli, "_log_page", counted)
     rooms.create_room(engine, room_id="big", name="Big", members=[], authority_gateway_id=GATEWAY)
     for first in range(1, 1204, 100):
         rooms.append_events(engine, "big", [
@@ -122,6 +131,9 @@ def test_cli_log_reads_a_large_limit_a_page_at_a_time(
             for n in range(first, min(first + 100, 1204))], GATEWAY, 1)
     code, out, _ = run_cli(capsys, "log", "big", "--since", "1", "--limit", "1201", "--json", "--url", target)
     assert code == 0
-    assert [json.loads(line)["seq"] for line in out.splitlines()] == list(range(2, 1203))  # 3 pages of at most 500
+    assert [json.loads(line)["seq"] for line in out.splitlines()] == list(range(2, 1203))
+    assert pages == [500, 500, 201]  # memory: one page of rows at a time, whatever --limit says
+    pages.clear()
     code, out, _ = run_cli(capsys, "log", "big", "--since", "900", "--limit", "9223372036854775807", "--url", target)
     assert code == 0 and [int(line.split()[0]) for line in out.splitlines()] == list(range(901, 1204))
+    assert pages == [303]  # a short page ends the read
