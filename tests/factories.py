@@ -70,6 +70,17 @@ def make_room(engine: Any, room_id: str = "room-1", *, gateway: str = LOCAL, nam
                              authority_gateway_id=gateway, now=now, **kwargs)
 
 
+def only_room(engine: Engine, room_id: str, gateway: str, *, next_seq: int = 1) -> None:
+    """An emptied database holding one room ("Team", no members, created at 1000.0) whose log starts at
+    ``next_seq`` (as if an operator had moved it: the widest seqs)."""
+    with engine.begin() as connection:
+        for table in reversed(models.metadata.sorted_tables):
+            connection.execute(sa.delete(table))
+    rooms.create_room(engine, room_id=room_id, name="Team", members=[], authority_gateway_id=gateway, now=1000.0)
+    with engine.begin() as connection:
+        connection.execute(sa.update(models.rooms).values(next_seq=next_seq))
+
+
 def message(engine: Any, room_id: str, event_id: str, text: str = "hi", *, gateway: str = LOCAL, epoch: int = 1,
             **kwargs: Any) -> dict[str, Any]:
     """Append a user's message ``text`` to ``room_id`` under authority ``gateway`` at ``epoch``."""

@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 import sqlalchemy as sa
-from factories import lowered
+from factories import lowered, only_room
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
@@ -119,12 +119,7 @@ def _library(engine: Engine, since: int, limit: int, budget: int) -> Any:
 
 def _build(engine: Engine, events: list[dict[str, Any]], start: int = 1) -> None:
     """The room, its log from seq ``start`` (an operator may have moved ``next_seq``: the widest seqs)."""
-    with engine.begin() as connection:
-        for table in reversed(models.metadata.sorted_tables):
-            connection.execute(sa.delete(table))
-    rooms.create_room(engine, room_id=ROOM, name="Team", members=[], authority_gateway_id=GATEWAY, now=1000.0)
-    with engine.begin() as connection:
-        connection.execute(sa.update(models.rooms).values(next_seq=start))
+    only_room(engine, ROOM, GATEWAY, next_seq=start)
     for first in range(0, len(events), 4):  # several appends: several created_at values
         rooms.append_events(engine, ROOM, events[first:first + 4], GATEWAY, 1, now=1000.0 + first / 7,
                             limits=lowered(MAX_EVENTS_PER_ROOM=2**63 - 1))

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from factories import lowered
+from factories import lowered, only_room
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
@@ -99,12 +99,7 @@ def _write(engine: Engine, events: list[dict[str, Any]], edits: list[tuple[int, 
            now: float = 1234.5678901234567) -> None:
     """A room whose log holds ``events`` from seq ``start``, appended at ``now``, then ``edits`` (seqs counted from
     1) written by hand."""
-    with engine.begin() as connection:
-        for table in reversed(models.metadata.sorted_tables):
-            connection.execute(sa.delete(table))
-    rooms.create_room(engine, room_id=ROOM, name="Team", members=[], authority_gateway_id=GATEWAY, now=1000.0)
-    with engine.begin() as connection:
-        connection.execute(sa.update(models.rooms).values(next_seq=start))
+    only_room(engine, ROOM, GATEWAY, next_seq=start)
     rooms.append_events(engine, ROOM, events, GATEWAY, 1, now=now, limits=lowered(MAX_EVENTS_PER_ROOM=2**63 - 1))
     with engine.begin() as connection:
         for seq, column, value in edits:
