@@ -237,3 +237,21 @@ def test_disposing_the_async_engine_disposes_its_twin(engine: Engine) -> None:
         return before, twin.pool.checkedin()
 
     assert run(body()) == (1, 0)
+
+
+def test_one_task_calling_in_turn_keeps_one_worker_thread(engine: Engine) -> None:
+    # A worker counts itself free before it reports, so the next call of the same task finds it idle instead of
+    # starting another thread (more threads would only take turns at the same connection pool).
+    import threading
+
+    from hostedrooms.aio.engines import runner_for
+
+    async def body() -> set[int]:
+        async_engine = aio.create_async_engine(engine.url)
+        try:
+            runner = await runner_for(async_engine)
+            return {await runner.run(threading.get_ident) for _ in range(500)}
+        finally:
+            await async_engine.dispose()
+
+    assert len(run(body())) == 1

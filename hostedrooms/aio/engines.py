@@ -225,9 +225,11 @@ class _Workers:
 
     def _work(self) -> None:
         while (call := self._queue.get()) is not None:
-            call.perform()
-            with self._lock:
-                self._idle += 1
+            call.perform(self._ready)
+
+    def _ready(self) -> None:
+        with self._lock:
+            self._idle += 1
 
     def stop(self) -> None:
         with self._lock:
@@ -256,16 +258,19 @@ class _Call:
             self._started = True  # a worker that takes it now finds it taken
             return True
 
-    def perform(self) -> None:
-        """On a worker thread: run the call unless it was skipped, then report to the loop."""
+    def perform(self, ready: Callable[[], None]) -> None:
+        """On a worker thread: run the call unless it was skipped, call ``ready`` (the worker is free), then
+        report to the loop."""
         with self._lock:
             if self._started:
+                ready()
                 return
             self._started = True
         try:
             outcome: tuple[bool, Any] = (True, self._fn())
         except BaseException as exc:  # handed to the awaiting task
             outcome = (False, exc)
+        ready()
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits the outcome any more
             self._loop.call_soon_threadsafe(self._report, outcome)
 
