@@ -34,8 +34,11 @@ and sets up what the method needs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import queue
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -366,6 +369,48 @@ class HostedroomsToThread(Hostedrooms):
 
     def close(self) -> None:
         self.loop.run_until_complete(self.loop.shutdown_default_executor())
+        self.loop.close()
+        super().close()
+
+
+class HostedroomsBareHop(Hostedrooms):
+    """The sync API from asyncio through the cheapest hand-off there is: one dedicated thread taking calls from a
+    queue and answering with ``call_soon_threadsafe``, no cancellation safety, no pool of workers. Not an API:
+    the floor any design that keeps the blocking commit off the loop pays on this machine, measured beside the
+    others. Opt-in (``--contenders hostedrooms-bare-hop``)."""
+
+    name = "hostedrooms-bare-hop"
+    label = "hostedrooms via a bare thread hand-off (the floor)"
+    default = False
+
+    def open(self, round_index: int) -> None:
+        super().open(round_index)
+        self.loop = asyncio.new_event_loop()
+        self.calls: queue.SimpleQueue[tuple[asyncio.Future[int], Callable[[], int]] | None] = queue.SimpleQueue()
+        self.worker = threading.Thread(target=self._work, daemon=True)
+        self.worker.start()
+
+    def _work(self) -> None:
+        while (call := self.calls.get()) is not None:
+            future, operation = call
+            self.loop.call_soon_threadsafe(future.set_result, operation())
+
+    def drive(self, method: str, indexes: range) -> int:
+        operation: Callable[[int], int] = getattr(self, method)
+
+        async def run() -> int:
+            total = 0
+            for index in indexes:
+                future: asyncio.Future[int] = self.loop.create_future()
+                self.calls.put((future, functools.partial(operation, index)))
+                total += await future
+            return total
+
+        return self.loop.run_until_complete(run())
+
+    def close(self) -> None:
+        self.calls.put(None)
+        self.worker.join()
         self.loop.close()
         super().close()
 
@@ -793,5 +838,6 @@ CONTENDERS: list[type[Contender]] = [
     RawDictLoop,
     ReferenceStyleRead,
     HostedroomsToThread,
+    HostedroomsBareHop,
     HostedroomsAsync,
 ]
