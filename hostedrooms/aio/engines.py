@@ -15,9 +15,10 @@ runs it without blocking the event loop, in one of two ways (``create_async_engi
   about twice the client CPU of the synchronous driver). Used where no twin can open the same database (an
   in-memory SQLite database, a SQLite URI).
 
-Why threads by default: measured on a 2-core machine (README, "asyncio"), a single append ran at 0.8-0.9x the
-synchronous API in a thread and 0.5-0.7x awaited; 50 tasks appending on PostgreSQL reached about 1.6x the
-awaited throughput, with the loop answering a 1 ms ticker within a few ms instead of tens.
+Why threads by default (README, "asyncio", has the measurements): an awaited append costs the loop every driver
+call, so with many tasks it gets less done and the loop answers other tasks late; in a thread the loop only
+hands the call over and takes the outcome back (one hop, the least any design that keeps the blocking commit
+off the loop can pay).
 
 Either way a call is cancellation-safe: a cancelled call leaves its transaction committed or rolled back,
 never half-written, and its connection back in the pool (see :meth:`Runner.run`).
