@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -242,8 +243,6 @@ def test_disposing_the_async_engine_disposes_its_twin(engine: Engine) -> None:
 def test_one_task_calling_in_turn_keeps_one_worker_thread(engine: Engine) -> None:
     # A worker counts itself free before it reports, so the next call of the same task finds it idle instead of
     # starting another thread (more threads would only take turns at the same connection pool).
-    import threading
-
     from hostedrooms.aio.engines import runner_for
 
     async def body() -> set[int]:

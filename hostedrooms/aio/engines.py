@@ -61,8 +61,8 @@ R = TypeVar("R")
 AsyncTarget = str | os.PathLike[str] | URL | AsyncEngine
 
 #: Worker threads per twin at most (calls beyond wait for one); the twin's pool holds as many connections. Sized
-#: as the default executor of ``asyncio.to_thread`` is: a worker beyond that only adds a thread contending for
-#: the GIL with the loop (the loop's lag grew with 8 on 2 cores) without adding throughput.
+#: as ``asyncio.to_thread``'s default executor is, for the same blocking calls: a fixed 8 on 2 cores lagged the
+#: loop more than ``asyncio.to_thread`` did, for no more throughput (README, "asyncio").
 THREAD_WORKERS = min(32, (os.cpu_count() or 1) + 4)
 SERVICES = ("threads", "awaited")
 
