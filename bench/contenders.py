@@ -362,10 +362,14 @@ class HostedroomsToThread(Hostedrooms):
         async def run() -> int:
             total = 0
             for index in indexes:
-                total += await asyncio.to_thread(operation, index)
+                total += await self.hand_off(functools.partial(operation, index))
             return total
 
         return self.loop.run_until_complete(run())
+
+    async def hand_off(self, call: Callable[[], int]) -> int:
+        """``call()`` run off the loop, awaited."""
+        return await asyncio.to_thread(call)
 
     def close(self) -> None:
         self.loop.run_until_complete(self.loop.shutdown_default_executor())
@@ -373,7 +377,7 @@ class HostedroomsToThread(Hostedrooms):
         super().close()
 
 
-class HostedroomsBareHop(Hostedrooms):
+class HostedroomsBareHop(HostedroomsToThread):
     """The sync API from asyncio through the cheapest hand-off there is: one dedicated thread taking calls from a
     queue and answering with ``call_soon_threadsafe``, no cancellation safety, no pool of workers. Not an API:
     the floor any design that keeps the blocking commit off the loop pays on this machine, measured beside the
@@ -381,11 +385,9 @@ class HostedroomsBareHop(Hostedrooms):
 
     name = "hostedrooms-bare-hop"
     label = "hostedrooms via a bare thread hand-off (the floor)"
-    default = False
 
     def open(self, round_index: int) -> None:
         super().open(round_index)
-        self.loop = asyncio.new_event_loop()
         self.calls: queue.SimpleQueue[tuple[asyncio.Future[int], Callable[[], int]] | None] = queue.SimpleQueue()
         self.worker = threading.Thread(target=self._work, daemon=True)
         self.worker.start()
@@ -393,25 +395,19 @@ class HostedroomsBareHop(Hostedrooms):
     def _work(self) -> None:
         while (call := self.calls.get()) is not None:
             future, operation = call
-            self.loop.call_soon_threadsafe(future.set_result, operation())
+            try:
+                self.loop.call_soon_threadsafe(future.set_result, operation())
+            except BaseException as exc:  # the awaiting round fails instead of waiting forever
+                self.loop.call_soon_threadsafe(future.set_exception, exc)
 
-    def drive(self, method: str, indexes: range) -> int:
-        operation: Callable[[int], int] = getattr(self, method)
-
-        async def run() -> int:
-            total = 0
-            for index in indexes:
-                future: asyncio.Future[int] = self.loop.create_future()
-                self.calls.put((future, functools.partial(operation, index)))
-                total += await future
-            return total
-
-        return self.loop.run_until_complete(run())
+    async def hand_off(self, call: Callable[[], int]) -> int:
+        future: asyncio.Future[int] = self.loop.create_future()
+        self.calls.put((future, call))
+        return await future
 
     def close(self) -> None:
         self.calls.put(None)
         self.worker.join()
-        self.loop.close()
         super().close()
 
 
