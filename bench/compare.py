@@ -21,6 +21,8 @@ per round and then the median (and its min-max); CPU microseconds per event of t
 /proc stat); the durability settings read back from the contender's own connection after its timed calls, which
 must be the same for all (SQLite: journal_mode=wal and the run's synchronous mode; PostgreSQL: fsync=on,
 synchronous_commit=on; a difference is flagged). Read workloads also trace one replay's peak Python memory.
+A second table gives every contender's rate over every other's the same way (row / column), so a floor or a peer
+can be compared with another peer directly.
 """
 
 from __future__ import annotations
@@ -229,9 +231,9 @@ def _spread(values: list[float], digits: str) -> str:
     return f"{min(values):{digits}}-{max(values):{digits}}" if values else ""
 
 
-def _ratios(result: Comparison, name: str) -> list[float]:
-    """This contender's rate over hostedrooms' in the same round, for every round both completed."""
-    baseline = result.samples.get("hostedrooms", {})
+def _ratios(result: Comparison, name: str, over: str = "hostedrooms") -> list[float]:
+    """This contender's rate over ``over``'s in the same round, for every round both completed."""
+    baseline = result.samples.get(over, {})
     return [sample.rate / baseline[index].rate for index, sample in result.samples[name].items()
             if index in baseline and baseline[index].rate]
 
@@ -309,6 +311,20 @@ def table(result: Comparison, ctx: Context) -> list[tuple[str, ...]]:
     return rows
 
 
+def pairwise(result: Comparison) -> list[tuple[str, ...]]:
+    """Every contender's rate over every other's, per round, as the median and min-max over the rounds (how a
+    floor or a peer compares with another peer, beside the table's ratios to hostedrooms)."""
+    names = [contender.name for contender in result.contenders if result.samples[contender.name]]
+    rows: list[tuple[str, ...]] = [("row / column", *names)]
+    for name in names:
+        cells = []
+        for other in names:
+            ratios = _ratios(result, name, other) if other != name else []
+            cells.append(f"{statistics.median(ratios):.2f} ({_spread(ratios, '.2f')})" if ratios else "")
+        rows.append((name, *cells))
+    return rows
+
+
 def render(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(row[index]) for row in rows) for index in range(len(rows[0]))]
     lines = ["| " + " | ".join(cell.ljust(width) for cell, width in zip(rows[0], widths, strict=True)) + " |",
@@ -321,6 +337,10 @@ def render(rows: list[tuple[str, ...]]) -> str:
 def report(result: Comparison, ctx: Context, rounds: int, out: Any = sys.stdout) -> None:
     out.write(header(result, ctx, rounds) + "\n")
     out.write(render(table(result, ctx)))
+    pairs = pairwise(result)
+    if len(pairs) > 2:
+        out.write("\nEach contender's rate over each other's (row / column; per round, then the median and "
+                  "min-max):\n\n" + render(pairs))
     if "hostedrooms" in result.memory:
         peak, page = result.memory["hostedrooms"]
         out.write(f"\nMemory: hostedrooms' whole-room replay traced a peak of {peak / 1e6:.2f} MB of Python memory; "

@@ -570,6 +570,166 @@ class RawInsert(RawDriver):
         return len(rows)
 
 
+class RawOwnStatements(RawDriver):
+    """hostedrooms' own one-statement append (its store's compiled SQL) through the raw driver: the guarded
+    advance, then the INSERT (on PostgreSQL the budgeted one), in one transaction. The floor of hostedrooms' design:
+    what its statements and schema cost with no Python layer around them (no validation, no pool, no
+    SQLAlchemy Connection, no result dicts)."""
+
+    name = "raw-own-statements"
+    label = "raw driver, hostedrooms' own append statements"
+    note = "the floor of hostedrooms' design; pre-serialised JSON"
+
+    def open(self, round_index: int) -> None:
+        from sqlalchemy import create_engine as sa_create_engine
+
+        from hostedrooms import limits, models
+        from hostedrooms.dialect import dialect_named
+        from hostedrooms.rooms.rules import max_event_bytes
+        from hostedrooms.store import room_store
+
+        raise_limits()
+        super().open(round_index)
+        # The statements hostedrooms' store runs (private attributes: read here to run them without the library),
+        # compiled for this backend's driver as SQLAlchemy compiles them.
+        dialect = sa_create_engine("postgresql+psycopg://" if self.ctx.postgres else "sqlite://").dialect
+        store: Any = room_store(dialect_named(dialect.name))  # type: ignore[arg-type]
+        columns = [column.name for column in models.events.c]
+        single = store._budgeted_insert.statement if self.ctx.postgres else store._insert_event.statement
+        self.advance = _Bound(store._advance.statement, dialect)
+        self.insert_one = _Bound(single, dialect, columns)
+        self.insert_many = _Bound(store._insert_event.statement, dialect, columns)
+        self.fixed = {"fast_room_id": self.room_id, "fast_gateway_id": GATEWAY, "fast_epoch": 1,
+                      "fast_max_room_bytes": limits.MAX_ROOM_EVENT_BYTES,
+                      "fast_max_gateway_bytes": limits.MAX_GATEWAY_EVENT_BYTES}
+        self.max_events = limits.MAX_EVENTS_PER_ROOM
+        self.per_writer = max_event_bytes()
+        self.event_bytes = len((KIND + ACTOR_JSON + PAYLOAD_JSON).encode())  # and the id's (ASCII) length
+
+    def _append(self, event_ids: list[str]) -> int:
+        now, count = time.time(), len(event_ids)
+        size = sum(len(event_id) for event_id in event_ids) + count * self.event_bytes
+        cursor = self.connection.cursor()
+        cursor.execute("BEGIN" if self.ctx.postgres else "BEGIN IMMEDIATE")
+        cursor.execute(self.advance.text, self.advance.bind({
+            **self.fixed, "fast_count": count, "fast_size": size, "fast_now": now,
+            "fast_max_events": self.max_events - count + 1}))
+        advanced = cursor.fetchone()
+        if advanced is None:
+            raise RuntimeError("the guarded advance did not apply")
+        first = int(advanced[0]) - count
+        rows = [(self.room_id, first + index, event_id, KIND, ACTOR_JSON, 1, PAYLOAD_JSON, now)
+                for index, event_id in enumerate(event_ids)]
+        if count == 1 and self.ctx.postgres:  # the INSERT ... SELECT that checks the gateway budget
+            budget = self.fixed["fast_max_gateway_bytes"] - (int(advanced[2]) - 1) * self.per_writer
+            cursor.execute(self.insert_one.text, self.insert_one.bind_row(rows[0], budget=budget))
+            if cursor.rowcount != 1:
+                raise RuntimeError("the budgeted insert did not apply")
+        elif count == 1:
+            cursor.execute(self.insert_one.text, self.insert_one.bind_row(rows[0]))
+        else:
+            if self.ctx.postgres:  # the gateway total, read after the sharers were counted
+                cursor.execute("SELECT COALESCE(SUM(event_bytes), 0) FROM hosted_rooms")
+                cursor.fetchone()
+            cursor.executemany(self.insert_many.text, [self.insert_many.bind_row(row) for row in rows])
+        cursor.execute("COMMIT")
+        return count
+
+    def append_one(self, index: int) -> int:
+        return self._append([f"e-{index}"])
+
+    def append_batch(self, index: int) -> int:
+        return self._append([f"b{index}-{item}" for item in range(self.workload.batch)])
+
+
+class SQLAlchemyFloor(Hostedrooms):
+    """The least any append on SQLAlchemy can do with hostedrooms' rules: each event validated as the spec requires
+    (hostedrooms' own validator), then hostedrooms' one-statement append on a bare SQLAlchemy Connection (its
+    compiled-once statements, ``engine.connect()``, ``begin()``, ``commit()``), then the result dicts; without the
+    service layer around it (no unit of work, no retries, no full path, no replay or conflict handling). SQLite only:
+    on PostgreSQL even the raw driver's run of these statements is below the targets."""
+
+    name = "sqlalchemy-floor"
+    label = "hostedrooms' validation and statements on a bare SQLAlchemy Connection"
+    note = "no service layer: the floor of an implementation on SQLAlchemy"
+    dialects = frozenset({"sqlite"})
+    default = False
+
+    @classmethod
+    def supports(cls, workload: Workload, dialect: str) -> bool:
+        # Appends only: on the other workloads it would run hostedrooms' own methods, under this label.
+        return workload.method in ("append_one", "append_batch") and super().supports(workload, dialect)
+
+    def open(self, round_index: int) -> None:
+        from hostedrooms import limits
+        from hostedrooms.dialect import dialect_for
+        from hostedrooms.rooms import rules
+        from hostedrooms.store import event_rows, room_store
+
+        super().open(round_index)
+        self.rules, self.event_rows = rules, event_rows
+        self.store: Any = room_store(dialect_for(self.engine))
+        self.limits = limits
+        self.fixed = {"fast_room_id": self.room_id, "fast_max_room_bytes": limits.MAX_ROOM_EVENT_BYTES,
+                      "fast_max_gateway_bytes": limits.MAX_GATEWAY_EVENT_BYTES}
+
+    def _append(self, items: list[dict[str, Any]]) -> int:
+        rules, lim = self.rules, self.limits
+        memo = rules._BatchMemo(GATEWAY, 1) if len(items) > 1 else None
+        prepared = [rules._validated_event(item["event_id"], item["kind"], item["actor"], item["payload"], GATEWAY, 1,
+                                           lim, memo)[:2] for item in items]  # type: ignore[arg-type]
+        events = [event for event, _ in prepared]
+        now, count = time.time(), len(events)
+        with self.engine.connect() as connection:
+            connection.begin()
+            advanced = self.store._advance.first(connection, {
+                **self.fixed, "fast_gateway_id": GATEWAY, "fast_epoch": 1, "fast_count": count,
+                "fast_size": sum(event.size for event in events), "fast_now": now,
+                "fast_max_events": lim.MAX_EVENTS_PER_ROOM - count + 1})
+            if advanced is None:
+                raise RuntimeError("the guarded advance did not apply")
+            rows = self.event_rows(self.room_id, int(advanced[0]) - count, events, now)
+            self.store.insert_events(connection, rows)
+            connection.commit()
+        payloads = json.loads(f"[{','.join(row['payload_json'] for row in rows)}]")
+        results = [{"room_id": row["room_id"], "seq": row["seq"], "event_id": row["event_id"], "kind": row["kind"],
+                    "actor": dict(actor), "authority_epoch": row["authority_epoch"], "payload": payload,
+                    "created_at": row["created_at"], "idempotent": False}
+                   for row, (_, actor), payload in zip(rows, prepared, payloads, strict=True)]
+        return len(results)
+
+    def append_one(self, index: int) -> int:
+        return self._append([{"event_id": f"e-{index}", "kind": KIND, "actor": ACTOR, "payload": PAYLOAD}])
+
+    def append_batch(self, index: int) -> int:
+        return self._append([{"event_id": f"b{index}-{item}", "kind": KIND, "actor": ACTOR, "payload": PAYLOAD}
+                             for item in range(self.workload.batch)])
+
+
+
+class _Bound:
+    """A Core statement compiled for a driver, and its parameters in that driver's style (the statement's own
+    literal binds filled in): what a hand-written raw loop would pass."""
+
+    def __init__(self, statement: Any, dialect: Any, columns: list[str] | None = None) -> None:
+        compiled = statement.compile(dialect=dialect, column_keys=columns)
+        self.text: str = compiled.string
+        self.defaults: dict[str, Any] = compiled.construct_params(_check=False)
+        self.order: tuple[str, ...] | None = tuple(compiled.positiontup) if compiled.positiontup else None
+        self.columns = columns or []
+        # A row tuple in column order is already the driver's positional parameters when the orders agree.
+        self.row_is_positional = self.order is not None and list(self.order) == self.columns
+
+    def bind(self, params: dict[str, Any]) -> Any:
+        values = {**self.defaults, **params}
+        return values if self.order is None else tuple(values[name] for name in self.order)
+
+    def bind_row(self, row: tuple[Any, ...], **extra: Any) -> Any:
+        if self.row_is_positional and not extra:
+            return row
+        return self.bind({**dict(zip(self.columns, row, strict=True)), **extra})
+
+
 def _raw_events(rows: list[Any]) -> list[dict[str, Any]]:
     """The event dicts read_events returns, built straight from driver tuples."""
     loads = json.loads
@@ -831,6 +991,8 @@ CONTENDERS: list[type[Contender]] = [
     EventsourcingApplication,
     RawReferenceStatements,
     RawInsert,
+    RawOwnStatements,
+    SQLAlchemyFloor,
     RawDictLoop,
     ReferenceStyleRead,
     HostedroomsToThread,
