@@ -673,11 +673,15 @@ class SQLAlchemyFloor(Hostedrooms):
         self.fixed = {"fast_room_id": self.room_id, "fast_max_room_bytes": limits.MAX_ROOM_EVENT_BYTES,
                       "fast_max_gateway_bytes": limits.MAX_GATEWAY_EVENT_BYTES}
 
+    def _prepare(self, items: list[dict[str, Any]]) -> list[tuple[Any, dict[str, str]]]:
+        """Each item validated as ``append_events`` validates it: the event to insert and its normalised actor."""
+        memo = self.rules._BatchMemo(GATEWAY, 1) if len(items) > 1 else None
+        return [self.rules._validated_event(item["event_id"], item["kind"], item["actor"], item["payload"], GATEWAY,
+                                            1, self.limits, memo)[:2] for item in items]  # type: ignore[arg-type]
+
     def _append(self, items: list[dict[str, Any]]) -> int:
-        rules, lim = self.rules, self.limits
-        memo = rules._BatchMemo(GATEWAY, 1) if len(items) > 1 else None
-        prepared = [rules._validated_event(item["event_id"], item["kind"], item["actor"], item["payload"], GATEWAY, 1,
-                                           lim, memo)[:2] for item in items]  # type: ignore[arg-type]
+        lim = self.limits
+        prepared = self._prepare(items)
         events = [event for event, _ in prepared]
         now, count = time.time(), len(events)
         with self.engine.connect() as connection:
@@ -705,6 +709,20 @@ class SQLAlchemyFloor(Hostedrooms):
         return self._append([{"event_id": f"b{index}-{item}", "kind": KIND, "actor": ACTOR, "payload": PAYLOAD}
                              for item in range(self.workload.batch)])
 
+
+
+class SQLAlchemyStatements(SQLAlchemyFloor):
+    """:class:`SQLAlchemyFloor` without the validation: the events built straight from pre-serialised JSON, so
+    what remains is hostedrooms' statements on a bare SQLAlchemy Connection and the result dicts."""
+
+    name = "sqlalchemy-statements"
+    label = "hostedrooms' statements on a bare SQLAlchemy Connection, no validation"
+    note = "pre-serialised JSON; no validation, no service layer"
+
+    def _prepare(self, items: list[dict[str, Any]]) -> list[tuple[Any, dict[str, str]]]:
+        from hostedrooms.rooms import PreparedEvent
+
+        return [(PreparedEvent(item["event_id"], KIND, ACTOR_JSON, PAYLOAD_JSON, 1), ACTOR) for item in items]
 
 
 class _Bound:
@@ -993,6 +1011,7 @@ CONTENDERS: list[type[Contender]] = [
     RawInsert,
     RawOwnStatements,
     SQLAlchemyFloor,
+    SQLAlchemyStatements,
     RawDictLoop,
     ReferenceStyleRead,
     HostedroomsToThread,
