@@ -338,7 +338,7 @@ def report(result: Comparison, ctx: Context, rounds: int, out: Any = sys.stdout)
     out.write(header(result, ctx, rounds) + "\n")
     out.write(render(table(result, ctx)))
     pairs = pairwise(result)
-    if len(pairs) > 2:
+    if len(pairs) > 3:  # a header and three contenders at least: with two the table above says it all
         out.write("\nEach contender's rate over each other's (row / column; per round, then the median and "
                   "min-max):\n\n" + render(pairs))
     if "hostedrooms" in result.memory:
