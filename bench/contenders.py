@@ -643,11 +643,11 @@ class RawOwnStatements(RawDriver):
 
 
 class SQLAlchemyFloor(Hostedrooms):
-    """The least any append on SQLAlchemy can do with hostedrooms' rules: each event validated as the spec requires
-    (hostedrooms' own validator), then hostedrooms' one-statement append on a bare SQLAlchemy Connection (its
-    compiled-once statements, ``engine.connect()``, ``begin()``, ``commit()``), then the result dicts; without the
-    service layer around it (no unit of work, no retries, no full path, no replay or conflict handling). SQLite only:
-    on PostgreSQL even the raw driver's run of these statements is below the targets."""
+    """An append on a SQLAlchemy Connection with nothing of hostedrooms but what its rules need: each event
+    validated as the spec requires (hostedrooms' own validator), then hostedrooms' one-statement append on a bare
+    Connection (its compiled-once statements, ``engine.connect()``, ``begin()``, ``commit()``), then the result
+    dicts; without the service layer around it (no unit of work, no retries, no full path, no replay or conflict
+    handling). SQLite only: on PostgreSQL even the raw driver's run of these statements is below the targets."""
 
     name = "sqlalchemy-floor"
     label = "hostedrooms' validation and statements on a bare SQLAlchemy Connection"
@@ -708,7 +708,6 @@ class SQLAlchemyFloor(Hostedrooms):
     def append_batch(self, index: int) -> int:
         return self._append([{"event_id": f"b{index}-{item}", "kind": KIND, "actor": ACTOR, "payload": PAYLOAD}
                              for item in range(self.workload.batch)])
-
 
 
 class SQLAlchemyStatements(SQLAlchemyFloor):
