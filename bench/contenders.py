@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import operator
 import queue
 import sqlite3
 import threading
@@ -679,22 +680,27 @@ class SQLAlchemyFloor(Hostedrooms):
         return [self.rules._validated_event(item["event_id"], item["kind"], item["actor"], item["payload"], GATEWAY,
                                             1, self.limits, memo)[:2] for item in items]  # type: ignore[arg-type]
 
-    def _append(self, items: list[dict[str, Any]]) -> int:
-        lim = self.limits
-        prepared = self._prepare(items)
-        events = [event for event, _ in prepared]
-        now, count = time.time(), len(events)
+    def _advance_params(self, events: list[Any], now: float) -> dict[str, Any]:
+        count = len(events)
+        return {**self.fixed, "fast_gateway_id": GATEWAY, "fast_epoch": 1, "fast_count": count,
+                "fast_size": sum(event.size for event in events), "fast_now": now,
+                "fast_max_events": self.limits.MAX_EVENTS_PER_ROOM - count + 1}
+
+    def _write(self, events: list[Any], now: float) -> list[dict[str, Any]]:
+        """The guarded advance and the INSERT in one transaction; the rows written."""
         with self.engine.connect() as connection:
             connection.begin()
-            advanced = self.store._advance.first(connection, {
-                **self.fixed, "fast_gateway_id": GATEWAY, "fast_epoch": 1, "fast_count": count,
-                "fast_size": sum(event.size for event in events), "fast_now": now,
-                "fast_max_events": lim.MAX_EVENTS_PER_ROOM - count + 1})
+            advanced = self.store._advance.first(connection, self._advance_params(events, now))
             if advanced is None:
                 raise RuntimeError("the guarded advance did not apply")
-            rows = self.event_rows(self.room_id, int(advanced[0]) - count, events, now)
+            rows = self.event_rows(self.room_id, int(advanced[0]) - len(events), events, now)
             self.store.insert_events(connection, rows)
             connection.commit()
+        return rows
+
+    def _append(self, items: list[dict[str, Any]]) -> int:
+        prepared = self._prepare(items)
+        rows = self._write([event for event, _ in prepared], time.time())
         payloads = json.loads(f"[{','.join(row['payload_json'] for row in rows)}]")
         results = [{"room_id": row["room_id"], "seq": row["seq"], "event_id": row["event_id"], "kind": row["kind"],
                     "actor": dict(actor), "authority_epoch": row["authority_epoch"], "payload": payload,
@@ -722,6 +728,52 @@ class SQLAlchemyStatements(SQLAlchemyFloor):
         from hostedrooms.rooms import PreparedEvent
 
         return [(PreparedEvent(item["event_id"], KIND, ACTOR_JSON, PAYLOAD_JSON, 1), ACTOR) for item in items]
+
+
+class PooledDBAPIFloor(SQLAlchemyFloor):
+    """:class:`SQLAlchemyFloor` with the transaction run on the pool's DB-API connection instead of a SQLAlchemy
+    Connection (``engine.raw_connection()``, the driver's own ``BEGIN IMMEDIATE``/``COMMIT``): what an append
+    that bypassed the Connection would cost. It would give up the engine's cursor events and SQLAlchemy's error
+    wrapping for appends; this contender only measures it."""
+
+    name = "pooled-dbapi-floor"
+    label = "hostedrooms' validation and statements on the pool's DB-API connection"
+    note = "no SQLAlchemy Connection, no service layer"
+
+    def open(self, round_index: int) -> None:
+        from hostedrooms import models
+
+        super().open(round_index)
+        columns = [column.name for column in models.events.c]
+        self.advance = _Bound(self.store._advance.statement, self.engine.dialect)
+        self.insert = _Bound(self.store._insert_event.statement, self.engine.dialect, columns)
+
+    def _write(self, events: list[Any], now: float) -> list[dict[str, Any]]:
+        connection = self.engine.raw_connection()
+        try:
+            cursor = connection.cursor()
+            cursor.execute("BEGIN IMMEDIATE")
+            try:
+                cursor.execute(self.advance.text, self.advance.bind(self._advance_params(events, now)))
+                advanced = cursor.fetchone()
+                if advanced is None:
+                    raise RuntimeError("the guarded advance did not apply")
+                rows = self.event_rows(self.room_id, int(advanced[0]) - len(events), events, now)
+                pick = operator.itemgetter(*self.insert.columns)
+                values = [pick(row) for row in rows]
+                if len(values) == 1:
+                    cursor.execute(self.insert.text, self.insert.bind_row(values[0]))
+                else:
+                    cursor.executemany(self.insert.text, [self.insert.bind_row(value) for value in values])
+                cursor.execute("COMMIT")
+            except BaseException:
+                cursor.execute("ROLLBACK")
+                raise
+            finally:
+                cursor.close()
+        finally:
+            connection.close()
+        return rows
 
 
 class _Bound:
@@ -1011,6 +1063,7 @@ CONTENDERS: list[type[Contender]] = [
     RawOwnStatements,
     SQLAlchemyFloor,
     SQLAlchemyStatements,
+    PooledDBAPIFloor,
     RawDictLoop,
     ReferenceStyleRead,
     HostedroomsToThread,

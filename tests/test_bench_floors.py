@@ -1,10 +1,10 @@
 """The benchmark's floor contenders (bench/contenders.py) do exactly the work hostedrooms' append does.
 
-The README reads issue #16's targets against these floors (hostedrooms' own append statements through the raw
-driver; its validation and statements on a bare SQLAlchemy Connection, with and without the validation). They
-are only floors if they store what hostedrooms stores: the same event rows at the same seqs, and the same room
-accounting. Each one runs a few appends and batches beside hostedrooms itself, on both backends, and the stored
-rows are compared.
+The README reads issue #16's targets against these floors: hostedrooms' own append statements through the raw
+driver; its validation and statements on a bare SQLAlchemy Connection, with and without the validation, and on
+the pool's DB-API connection. They are only floors if they store what hostedrooms stores: the same event rows at
+the same seqs, and the same room accounting. Each one runs a few appends and batches beside hostedrooms itself,
+on both backends, and the stored rows are compared.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from bench.contenders import (
     WORKLOADS,
     Contender,
     Hostedrooms,
+    PooledDBAPIFloor,
     RawOwnStatements,
     SQLAlchemyFloor,
     SQLAlchemyStatements,
 )
 from hostedrooms import limits, testing
 
-FLOORS = (RawOwnStatements, SQLAlchemyFloor, SQLAlchemyStatements)
+FLOORS = (RawOwnStatements, SQLAlchemyFloor, SQLAlchemyStatements, PooledDBAPIFloor)
 CALLS = {"append": 3, "batch100": 2}
 
 
