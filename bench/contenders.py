@@ -747,6 +747,7 @@ class PooledDBAPIFloor(SQLAlchemyFloor):
         columns = [column.name for column in models.events.c]
         self.advance = _Bound(self.store._advance.statement, self.engine.dialect)
         self.insert = _Bound(self.store._insert_event.statement, self.engine.dialect, columns)
+        self.pick = operator.itemgetter(*columns)  # a row dict's values in column order
 
     def _write(self, events: list[Any], now: float) -> list[dict[str, Any]]:
         connection = self.engine.raw_connection()
@@ -759,8 +760,7 @@ class PooledDBAPIFloor(SQLAlchemyFloor):
                 if advanced is None:
                     raise RuntimeError("the guarded advance did not apply")
                 rows = self.event_rows(self.room_id, int(advanced[0]) - len(events), events, now)
-                pick = operator.itemgetter(*self.insert.columns)
-                values = [pick(row) for row in rows]
+                values = [self.pick(row) for row in rows]
                 if len(values) == 1:
                     cursor.execute(self.insert.text, self.insert.bind_row(values[0]))
                 else:
