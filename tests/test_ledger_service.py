@@ -122,6 +122,24 @@ def test_finish_failure_paths(ledger: DeliveryLedger) -> None:
     assert finished is not None and finished["result_hash"] is None and finished["error"] is None
 
 
+def test_finish_bounds_the_recorded_error(ledger: DeliveryLedger) -> None:
+    """A 1 MB error text is cut to MAX_FINISH_ERROR_CHARS and marked; one at the bound is kept whole."""
+    from hostedrooms.ledger import FINISH_ERROR_CUT_MARK, MAX_FINISH_ERROR_CHARS
+
+    prepare(ledger, 1)
+    huge = "x" * 1_000_000
+    failed = ledger.finish("env-1", succeeded=False, error=huge)
+    assert failed is not None and failed["state"] == "failed"
+    assert len(failed["error"]) == MAX_FINISH_ERROR_CHARS and failed["error"].endswith(FINISH_ERROR_CUT_MARK)
+    assert failed["error"] == huge[:MAX_FINISH_ERROR_CHARS - len(FINISH_ERROR_CUT_MARK)] + FINISH_ERROR_CUT_MARK
+    stored = ledger.get("env-1")
+    assert stored is not None and stored["error"] == failed["error"]
+    prepare(ledger, 2)
+    whole = "y" * MAX_FINISH_ERROR_CHARS
+    kept = ledger.finish("env-2", succeeded=False, error=whole)
+    assert kept is not None and kept["error"] == whole
+
+
 def test_fail_ownerless_authorized(ledger: DeliveryLedger) -> None:
     prepare(ledger, 1)
     untouched = ledger.fail_ownerless_authorized("env-1", error="x")

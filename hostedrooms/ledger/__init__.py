@@ -37,8 +37,10 @@ from .claims import (
 )
 from .claims import DEFAULT_RETAIN_SECONDS as DEFAULT_RETAIN_SECONDS
 from .claims import EXPIRED_ERROR as EXPIRED_ERROR
+from .claims import FINISH_ERROR_CUT_MARK as FINISH_ERROR_CUT_MARK
 from .claims import KINDS as KINDS
 from .claims import MAX_ERROR_CHARS as MAX_ERROR_CHARS
+from .claims import MAX_FINISH_ERROR_CHARS as MAX_FINISH_ERROR_CHARS
 from .claims import MAX_LEGS as MAX_LEGS
 from .claims import MAX_MESSAGE_CHARS as MAX_MESSAGE_CHARS
 from .claims import MAX_RETRY_BATCH as MAX_RETRY_BATCH

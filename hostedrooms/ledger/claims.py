@@ -36,6 +36,10 @@ MAX_LEGS = 6
 #: The longest message body, and the longest error text recorded (characters).
 MAX_MESSAGE_CHARS = 100_000
 MAX_ERROR_CHARS = 400
+#: The longest error text ``finish`` records (characters, the marker included); a longer one keeps its start and
+#: ends with FINISH_ERROR_CUT_MARK, so a reader can tell a cut text from a whole one.
+MAX_FINISH_ERROR_CHARS = 4_000
+FINISH_ERROR_CUT_MARK = " [... cut]"
 #: The most due retries one call may ask for.
 MAX_RETRY_BATCH = 50
 #: ``prune``'s default retention of finished rows: 30 days.
@@ -104,6 +108,18 @@ def _limit(value: Any, high: int, message: str) -> int:
 
 def _error_text(error: Any) -> str:
     return _recorded_text(error)[:MAX_ERROR_CHARS]
+
+
+def _finish_error_text(error: Any) -> str:
+    """The error ``finish`` records: the whole text up to MAX_FINISH_ERROR_CHARS, else its start and the mark.
+
+    The reference stored any length; a caller's exception text (a whole response body, say) then grew every
+    row and every read of it without bound.
+    """
+    text = _recorded_text(error)
+    if len(text) <= MAX_FINISH_ERROR_CHARS:
+        return text
+    return text[:MAX_FINISH_ERROR_CHARS - len(FINISH_ERROR_CUT_MARK)] + FINISH_ERROR_CUT_MARK
 
 
 def _recorded_text(error: Any) -> str:

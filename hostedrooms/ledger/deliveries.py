@@ -17,10 +17,10 @@ from .claims import (
     MAX_RETRY_BATCH,
     NONTERMINAL_DELIVERY_STATES,
     PREPARE_LOCK_KEY,
+    _finish_error_text,
     _key,
     _limit,
     _optional_key,
-    _recorded_text,
     _result_hash,
     delivery_claim,
 )
@@ -221,11 +221,16 @@ class Deliveries(Retrying):
     def finish(
         self, envelope_id: str, *, succeeded: bool, result_text: str = "", error: str | None = None
     ) -> DeliveryRecord | None:
-        """Complete an admitted delivery (storing the result's SHA-256) or fail any unfinished one."""
+        """Complete an admitted delivery (storing the result's SHA-256) or fail any unfinished one.
+
+        ``error`` is recorded up to MAX_FINISH_ERROR_CHARS characters; a longer text is cut and ends with
+        FINISH_ERROR_CUT_MARK.
+        """
         result_hash = _result_hash(result_text)
         expected = ACTIVE_DELIVERY_STATES if succeeded else NONTERMINAL_DELIVERY_STATES
+        recorded = _finish_error_text(error) if error is not None else None
         return self._transition(envelope_id, expected=expected, state="completed" if succeeded else "failed",
-                                result_hash=result_hash, error=_recorded_text(error) if error is not None else None)
+                                result_hash=result_hash, error=recorded)
 
     def recoverable(self) -> list[DeliveryRecord]:
         """Every unfinished delivery (including ``prepared`` ones a crash left behind), oldest first."""
