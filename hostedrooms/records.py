@@ -14,7 +14,16 @@ arrives from a peer as decoded JSON (grant claims, relay envelopes, the Hub's re
 
 # No ``from __future__ import annotations`` here: Python 3.11 reads ``NotRequired`` only from evaluated
 # annotations (``__required_keys__`` / ``__optional_keys__`` would be wrong with string annotations).
-from typing import Any, NotRequired, TypedDict
+# ``typing_extensions``' TypedDict, not ``typing``'s: pydantic (FastAPI's response models) refuses the latter
+# on Python < 3.12.
+from typing import Any, Literal, NotRequired
+
+from typing_extensions import TypedDict
+
+#: A delivery's state (:class:`DeliveryRecord`).
+DeliveryState = Literal["prepared", "authorized", "queued", "running", "completed", "failed"]
+#: An outbound intent's state (:class:`OutboundRecord`).
+OutboundState = Literal["pending", "committed", "failed"]
 
 __all__ = [
     "Actor",
@@ -22,6 +31,7 @@ __all__ = [
     "ClaimedRoom",
     "CreatedRoom",
     "DeliveryRecord",
+    "DeliveryState",
     "DemotionResult",
     "DisbandedRoom",
     "EventPage",
@@ -31,6 +41,7 @@ __all__ = [
     "MessageBody",
     "NewEvent",
     "OutboundRecord",
+    "OutboundState",
     "PromotionResult",
     "RemoteRunIdentity",
     "RemoteRunReceipt",
@@ -334,7 +345,7 @@ class DeliveryRecord(TypedDict):
     used_legs: int
     max_legs: int
     expires_at: int
-    state: str
+    state: DeliveryState
     queued_id: str | None
     run_id: str | None
     admission_retry_at: int | None
@@ -370,7 +381,7 @@ class OutboundRecord(TypedDict):
     body: str
     action: str
     expires_at: int
-    state: str
+    state: OutboundState
     retry_at: int | None
     attempts: int
     last_error: str | None

@@ -10,12 +10,13 @@ public function of its area (a new function without a check fails).
 from __future__ import annotations
 
 import types
-import typing
 from collections.abc import Callable, Iterable
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import factories
+import pydantic
 import pytest
+import typing_extensions
 from sqlalchemy import Engine
 
 from hostedrooms import peers, records, replicas, rooms
@@ -30,9 +31,11 @@ def problems(value: Any, hint: Any, where: str, seen: dict[type, set[str]]) -> l
     """Why ``value`` is not a ``hint`` (empty: it is); records the keys seen of each TypedDict met."""
     if hint is Any:
         return []
-    if typing.is_typeddict(hint):
+    if typing_extensions.is_typeddict(hint):
         return _typeddict_problems(value, hint, where, seen)
     origin = get_origin(hint)
+    if origin is Literal:
+        return [] if value in get_args(hint) else [f"{where}: {value!r} is none of {get_args(hint)}"]
     if origin in (Union, types.UnionType):
         # Every alternative is tried (so a TypedDict's keys are recorded only when the value matches it).
         for option in get_args(hint):
@@ -103,6 +106,7 @@ class Checked:
         hint = get_type_hints(function)["return"]
         found = problems(result, hint, function.__qualname__, self.seen)
         assert not found, "\n".join(found)
+        _adapter(hint).validate_python(result, strict=True)  # what a FastAPI response model would check
         self.called.add(function.__name__)
         return result
 
@@ -112,6 +116,29 @@ class Checked:
         unseen = {td.__name__: sorted(td.__optional_keys__ - keys) for td, keys in self.seen.items()
                   if td.__optional_keys__ - keys}
         assert not unseen, f"optional keys no result had: {unseen}"
+
+
+_ADAPTERS: dict[Any, pydantic.TypeAdapter[Any]] = {}
+
+
+def _adapter(hint: Any) -> pydantic.TypeAdapter[Any]:
+    """A pydantic TypeAdapter for a return annotation (built once per annotation)."""
+    if hint not in _ADAPTERS:
+        _ADAPTERS[hint] = pydantic.TypeAdapter(hint)
+    return _ADAPTERS[hint]
+
+
+def _public_records() -> list[Any]:
+    every = [getattr(records, name) for name in records.__all__]
+    return [record for record in every if typing_extensions.is_typeddict(record)]
+
+
+@pytest.mark.parametrize("record", _public_records(), ids=lambda record: record.__name__)
+def test_pydantic_accepts_every_public_record(record: Any) -> None:
+    """pydantic (a FastAPI response model) builds a TypeAdapter for every public record on the oldest supported
+    Python; the services' results are validated by it in the scenarios above."""
+    adapter = pydantic.TypeAdapter(record)
+    assert adapter.json_schema()["type"] == "object"
 
 
 def _public_functions(*modules: types.ModuleType) -> set[str]:
