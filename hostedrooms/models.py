@@ -53,6 +53,11 @@ def _at_least(**minimums: int) -> tuple[CheckConstraint, ...]:
         for column, minimum in minimums.items())
 
 
+#: The partial index condition of ``idx_hosted_room_events_claims``; a query the index can serve repeats it with the
+#: kind as this literal (a bound parameter would hide the match from SQLite's planner and PostgreSQL's generic plan).
+CLAIM_KIND_CONDITION = "kind = 'authority.claimed'"
+
+
 def _unique_when_set(name: str, column: str) -> Index:
     # A partial unique index over the rows where ``column`` is set, on both backends.
     where = text(f"{column} IS NOT NULL")
@@ -114,6 +119,10 @@ class RoomEvent(_LogEntry, Base):
         *_at_least(seq=1),
         CheckConstraint("authority_epoch IS NULL OR authority_epoch >= 1", name="authority_epoch_positive"),
         Index("idx_hosted_room_events_cursor", "room_id", "seq"),
+        # room_state's claim lookup (the latest claim of an epoch) without walking the log: only claim events
+        # are indexed, so appends of every other kind pay nothing for it.
+        Index("idx_hosted_room_events_claims", "room_id", "authority_epoch", "seq",
+              sqlite_where=text(CLAIM_KIND_CONDITION), postgresql_where=text(CLAIM_KIND_CONDITION)),
     )
 
 

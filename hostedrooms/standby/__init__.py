@@ -14,6 +14,7 @@ from __future__ import annotations
 from .failover import FailoverReport, RoomFailover, failover
 from .heads import ReplicaHead, RoomHead
 from .http import HttpPageSource, PageServer, answer
+from .open import open_source
 from .replicator import Backoff, PageIngested, PassReport, Replicator, RoomReport
 from .source import (
     EnginePageSource,
@@ -22,7 +23,6 @@ from .source import (
     SourceProtocolError,
     SourceUnavailableError,
     iter_rooms,
-    open_source,
 )
 from .wake import IntervalWaker, PollingWaker, Waker
 

@@ -181,14 +181,3 @@ class EnginePageSource:
             self._drop_probe()
         if self._owned:
             self.engine.dispose()
-
-
-def open_source(spec: str, *, limits: Limits | None = None, **http_options: Any) -> PageSource:
-    """The source a command line names: an ``http://`` or ``https://`` URL is a gateway's page endpoint
-    (:class:`~hostedrooms.standby.http.HttpPageSource`), anything else the authority's database (a path or a
-    database URL, :class:`EnginePageSource`)."""
-    if spec.startswith(("http://", "https://")):
-        from .http import HttpPageSource
-
-        return HttpPageSource(spec, **http_options)
-    return EnginePageSource(spec, limits=limits)

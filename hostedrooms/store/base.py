@@ -29,6 +29,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    text,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -60,6 +61,13 @@ _events = models.events
 _retired = models.retired_ids
 _EVENT_COLUMNS = [column.name for column in _events.c]
 _ROOM_COLUMNS = tuple(column.name for column in _rooms.c)
+# The claim lookup repeats idx_hosted_room_events_claims' condition as written (a literal, not a bound kind), so
+# both planners can use that partial index instead of walking the room's log backwards.
+_CLAIM_EVENT = (
+    select(*_events.c)
+    .where(_events.c.room_id == bindparam("room_id"), text(models.CLAIM_KIND_CONDITION),
+           _events.c.authority_epoch == bindparam("epoch"))
+    .order_by(_events.c.seq.desc()).limit(1))
 # Rows of a purged room are deleted from these tables, in this order, before the room itself.
 _DEPENDENT_TABLES = (models.remote_runs, models.links, models.peer_reservations, models.events)
 
@@ -237,11 +245,7 @@ class RoomStore:
 
     def claim_event(self, connection: Connection, room_id: str, epoch: int) -> RowLike | None:
         """The latest ``authority.claimed`` event of ``epoch``, or None."""
-        return connection.execute(
-            select(*_events.c).where(
-                _events.c.room_id == room_id, _events.c.kind == "authority.claimed",
-                _events.c.authority_epoch == epoch)
-            .order_by(_events.c.seq.desc()).limit(1)).mappings().first()
+        return connection.execute(_CLAIM_EVENT, {"room_id": room_id, "epoch": epoch}).mappings().first()
 
     def gateway_bytes(self, connection: Connection) -> int:
         """Accounted event bytes of every room on this gateway (live and disbanded)."""
