@@ -2,33 +2,49 @@
 ledger work becoming due (:meth:`hostedrooms.ledger.DeliveryLedger.work_wakeup`).
 
 PostgreSQL: every writing transaction that adds room events, or makes ledger work due, sends a ``NOTIFY`` on a
-fixed channel (inside the transaction, so it is delivered when, and only if, the transaction commits). A waiter
-``LISTEN``\\ s on a pooled connection of its own, in autocommit, until a notification for its key arrives or its
-timeout passes. SQLite has no notifications: a waiter reads ``PRAGMA data_version`` on a pooled connection of
-its own every ``poll_interval`` seconds (no transaction, no I/O beyond the shared-memory index); it changes
-whenever another connection commits to the file.
+fixed channel (inside the transaction, so it is delivered when, and only if, the transaction commits). SQLite has
+no notifications: ``PRAGMA data_version`` (no transaction, no I/O beyond the shared-memory index) changes whenever
+another connection commits to the file.
 
-A wake-up says only "look again": a waiter re-reads what it waits for, and a timeout (the polling fallback on
-PostgreSQL) re-reads too. Enter the wake-up *before* reading, so a commit between the read and the wait still
-wakes it. Leaving the ``with`` block gives the connection back (``UNLISTEN``, autocommit off), or discards it
-when that fails; nothing is left open.
+One waiter per Engine serves every waiting follower and ledger worker of it (:class:`SharedWaiter`): a daemon
+thread holding ONE connection of its own, opened from a private copy of the engine's pool (the same connect
+hooks), never from the pool the services use, so any number of waiters costs one connection and no pool slot. On
+PostgreSQL it ``LISTEN``\\ s on the channels its waiters need and fans each notification out to the waiters of
+its channel and payload; on SQLite it reads ``data_version`` every ``poll_interval`` seconds (the shortest any
+waiter asked for) and wakes every waiter when it moves (SQLite cannot say what changed). It starts with its first
+waiter and, when the last one leaves, closes its connection and ends; the connection stays open in between, so a
+SQLite file is never opened and closed over and over beside the services' connections. Where no second
+connection sees the same database (an in-memory SQLite database) there is no waiter: waits end at their timeout.
+
+A wake-up says only "look again": a waiter re-reads what it waits for (checking a pooled connection out for that
+read only), and a timeout (the polling fallback on PostgreSQL) re-reads too. Enter the wake-up *before* reading:
+from then on a commit wakes it, so a commit between the read and the wait is not missed. A wake-up that arrives
+while its waiter is reading is kept for its next wait (a spurious re-read at worst). Leaving the ``with`` block
+only unregisters; nothing of the services' pool is held at any time.
 """
 
 from __future__ import annotations
 
-import time
+import contextlib
+import select
+import socket
+import threading
+import weakref
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, Self
 
 from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine.interfaces import DBAPIConnection
-from sqlalchemy.pool import PoolProxiedConnection
+from sqlalchemy.pool import Pool, PoolProxiedConnection, SingletonThreadPool, StaticPool
 
 from .dialect import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, StoreDialect, dialect_for
 from .errors import translate
 
-__all__ = ["DEFAULT_POLL_INTERVAL", "LEDGER_WORK_CHANNEL", "ROOM_EVENTS_CHANNEL", "Wakeup", "driver_error"]
+__all__ = [
+    "DEFAULT_POLL_INTERVAL", "LEDGER_WORK_CHANNEL", "ROOM_EVENTS_CHANNEL", "SharedWaiter", "Subscription", "Wakeup",
+    "driver_error", "join_waiter",
+]
 
 #: How often a SQLite waiter looks for a commit (seconds); PostgreSQL waiters re-read this often without a
 #: notification only as a fallback, at :data:`FALLBACK_INTERVAL`.
@@ -45,39 +61,249 @@ def driver_error(engine: Engine, exc: BaseException) -> BaseException:
     return translate(exc, engine.url)
 
 
-def time_left(deadline: float) -> float:
-    """Seconds until ``deadline`` (a ``time.monotonic()`` reading); zero or less once it has passed."""
-    return deadline - time.monotonic()
+class Subscription:
+    """One waiter's interest in a channel (``key``: only notifications with this payload; None: any), as the
+    shared waiter sees it. The waiter's thread calls :meth:`signal` (a commit may concern it), :meth:`mark_ready`
+    (from now on a commit signals it) and :meth:`fail`; subclasses deliver those to a thread or an event loop."""
+
+    def __init__(self, channel: str, key: str | None, poll_interval: float | None) -> None:
+        self.channel, self.key = channel, key
+        self.poll_interval = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
+        self.error: BaseException | None = None
+
+    def signal(self) -> None:
+        raise NotImplementedError
+
+    def mark_ready(self) -> None:
+        raise NotImplementedError
+
+    def fail(self, exc: BaseException) -> None:
+        """The shared waiter failed: the next wait raises ``exc`` (translated)."""
+        self.error = exc
+        self.mark_ready()
+        self.signal()
 
 
-class Waiting:
-    """What a waiter decides, the same for :class:`Wakeup` and its asyncio twin: which notification wakes it,
-    whether the data version moved, how long to sleep before the next poll."""
+class SharedWaiter:
+    """The one waiting connection of an Engine and the subscriptions it fans out to (see the module docstring).
+    Get it through :func:`join_waiter`; it ends by itself once it has no subscription left."""
 
-    key: str | None
-    poll_interval: float
-    _version: int
+    def __init__(self, engine: Engine) -> None:
+        self.dialect: StoreDialect = dialect_for(engine)
+        self._pool: Pool = engine.pool.recreate()  # the same connect hooks; none of the services' slots
+        self._cond = threading.Condition()
+        self._subscriptions: dict[str, dict[str | None, set[Subscription]]] = {}
+        self._count = 0
+        self._effective: set[str] = set()  # channels whose commits reach subscriptions now
+        self._closing = False
+        self._wake_r, self._wake_w = socket.socketpair()  # how a subscriber interrupts the LISTEN wait
+        self._wake_w.setblocking(False)
+        self._wake_r.setblocking(False)
 
-    def wanted(self, notification: Any) -> bool:
-        """Whether ``notification`` is for what is waited for (any on the channel when ``key`` is None)."""
-        return self.key is None or notification.payload == self.key
+    # -- the subscribers' side (any thread) ---------------------------------------------------------------------
 
-    def changed(self, version: int) -> bool:
-        """Whether ``version`` differs from the one seen last (it becomes the one seen last)."""
-        changed, self._version = version != self._version, version
-        return changed
+    def add(self, subscription: Subscription) -> bool:
+        """Register ``subscription`` (False when this waiter is ending: use a new one)."""
+        with self._cond:
+            if self._closing:
+                return False
+            channel = subscription.channel
+            self._subscriptions.setdefault(channel, {}).setdefault(subscription.key, set()).add(subscription)
+            self._count += 1
+            if channel in self._effective:
+                subscription.mark_ready()
+            else:
+                self._poke()
+            return True
 
-    def pause(self, deadline: float) -> float | None:
-        """How long to sleep before the next poll, or None once ``deadline`` has passed."""
-        remaining = time_left(deadline)
-        return min(self.poll_interval, remaining) if remaining > 0 else None
+    def remove(self, subscription: Subscription) -> None:
+        """Unregister ``subscription``; the last one leaving ends the waiter (its connection is closed)."""
+        with self._cond:
+            keys = self._subscriptions.get(subscription.channel, {})
+            members = keys.get(subscription.key)
+            if members is None or subscription not in members:
+                return
+            members.discard(subscription)
+            if not members:
+                del keys[subscription.key]
+            self._count -= 1
+            if not self._count:
+                self._poke()
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="hostedrooms-wakeup", daemon=True).start()
+
+    def _poke(self) -> None:
+        """Wake the thread to look at the subscriptions again (called holding the condition)."""
+        if self._closing:  # the thread is gone, or going, and its sockets with it
+            return
+        self._cond.notify_all()
+        with contextlib.suppress(BlockingIOError):  # a full buffer already holds a poke
+            self._wake_w.send(b"\0")
+
+    # -- the waiter's thread ------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            raw = self._pool.connect()
+            try:
+                if self.dialect.notifies:
+                    self._listen(raw)
+                else:
+                    self._poll(raw)
+            finally:
+                raw.invalidate()  # closed, never pooled: the pool is this waiter's alone
+                self._pool.dispose()
+        except BaseException as exc:  # every subscriber raises it from its wait
+            self._fail(exc)
+        finally:
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _still_wanted(self) -> bool:
+        """Whether anyone still waits (called holding the condition); if not, the waiter is ending from now on."""
+        if not self._count:
+            self._closing = True
+        return not self._closing
+
+    def _listen(self, raw: PoolProxiedConnection) -> None:
+        driver: Any = raw.driver_connection
+        driver.rollback()
+        driver.autocommit = True
+        while True:
+            with self._cond:
+                if not self._still_wanted():
+                    return
+                new = set(self._subscriptions) - self._effective
+            for channel in new:
+                driver.execute(self.dialect.listen_statement(channel))
+            if new:
+                self._now_effective(new)
+            for notification in driver.notifies(timeout=0):  # those read meanwhile, and any already received
+                self._dispatch(notification.channel, notification.payload)
+            readable, _, _ = select.select([driver.fileno(), self._wake_r], [], [])
+            if self._wake_r in readable:
+                self._drain_pokes()
+
+    def _drain_pokes(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while self._wake_r.recv(4096):
+                pass
+
+    def _poll(self, raw: PoolProxiedConnection) -> None:
+        connection = raw.dbapi_connection
+        version = self.dialect.change_counter(connection)
+        self._now_effective(None)
+        while True:
+            with self._cond:
+                if not self._still_wanted():
+                    return
+                self._cond.wait(self._poll_interval())
+                if not self._still_wanted():
+                    return
+            current = self.dialect.change_counter(connection)
+            if current != version:
+                version = current
+                self._dispatch(None, None)
+
+    def _poll_interval(self) -> float:
+        """The shortest polling period any subscription asked for (called holding the condition)."""
+        return min(subscription.poll_interval for subscription in self._all())
+
+    def _all(self) -> Iterator[Subscription]:
+        for keys in self._subscriptions.values():
+            for members in keys.values():
+                yield from members
+
+    def _now_effective(self, channels: set[str] | None) -> None:
+        """Commits on ``channels`` (None: every channel, polling) now reach their subscriptions: they are ready."""
+        with self._cond:
+            if channels is None:
+                self._effective = set(self._subscriptions) | {ROOM_EVENTS_CHANNEL, LEDGER_WORK_CHANNEL}
+                ready = list(self._all())
+            else:
+                self._effective |= channels
+                ready = [sub for channel in channels for keys in self._subscriptions.get(channel, {}).values()
+                         for sub in keys]
+            for subscription in ready:
+                subscription.mark_ready()
+
+    def _dispatch(self, channel: str | None, payload: str | None) -> None:
+        """Signal the subscriptions a notification concerns (``channel`` None: every subscription)."""
+        with self._cond:
+            if channel is None:
+                targets = list(self._all())
+            else:
+                keys = self._subscriptions.get(channel, {})
+                targets = [*keys.get(None, ()), *(keys.get(payload, ()) if payload is not None else ())]
+            for subscription in targets:
+                subscription.signal()
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self._closing = True
+            for subscription in list(self._all()):
+                subscription.fail(exc)
 
 
-class Wakeup(Waiting):
+_waiters: weakref.WeakKeyDictionary[Engine, SharedWaiter] = weakref.WeakKeyDictionary()
+_waiters_lock = threading.Lock()
+
+
+def has_separate_connections(engine: Engine) -> bool:
+    """Whether a connection of a private copy of ``engine``'s pool sees the database the services use: not where
+    the pool hands out one connection (an in-memory SQLite database; a copy would open a new, empty one)."""
+    return not isinstance(engine.pool, (StaticPool, SingletonThreadPool))
+
+
+def join_waiter(engine: Engine | None, subscription: Subscription) -> SharedWaiter | None:
+    """Register ``subscription`` with ``engine``'s shared waiter, starting one if none is running; None (and the
+    subscription marked ready, never signalled) where there can be none (``engine`` None, or no second
+    connection sees the same database). Wait for the subscription to be ready before reading."""
+    if engine is None or not has_separate_connections(engine):
+        subscription.mark_ready()
+        return None
+    with _waiters_lock:
+        waiter = _waiters.get(engine)
+        if waiter is not None and waiter.add(subscription):
+            return waiter
+        waiter = _waiters[engine] = SharedWaiter(engine)
+        waiter.add(subscription)
+        waiter.start()
+        return waiter
+
+
+class _ThreadSubscription(Subscription):
+    """A subscription whose waiter is a thread: two ``threading.Event``\\ s."""
+
+    def __init__(self, channel: str, key: str | None, poll_interval: float | None) -> None:
+        super().__init__(channel, key, poll_interval)
+        self._woken, self._ready = threading.Event(), threading.Event()
+
+    def signal(self) -> None:
+        self._woken.set()
+
+    def mark_ready(self) -> None:
+        self._ready.set()
+
+    def until_ready(self) -> None:
+        self._ready.wait()
+
+    def wait(self, timeout: float) -> bool:
+        # Cleared before the caller re-reads: a commit signalled after this is either seen by that read or
+        # signals again, so none is missed.
+        woken = self._woken.wait(max(0.0, timeout))
+        if woken:
+            self._woken.clear()
+        return woken
+
+
+class Wakeup:
     """``with Wakeup(engine, channel, key=...) as wakeup: ... wakeup.wait(timeout)``: see the module docstring.
 
     ``key``: only notifications with this payload wake the waiter (a room id); None: any on ``channel``.
-    ``poll_interval``: SQLite's polling period (default :data:`DEFAULT_POLL_INTERVAL`).
+    ``poll_interval``: SQLite's polling period (default :data:`DEFAULT_POLL_INTERVAL`; the engine's one poller
+    polls at the shortest period its waiters ask for).
     """
 
     def __init__(
@@ -85,74 +311,43 @@ class Wakeup(Waiting):
     ) -> None:
         self.engine = engine
         self.dialect: StoreDialect = dialect_for(engine)
+        if self.dialect.notifies:
+            self.dialect.listen_statement(channel)  # one of hostedrooms' channels (a programming error otherwise)
         self.channel, self.key = channel, key
         self.poll_interval = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
-        self._raw: PoolProxiedConnection | None = None
-        self._version = 0
+        self._subscription: _ThreadSubscription | None = None
+        self._waiter: SharedWaiter | None = None
 
     def __enter__(self) -> Self:
+        subscription = self._subscription = _ThreadSubscription(self.channel, self.key, self.poll_interval)
         try:
-            raw = self._raw = self.engine.raw_connection()
-            if self.dialect.notifies:
-                driver = raw.driver_connection
-                driver.autocommit = True  # type: ignore[union-attr]
-                driver.execute(self.dialect.listen_statement(self.channel))  # type: ignore[union-attr]
-            else:
-                self._version = self.dialect.change_counter(self._dbapi())
-        except BaseException as exc:
-            self._discard()
-            raise driver_error(self.engine, exc) from exc
+            self._waiter = join_waiter(self.engine, subscription)
+            subscription.until_ready()
+        except BaseException:
+            self._leave()
+            raise
+        self._raise_failure()
         return self
 
-    def _dbapi(self) -> DBAPIConnection:
-        assert self._raw is not None and self._raw.dbapi_connection is not None, "wake-up not entered"
-        return self._raw.dbapi_connection
+    def _raise_failure(self) -> None:
+        subscription = self._subscription
+        if subscription is not None and subscription.error is not None:
+            self._leave()
+            raise driver_error(self.engine, subscription.error) from subscription.error
 
     def wait(self, timeout: float) -> bool:
         """Block until a commit may have changed what is waited for (True) or ``timeout`` seconds passed (False)."""
-        deadline = time.monotonic() + max(0.0, timeout)
-        try:
-            if self.dialect.notifies:
-                return self._wait_notified(deadline)
-            return self._wait_polled(deadline)
-        except BaseException as exc:
-            raise driver_error(self.engine, exc) from exc
-
-    def _wait_notified(self, deadline: float) -> bool:
-        assert self._raw is not None
-        driver: Any = self._raw.driver_connection
-        while (remaining := time_left(deadline)) > 0:
-            for notification in driver.notifies(timeout=remaining, stop_after=1):
-                if self.wanted(notification):
-                    return True
-        return False
-
-    def _wait_polled(self, deadline: float) -> bool:
-        while not self.changed(self.dialect.change_counter(self._dbapi())):
-            pause = self.pause(deadline)
-            if pause is None:
-                return False
-            time.sleep(pause)
-        return True
+        assert self._subscription is not None, "wake-up not entered"
+        woken = self._subscription.wait(timeout)
+        self._raise_failure()
+        return woken
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        raw, self._raw = self._raw, None
-        if raw is None:
-            return
-        try:
-            if self.dialect.notifies:
-                driver: Any = raw.driver_connection
-                driver.execute("UNLISTEN *")
-                driver.autocommit = False
-        except Exception:  # the connection cannot be reset: discard it rather than pool it
-            raw.invalidate()
-        finally:
-            raw.close()
+        self._leave()
 
-    def _discard(self) -> None:
-        raw, self._raw = self._raw, None
-        if raw is not None:
-            raw.invalidate()
-            raw.close()
+    def _leave(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and self._subscription is not None:
+            waiter.remove(self._subscription)

@@ -28,8 +28,9 @@ def follow(
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
 ) -> AsyncGenerator[EventRecord, None]:
     """``async for event in follow(engine, room_id, since_seq)``: each event after ``since_seq``, in seq order,
-    as it commits; ends after ``room.disbanded``. Arguments are checked here, before anything is opened; close the
-    iterator (``contextlib.aclosing``) or cancel its task to give its connection back."""
+    as it commits; ends after ``room.disbanded``. Arguments are checked here, before anything is opened. While it
+    waits it holds no connection (the engine's one shared waiter wakes it); close the iterator
+    (``contextlib.aclosing``), cancel its task or its anyio cancel scope to unregister it."""
     cursor = FollowCursor.start(room_id, since_seq, limit, limits)
     return _follow(require_async_engine(engine), cursor, poll_interval, fallback_interval, limits)
 

@@ -1,115 +1,151 @@
 """:class:`~hostedrooms.wakeup.Wakeup` for asyncio: the same channels, keys and polling, awaited.
 
-PostgreSQL: a connection of the AsyncEngine's pool ``LISTEN``\\ s in autocommit and awaits psycopg's
-notifications. SQLite: ``PRAGMA data_version`` is read every ``poll_interval`` seconds on a connection of the
-engine's runner (the twin's worker thread; an ``asyncio.sleep`` in between). Leaving the ``async with`` block
-gives the connection back, or discards it when it cannot be reset, whether the block ended, raised or was
-cancelled.
+An AsyncWakeup registers with the same kind of shared waiter as the synchronous one (:mod:`hostedrooms.wakeup`):
+one thread and one connection per engine, whatever the number of waiters, here the waiter of the synchronous
+Engine the AsyncEngine's services run on (its twin), or of a small connection-less engine of the same database
+built for the purpose when the services are awaited on the AsyncEngine itself. Its signals reach the event loop
+through ``call_soon_threadsafe``; awaiting one holds no connection and runs no driver call on the loop. Leaving
+the ``async with`` block only unregisters, without awaiting anything, so a cancellation (a task's, or an anyio
+cancel scope's, which cancels every await inside it) cannot leave a connection half given back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
+import weakref
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
+from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.pool import PoolProxiedConnection
-from sqlalchemy.util import greenlet_spawn
+from sqlalchemy.pool import NullPool
 
-from ..dialect import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, StoreDialect, dialect_for
-from ..wakeup import DEFAULT_POLL_INTERVAL, Waiting, driver_error, time_left
-from .engines import Runner, require_async_engine, runner_for
+from ..db import create_engine
+from ..dialect import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, dialect_for, dialect_for_url
+from ..wakeup import DEFAULT_POLL_INTERVAL, SharedWaiter, Subscription, driver_error, join_waiter
+from .engines import require_async_engine, runner_for
 
 __all__ = ["AsyncWakeup", "ledger_wakeup"]
 
+#: Per AsyncEngine whose services are awaited: the synchronous engine its shared waiter connects through (None
+#: where no second connection sees the same database).
+_waiter_engines: weakref.WeakKeyDictionary[Engine, Engine | None] = weakref.WeakKeyDictionary()
 
-class AsyncWakeup(Waiting):
+
+async def waiter_engine(engine: AsyncEngine) -> Engine | None:
+    """The synchronous Engine whose shared waiter serves ``engine``'s wake-ups (None: no waiter can see the same
+    database; waits end at their timeout)."""
+    runner = await runner_for(engine)
+    if not runner.engine.dialect.is_async:
+        return runner.engine  # the twin the services run on
+    sync_engine = engine.sync_engine
+    if sync_engine not in _waiter_engines:
+        target = dialect_for_url(engine.url).twin_target(engine.url)
+        # NullPool: the waiter takes its one connection from a private copy of this pool; nothing else idles.
+        _waiter_engines[sync_engine] = None if target is None else create_engine(
+            target, create=False, poolclass=NullPool)
+    return _waiter_engines[sync_engine]
+
+
+class _LoopSubscription(Subscription):
+    """A subscription whose waiter is a task: the shared waiter's thread reaches it through its event loop."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, channel: str, key: str | None, poll_interval: float | None
+    ) -> None:
+        super().__init__(channel, key, poll_interval)
+        self._loop = loop
+        self._event, self._ready = asyncio.Event(), asyncio.Event()
+        self._woken = False  # read and written on the loop only
+        self._pending = False  # a signal is on its way to the loop (one call per signal burst, not one each)
+
+    def _call_soon(self, callback: Callable[[], object]) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            self._loop.call_soon_threadsafe(callback)
+
+    def signal(self) -> None:
+        if not self._pending:
+            self._pending = True
+            self._call_soon(self._signalled)
+
+    def _signalled(self) -> None:
+        self._pending = False
+        self._woken = True
+        self._event.set()
+
+    def mark_ready(self) -> None:
+        self._call_soon(self._ready.set)
+
+    async def until_ready(self) -> None:
+        await self._ready.wait()
+
+    async def wait(self, timeout: float) -> bool:
+        if not self._woken:
+            timer = self._loop.call_later(max(0.0, timeout), self._event.set)
+            try:
+                await self._event.wait()
+            finally:
+                timer.cancel()
+        # Cleared before the caller re-reads: a later commit is seen by that read or signals again.
+        woken, self._woken = self._woken, False
+        self._event.clear()
+        return woken
+
+
+class AsyncWakeup:
     """``async with AsyncWakeup(engine, channel, key=...) as wakeup: ... await wakeup.wait(timeout)``."""
 
     def __init__(
         self, engine: AsyncEngine, channel: str, *, key: str | None = None, poll_interval: float | None = None
     ) -> None:
         self.engine = require_async_engine(engine)
+        dialect = dialect_for(self.engine.sync_engine)
+        if dialect.notifies:
+            dialect.listen_statement(channel)  # one of hostedrooms' channels (a programming error otherwise)
         self.channel, self.key = channel, key
         self.poll_interval = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
-        self._raw: PoolProxiedConnection | None = None
-        self._runner: Runner | None = None
-        self._dialect: StoreDialect = dialect_for(self.engine.sync_engine)
-        self._version = 0
+        self._subscription: _LoopSubscription | None = None
+        self._waiter: SharedWaiter | None = None
+        self._waiter_engine: Engine | None = None
 
     async def __aenter__(self) -> Self:
-        runner = self._runner = await runner_for(self.engine)
+        self._waiter_engine = await waiter_engine(self.engine)
+        subscription = self._subscription = _LoopSubscription(
+            asyncio.get_running_loop(), self.channel, self.key, self.poll_interval)
         try:
-            if self._dialect.notifies:
-                raw = self._raw = await self.engine.raw_connection()
-                driver: Any = raw.driver_connection
-                await driver.set_autocommit(True)
-                await driver.execute(self._dialect.listen_statement(self.channel))
-            else:
-                raw = self._raw = await runner.run(runner.engine.raw_connection)
-                self._version = await runner.run(self._dialect.change_counter, raw.dbapi_connection)
-        except BaseException as exc:
-            await self._release(discard=True)
-            raise driver_error(runner.engine, exc) from exc
+            self._waiter = join_waiter(self._waiter_engine, subscription)
+            await subscription.until_ready()
+        except BaseException:
+            self._leave()
+            raise
+        self._raise_failure()
         return self
+
+    def _raise_failure(self) -> None:
+        subscription = self._subscription
+        if subscription is not None and subscription.error is not None:
+            self._leave()
+            engine = self._waiter_engine or self.engine.sync_engine
+            raise driver_error(engine, subscription.error) from subscription.error
 
     async def wait(self, timeout: float) -> bool:
         """Until a commit may have changed what is waited for (True) or ``timeout`` seconds passed (False)."""
-        assert self._raw is not None and self._runner is not None, "wake-up not entered"
-        deadline = time.monotonic() + max(0.0, timeout)
-        try:
-            if self._dialect.notifies:
-                return await self._wait_notified(deadline)
-            return await self._wait_polled(deadline)
-        except (asyncio.CancelledError, Exception) as exc:
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            raise driver_error(self._runner.engine, exc) from exc
-
-    async def _wait_notified(self, deadline: float) -> bool:
-        assert self._raw is not None
-        driver: Any = self._raw.driver_connection
-        while (remaining := time_left(deadline)) > 0:
-            async with contextlib.aclosing(driver.notifies(timeout=remaining, stop_after=1)) as notifications:
-                async for notification in notifications:
-                    if self.wanted(notification):
-                        return True
-        return False
-
-    async def _wait_polled(self, deadline: float) -> bool:
-        assert self._raw is not None and self._runner is not None
-        while not self.changed(await self._runner.run(self._dialect.change_counter, self._raw.dbapi_connection)):
-            pause = self.pause(deadline)
-            if pause is None:
-                return False
-            await asyncio.sleep(pause)
-        return True
+        assert self._subscription is not None, "wake-up not entered"
+        woken = await self._subscription.wait(timeout)
+        self._raise_failure()
+        return woken
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self._release(discard=False)
+        self._leave()
 
-    async def _release(self, *, discard: bool) -> None:
-        raw, self._raw = self._raw, None
-        if raw is None or self._runner is None:
-            return
-        if not self._dialect.notifies:
-            await self._runner.run(raw.invalidate if discard else raw.close)
-            return
-        driver: Any = raw.driver_connection
-        try:
-            if not discard:
-                await driver.execute("UNLISTEN *")
-                await driver.set_autocommit(False)
-        except Exception:  # the connection cannot be reset: discard it rather than pool it
-            discard = True
-        if discard:
-            await greenlet_spawn(raw.invalidate)
-        await greenlet_spawn(raw.close)
+    def _leave(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and self._subscription is not None:
+            waiter.remove(self._subscription)
 
 
 def ledger_wakeup(engine: AsyncEngine, *, poll_interval: float | None = None) -> AsyncWakeup:

@@ -12,9 +12,13 @@ between a read and the wait still wakes it): ``NOTIFY`` on PostgreSQL with a re-
 ``fallback_interval`` seconds anyway, ``PRAGMA data_version`` polled every ``poll_interval`` seconds on SQLite.
 It ends after yielding ``room.disbanded`` (nothing follows it), and raises what ``read_events`` raises:
 RoomHistoryExpiredError when the room was purged under it, RoomNotFoundError for an unknown room, HostedRoomError
-for a ``since_seq`` ahead of the log. It holds one page of events at a time, and two connections while reading
-(the wake-up's and the read's). Close it (``with contextlib.closing(follow(...))``, or let the generator go) to
-give the wake-up connection back.
+for a ``since_seq`` ahead of the log.
+
+What a follower costs: one page of events at a time, and a pooled connection only while it reads a page. While
+it waits it holds none: every follower (and ledger worker) of an engine shares the engine's one waiting
+connection (:class:`~hostedrooms.wakeup.SharedWaiter`, outside the services' pool), so followers never take the
+connections the services need, however many there are. Close it (``with contextlib.closing(follow(...))``, or
+let the generator go) to unregister it; the last one leaving closes the waiting connection.
 """
 
 from __future__ import annotations
