@@ -24,10 +24,12 @@ every event as the authority's own append rules would).
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import math
 import socket
 import ssl
+import sys
 import threading
 import time
 import urllib.parse
@@ -112,12 +114,92 @@ def answer(source: PageSource, target: str) -> tuple[int, bytes]:
         return _error(400, "bad_request", str(exc)[:_MAX_MESSAGE_CHARS])
 
 
+#: PageServer's defaults (see its docstring).
+DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_IDLE_TIMEOUT = 30.0
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_SEND_TIMEOUT = 60.0
+
+_BUSY = _body(503, {"error": "unavailable", "message": "too many connections; retry later"})[1]
+_BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: "
+                  + str(len(_BUSY)).encode() + b"\r\nConnection: close\r\nCache-Control: no-store\r\n\r\n" + _BUSY)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, each bounded by what is left of one deadline (not a fresh timeout per read, which
+    a peer trickling a byte at a time would renew forever): ``expect_request`` allows ``idle`` seconds for a
+    request to begin, then ``header`` seconds from its first byte to the end of its headers."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self._sock = sock
+        self._deadline: float | None = None
+        self._header = 0.0
+        self._started = True
+
+    def readable(self) -> bool:
+        return True
+
+    def expect_request(self, idle: float, header: float) -> None:
+        self._deadline = time.monotonic() + idle
+        self._header = header
+        self._started = False
+
+    def disarm(self) -> None:
+        self._deadline = None
+        self._started = True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._deadline is not None:
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("the request did not arrive in time")
+            self._sock.settimeout(remaining)
+        received = self._sock.recv_into(buffer)
+        if received and not self._started:
+            self._started = True
+            self._deadline = time.monotonic() + self._header
+        return received
+
+
+class _Slot:
+    """One admitted connection: whether a request is being answered on it, and since when it has waited."""
+
+    __slots__ = ("busy", "since")
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.since = time.monotonic()
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a catch-up is thousands of requests
     server: PageServer
+    _reader: _DeadlineReader
+
+    def setup(self) -> None:
+        super().setup()
+        self._reader = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader, 65536)
+
+    def handle_one_request(self) -> None:
+        self._reader.expect_request(self.server.idle_timeout, self.server.header_timeout)
+        try:
+            super().handle_one_request()
+        finally:
+            self.server._set_busy(self.request, False)
 
     def do_GET(self) -> None:
-        if self.server.authorize is not None and not self.server.authorize(self.headers):
+        self._reader.disarm()
+        self.connection.settimeout(self.server.send_timeout)  # the whole answer: sendall keeps one deadline
+        if not self.server._set_busy(self.request, True):  # evicted while its headers arrived
+            self.close_connection = True
+            return
+        if self.headers.get("Content-Length", "0").strip() != "0" or "Transfer-Encoding" in self.headers:
+            # A body is never read: left on the connection it would be taken for the next request.
+            self.close_connection = True
+            status, body = _error(400, "bad_request", "page requests carry no body")
+        elif self.server.authorize is not None and not self.server.authorize(self.headers):
             status, body = _error(401, "unauthorized", "not authorized")
         elif not self.path.startswith(self.server.prefix + "/"):
             status, body = _error(404, "not_found", "no such page endpoint")
@@ -127,11 +209,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", _JSON)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: a request log line per page would flood a gateway's output (and name its rooms)."""
+
+
+def _seconds(value: Any, label: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise HostedRoomError(f"{label} must be a positive number of seconds")
+    return float(value)
 
 
 class PageServer(ThreadingHTTPServer):
@@ -141,23 +231,101 @@ class PageServer(ThreadingHTTPServer):
     401 (for instance, check a bearer token); without it every client that can connect reads every room, so bind
     it to loopback (the default) or put it behind the gateway's authenticated transport. Use as a context
     manager, or :meth:`start` and :meth:`stop`.
+
+    Slow and idle clients are bounded, so they cannot hold the threads and descriptors a standby needs:
+
+    * ``idle_timeout`` (default 30 s): how long a connection may wait for a request to begin (a new one, or a
+      kept-alive one between requests) before the server closes it;
+    * ``header_timeout`` (default 10 s): from a request's first byte to the end of its headers, in all, however
+      slowly the bytes trickle; requests carry no body (one that declares a body is answered 400 and closed);
+    * ``send_timeout`` (default 60 s): to hand over a whole answer to a client that reads slowly;
+    * ``max_connections`` (default 64): connections held at once. A new connection beyond it takes the place of
+      the held connection that has waited longest without a request being answered on it (closed at once); when
+      every held connection is being answered, the new one is answered 503 and closed, without a thread.
     """
 
     daemon_threads = True
     block_on_close = False
+    request_queue_size = 128  # a burst of connections waits in the kernel's queue, not in SYN retries
 
     def __init__(self, source: PageSource, address: tuple[str, int] = ("127.0.0.1", 0), *, prefix: str = "",
-                 authorize: Callable[[Any], bool] | None = None) -> None:
+                 authorize: Callable[[Any], bool] | None = None,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                 header_timeout: float = DEFAULT_HEADER_TIMEOUT, send_timeout: float = DEFAULT_SEND_TIMEOUT) -> None:
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+            raise HostedRoomError("max_connections must be a positive integer")
+        self.idle_timeout = _seconds(idle_timeout, "idle_timeout")
+        self.header_timeout = _seconds(header_timeout, "header_timeout")
+        self.send_timeout = _seconds(send_timeout, "send_timeout")
+        self.max_connections = max_connections
         super().__init__(address, _Handler)
         self.source = source
         self.prefix = prefix.rstrip("/")
         self.authorize = authorize
         self._thread: threading.Thread | None = None
+        self._slots_lock = threading.Lock()
+        self._slots: dict[socket.socket, _Slot] = {}
 
     @property
     def url(self) -> str:
         host, port = str(self.server_address[0]), self.server_address[1]
         return f"http://{f'[{host}]' if ':' in host else host}:{port}{self.prefix}"
+
+    @property
+    def connections(self) -> int:
+        """Connections held now (at most ``max_connections``)."""
+        with self._slots_lock:
+            return len(self._slots)
+
+    # -- admission --
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._slots_lock:
+            admitted = len(self._slots) < self.max_connections or self._evict_waiting()
+            if admitted:
+                self._slots[request] = _Slot()
+        if not admitted:
+            _refuse(request)
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def _evict_waiting(self) -> bool:
+        """Close the held connection that has waited longest without a request being answered (lock held)."""
+        waiting = [(slot.since, id(sock), sock) for sock, slot in self._slots.items() if not slot.busy]
+        if not waiting:
+            return False
+        _, _, victim = min(waiting)
+        del self._slots[victim]
+        try:
+            victim.shutdown(socket.SHUT_RDWR)  # its thread's read ends at once; the thread closes the socket
+        except OSError:  # already gone
+            pass
+        return True
+
+    def _set_busy(self, request: Any, busy: bool) -> bool:
+        """Mark a connection answering (or waiting again); False when it was evicted meanwhile."""
+        with self._slots_lock:
+            slot = self._slots.get(request)
+            if slot is None:
+                return False
+            slot.busy = busy
+            if not busy:
+                slot.since = time.monotonic()
+            return True
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._slots_lock:
+            self._slots.pop(request, None)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet for a connection the client or the server cut (evicted, reset, timed out); else the default."""
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
+
+    # -- running --
 
     def start(self) -> PageServer:
         # A short poll keeps stop() quick (shutdown waits for the loop's next look).
@@ -178,6 +346,15 @@ class PageServer(ThreadingHTTPServer):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _refuse(request: socket.socket) -> None:
+    """Answer 503 without waiting: a small answer on a fresh connection fits its send buffer, or is dropped."""
+    try:
+        request.setblocking(False)
+        request.send(_BUSY_RESPONSE)
+    except OSError:
+        pass
 
 
 # --- the standby's side ----------------------------------------------------------------------------------------
