@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..db import Target
-from .engines import Runner, runner_for, sync_url
+from .engines import Runner, run_to_end, runner_for, sync_url
 
 __all__ = ["Bound", "method", "retitled", "service", "threaded"]
 
@@ -54,11 +54,12 @@ def service(fn: Callable[Concatenate[Engine, P], R]) -> Callable[Concatenate[Asy
 def threaded(fn: Callable[Concatenate[Target, P], R]) -> Callable[Concatenate[Target | AsyncEngine, P],
                                                                    Coroutine[Any, Any, R]]:
     """The coroutine of a synchronous probe ``fn(target, ...)``, run in a worker thread. An AsyncEngine stands
-    for its database (the probe opens its own small synchronous engine there, as it does for any target)."""
+    for its database (the probe opens its own small synchronous engine there, as it does for any target).
+    Cancelled, the probe still ends (its connection checked in) before the CancelledError is raised."""
 
     async def call(target: Target | AsyncEngine, /, *args: P.args, **kwargs: P.kwargs) -> R:
         where: Target = sync_url(target) if isinstance(target, AsyncEngine) else target
-        return await asyncio.to_thread(fn, where, *args, **kwargs)
+        return await run_to_end(asyncio.to_thread(fn, where, *args, **kwargs))
 
     retitled(fn, call, "Target | AsyncEngine")
     return call

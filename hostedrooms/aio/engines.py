@@ -20,8 +20,9 @@ call, so with many tasks it gets less done and the loop answers other tasks late
 hands the call over and takes the outcome back (one hop, the least any design that keeps the blocking commit
 off the loop can pay).
 
-Either way a call is cancellation-safe: a cancelled call leaves its transaction committed or rolled back,
-never half-written, and its connection back in the pool (see :meth:`Runner.run`).
+Either way a cancelled call runs to its end before the CancelledError reaches the caller (see :meth:`Runner.run`):
+its transaction committed or rolled back, never half-written or left open, its connection back in the pool, and
+on SQLite no lock held.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -53,7 +54,10 @@ from ..db import (
 from ..dialect import dialect_for_url
 from ..errors import HostedRoomError
 
-__all__ = ["AsyncTarget", "Runner", "create_async_engine", "require_async_engine", "runner_for", "sync_url"]
+__all__ = [
+    "AsyncTarget", "Runner", "create_async_engine", "outlive", "require_async_engine", "run_awaited", "run_to_end",
+    "runner_for", "sync_url",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -139,9 +143,13 @@ class Runner:
         raise NotImplementedError
 
     async def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        """``fn(*args, **kwargs)`` without blocking the loop. When the awaiting task is cancelled, the call
-        finishes what it started first (its unit of work commits or rolls back and checks its connection in), then
-        the cancellation propagates."""
+        """``fn(*args, **kwargs)`` without blocking the loop.
+
+        When the awaiting task is cancelled (however often), a call not yet begun never runs (in threads: one
+        still waiting for a worker), and a begun one runs to its end first: its unit of work commits or rolls
+        back and checks its connection in, then the CancelledError is raised, whatever the call's outcome. So a
+        cancelled write may have committed; the services' idempotency keys (an append's ``event_id``, a ledger's
+        envelope and request ids) make the retry that finds out safe."""
         raise NotImplementedError
 
     def dispose(self) -> None:
@@ -151,9 +159,8 @@ class Runner:
 class _Awaited(Runner):
     """The synchronous code on the AsyncEngine's own ``sync_engine``; each driver call awaited on the loop.
 
-    A cancellation arrives inside the call at the driver call it was waiting for (as a CancelledError raised
-    there): the unit of work rolls back and closes its connection, each an awaited driver call too, then the
-    CancelledError leaves the call."""
+    The call runs to its end even when the awaiting task is cancelled (:func:`run_awaited`), as it does in a
+    worker thread."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         # Weak: the runners are values of a weak mapping keyed by this very engine.
@@ -167,8 +174,46 @@ class _Awaited(Runner):
         return engine
 
     async def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        result: R = await greenlet_spawn(functools.partial(fn, *args, **kwargs))
-        return result
+        return await run_awaited(fn, *args, **kwargs)
+
+
+async def run_awaited(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    """``fn(*args, **kwargs)`` in SQLAlchemy's greenlet bridge (each driver call awaited on the loop), run to its
+    end even when the awaiting task is cancelled, however often: then the CancelledError is raised once it has
+    ended (its unit of work committed or rolled back, its connection checked in), whatever its outcome.
+
+    Why not let the CancelledError into the call, at the driver call it waits for: SQLAlchemy then discards the
+    connection at once, from inside that driver call. On aiosqlite the close comes while a statement of the
+    transaction is still open, and SQLite keeps such a connection, its transaction and the file's write lock
+    until the statement is collected (every writer of the file, in every process, gets "database is locked" until
+    then); a cursor closed afterwards raises ``ValueError: Connection closed`` in place of the CancelledError; and
+    a second cancellation (a timeout, anyio's cancel scopes) interrupts the rollback or close itself. Waiting
+    costs the rest of the call: for the services' short transactions a few driver calls (aiosqlite does not stop
+    one in flight anyway: it runs in its own thread); a long call (``verify`` of a large database) is not cut
+    short, as in a worker thread.
+    """
+    return await run_to_end(greenlet_spawn(functools.partial(fn, *args, **kwargs)))
+
+
+async def run_to_end(work: Coroutine[Any, Any, R]) -> R:
+    """Await ``work`` (in a task of its own); when the awaiting task is cancelled (however often), ``work`` runs
+    to its end, then the CancelledError is raised, whatever the outcome."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await outlive(task)
+        raise
+
+
+async def outlive(task: asyncio.Future[Any]) -> None:
+    """Wait until ``task`` has ended, whatever cancellations arrive meanwhile; its outcome is dropped (retrieved,
+    so asyncio does not log it)."""
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait((task,))
+    if not task.cancelled():
+        task.exception()
 
 
 class _Threaded(Runner):

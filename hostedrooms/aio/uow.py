@@ -9,21 +9,25 @@ Usage::
         row = (await uow.execute(select(...))).first()
         await uow.fenced(update(rooms).where(...).values(...), AuthorityConflictError("..."))
         await uow.commit()
+
+Cancelling the task at any step lets that step end first (a statement in flight completes, a commit commits),
+then the CancelledError leaves the block, which rolls back what was not committed and checks the connection in,
+to its end however often the task is cancelled meanwhile: no transaction stays open and, on SQLite, no write lock
+stays held. A cancelled ``commit()`` may therefore have committed.
 """
 
 from __future__ import annotations
 
-import functools
+import asyncio
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from sqlalchemy import Executable, Result
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.util import greenlet_spawn
 
 from ..uow import UnitOfWork
-from .engines import require_async_engine, runner_for
+from .engines import require_async_engine, run_awaited, runner_for
 
 __all__ = ["AsyncUnitOfWork"]
 
@@ -49,7 +53,11 @@ class AsyncUnitOfWork:
     async def __aenter__(self) -> Self:
         await runner_for(self.engine)  # an adopted engine gets hostedrooms' connection hooks first
         unit = UnitOfWork(self.engine.sync_engine, write=self.write)
-        await greenlet_spawn(unit.__enter__)
+        try:
+            await run_awaited(unit.__enter__)
+        except asyncio.CancelledError:  # the unit may have begun its transaction: no block will end it
+            await run_awaited(unit.__exit__, None, None, None)
+            raise
         self._unit = unit
         return self
 
@@ -58,33 +66,33 @@ class AsyncUnitOfWork:
     ) -> None:
         unit, self._unit = self._unit, None
         if unit is not None:
-            await greenlet_spawn(unit.__exit__, exc_type, exc, tb)
+            await run_awaited(unit.__exit__, exc_type, exc, tb)
 
     @property
     def connection(self) -> AsyncConnection:
-        """The connection holding this unit's transaction, as an AsyncConnection."""
+        """The connection holding this unit's transaction, as an AsyncConnection. Its calls are SQLAlchemy's own:
+        cancelled, they discard the connection from inside the driver call (see
+        :func:`~hostedrooms.aio.engines.run_awaited`); this unit's methods run each step to its end instead."""
         return AsyncConnection(self.engine, self.unit.connection)
 
     async def execute(self, statement: Executable, parameters: Any = None) -> Result[Any]:
         """Execute a Core statement in this unit's transaction (the result is buffered)."""
-        result: Result[Any] = await greenlet_spawn(self.unit.execute, statement, parameters)
-        return result
+        return await run_awaited(self.unit.execute, statement, parameters)
 
     async def fenced(self, statement: Executable, error: BaseException) -> None:
         """Run a guarded ``UPDATE ... WHERE``; raise ``error`` unless exactly one row changed (the unit then rolls
         back when the block ends with it)."""
-        await greenlet_spawn(self.unit.fenced, statement, error)
+        await run_awaited(self.unit.fenced, statement, error)
 
     async def commit(self) -> None:
         """Commit the transaction."""
-        await greenlet_spawn(self.unit.commit)
+        await run_awaited(self.unit.commit)
 
     async def rollback(self) -> None:
         """Roll back whatever this unit wrote; safe to call more than once."""
-        await greenlet_spawn(self.unit.rollback)
+        await run_awaited(self.unit.rollback)
 
     async def run_sync(self, fn: Callable[Concatenate[UnitOfWork, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
         """``fn(unit, *args, **kwargs)`` with the synchronous unit of work, every driver call awaited (Core or ORM
         code written for :class:`~hostedrooms.uow.UnitOfWork`, ``RoomTransaction`` included)."""
-        result: R = await greenlet_spawn(functools.partial(fn, self.unit, *args, **kwargs))
-        return result
+        return await run_awaited(fn, self.unit, *args, **kwargs)
