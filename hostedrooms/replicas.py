@@ -8,8 +8,12 @@ These are storage primitives only: the caller decides *when* a takeover is safe 
 longer commit). What the store guarantees is that history is neither lost nor forked by the primitives:
 
 * :func:`ingest_page` is idempotent (events at or below ``last_seq`` are compared, not rewritten), refuses
-  gaps, older epochs, a different owner at the same epoch, overlapping events with different content, and
-  anything it could not later copy into the authoritative log; it never lowers the stored ``latest_seq``;
+  gaps, older epochs, a different owner at the same epoch, overlapping events with different content, a page
+  whose ``cursor``, ``has_more`` and ``latest_seq`` contradict its own events, and anything it could not later
+  copy into the authoritative log; it never lowers the stored ``latest_seq``, except where the caller proves
+  the page newer than the stored claim and no stored event supports that claim (``supersede_latest_seq``);
+* :func:`reset_replica_latest` is the operator's recovery of a replica whose stored ``latest_seq`` no source
+  can confirm any more (a lie, or a source that is gone);
 * :func:`promote_replica` refuses a replica that is not caught up or whose room was disbanded, and goes
   through the same capacity gates as an append (see :class:`hostedrooms.rooms.RoomTransaction`);
 * :func:`demote_room` appends ``authority.lost`` through the same fenced append path as every room write.
@@ -57,11 +61,15 @@ from .validation import MAX_EPOCH, bounded_int, canonical_json, clock, identifie
 
 __all__ = [
     "REPLICA_CREATION_LOCK_KEY",
+    "CheckedEvent",
+    "CheckedPage",
     "demote_room",
     "ingest_page",
     "promote_replica",
     "prune_disbanded_replicas",
     "replica_state",
+    "reset_replica_latest",
+    "validate_page",
 ]
 
 #: Advisory lock key ("hosted" + 4) serialising replica creation (exact MAX_REPLICA_ROOMS).
@@ -96,7 +104,7 @@ def _epoch(value: Any, label: str, high: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class _PageEvent:
+class CheckedEvent:
     """One validated page event: its seq, canonical content and timestamp (None: stamped at ingest)."""
 
     seq: int
@@ -104,37 +112,94 @@ class _PageEvent:
     created_at: float | None
 
     def same_content(self, row: Mapping[Any, Any]) -> bool:
+        """Whether a stored event row (``actor_json``/``payload_json`` texts) is this event."""
         return row["event_id"] == self.event.event_id and self.event.same_content(row)
+
+    def same_record(self, record: Mapping[str, Any], lim: Limits | None = None) -> bool:
+        """Whether an event as ``read_events`` returns it (decoded ``actor``/``payload``) is this event: the same
+        seq, id, kind, epoch and canonical content."""
+        limits_ = in_force(lim)
+        try:
+            texts = (canonical_json(record.get("actor"), error=ReplicaError, label="actor",
+                                    max_bytes=limits_.MAX_ACTOR_JSON_BYTES),
+                     canonical_json(record.get("payload"), error=ReplicaError, label="payload",
+                                    max_bytes=limits_.MAX_EVENT_JSON_BYTES))
+        except ReplicaError:
+            return False
+        return (record.get("seq") == self.seq and record.get("event_id") == self.event.event_id
+                and (record.get("kind"), texts[0], record.get("authority_epoch"), texts[1])
+                == (self.event.kind, self.event.actor_json, self.event.authority_epoch, self.event.payload_json))
 
 
 @dataclass(frozen=True, slots=True)
-class _Page:
+class CheckedPage:
+    """A validated ``read_events`` page of one room (:func:`validate_page`): what :func:`ingest_page` stores.
+
+    ``latest_seq`` is the page's claim (None when it made none), never below its own last event; ``cursor`` and
+    ``has_more`` are None when the page left them out."""
+
+    room_id: str
     gateway_id: str
     epoch: int
-    events: list[_PageEvent]
+    events: list[CheckedEvent]
     latest_seq: int | None
+    cursor: int | None
+    has_more: bool | None
+    limits: Limits
 
     @property
     def authority(self) -> Authority:
         return {"gateway_id": self.gateway_id, "epoch": self.epoch}
 
+    @property
+    def last_seq(self) -> int | None:
+        """The seq of the page's last event (None for an empty page)."""
+        return self.events[-1].seq if self.events else None
 
-def _validate_page(page: Any, room_id: str, lim: Limits) -> _Page:
+    @property
+    def size(self) -> int:
+        """The accounted bytes of the page's events."""
+        return sum(event.event.size for event in self.events)
+
+
+def validate_page(page: Any, *, room_id: str, limits: Limits | None = None) -> CheckedPage:
+    """Check ``page`` (a source's ``read_events`` answer for ``room_id``) as :func:`ingest_page` does, without
+    touching a store: every field, every event, and that its ``cursor``, ``has_more`` and ``latest_seq`` agree
+    with its events. Raises ReplicaError (or ReplicaGapError) naming the field; nothing of ``page`` is used
+    before this returns."""
+    lim = in_force(limits)
+    return _validate_page(page, room_rules.validate_room_id(room_id, lim), lim)
+
+
+def _optional_seq(page: Mapping[Any, Any], field: str) -> int | None:
+    value = page.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_INT64:
+        raise ReplicaError(f"page.{field} must be an integer from 0 to 2**63-1")
+    return value
+
+
+def _validate_page(page: Any, room_id: str, lim: Limits) -> CheckedPage:
     """The reference's page checks, then everything the store relies on (hole 5): events of this room only,
-    epochs within 1..the page's epoch, JSON-serialisable bounded actor and payload, unique event ids."""
+    epochs within 1..the page's epoch, JSON-serialisable bounded actor and payload, unique event ids; and a
+    claim its own events and cursor support (a ``latest_seq`` below its last event, a ``cursor`` other than its
+    last event, or a ``has_more`` other than ``cursor < latest_seq`` is a page no authority serves)."""
     if not isinstance(page, dict):
         raise ReplicaError("page must be an object")
     raw_events = page.get("events")
     authority = page.get("authority")
     if not isinstance(raw_events, list):
         raise ReplicaError("page.events must be a list")
+    if len(raw_events) > lim.MAX_LOG_LIMIT:
+        raise ReplicaError(f"page.events holds more than {lim.MAX_LOG_LIMIT} events")
     if not isinstance(authority, dict):
         raise ReplicaError("page.authority is required for replication")
-    gateway_id = identifier(authority.get("gateway_id"), error=HostedRoomError, label="page.authority.gateway_id",
+    gateway_id = identifier(authority.get("gateway_id"), error=ReplicaError, label="page.authority.gateway_id",
                             max_chars=lim.MAX_ACTOR_ID_CHARS)
     # Promotion writes epoch + 1, which must itself stay claimable.
     epoch = _epoch(authority.get("epoch"), "page.authority.epoch", MAX_EPOCH - 1)
-    events: list[_PageEvent] = []
+    events: list[CheckedEvent] = []
     seen_ids: set[str] = set()
     for raw in raw_events:
         event = _validate_event(raw, room_id, epoch, lim)
@@ -145,13 +210,27 @@ def _validate_page(page: Any, room_id: str, lim: Limits) -> _Page:
         seen_ids.add(event.event.event_id)
         events.append(event)
     latest = page.get("latest_seq")
-    latest_seq = None if isinstance(latest, bool) or not isinstance(latest, int) else latest
-    if latest_seq is not None and latest_seq > _MAX_INT64:
+    if isinstance(latest, int) and not isinstance(latest, bool) and latest > _MAX_INT64:
         raise ReplicaError("page.latest_seq is out of range")
-    return _Page(gateway_id, epoch, events, latest_seq)
+    latest_seq = _optional_seq(page, "latest_seq")
+    cursor = _optional_seq(page, "cursor")
+    has_more = page.get("has_more")
+    if has_more is not None and not isinstance(has_more, bool):
+        raise ReplicaError("page.has_more must be a boolean")
+    last = events[-1].seq if events else None
+    if last is not None and latest_seq is not None and latest_seq < last:
+        raise ReplicaError("page.latest_seq is below the page's own last event")
+    if last is not None and cursor is not None and cursor != last:
+        raise ReplicaError("page.cursor is not the page's last event")
+    if cursor is not None and latest_seq is not None:
+        if cursor > latest_seq:
+            raise ReplicaError("page.cursor is beyond page.latest_seq")
+        if has_more is not None and has_more != (cursor < latest_seq):
+            raise ReplicaError("page.has_more contradicts page.cursor and page.latest_seq")
+    return CheckedPage(room_id, gateway_id, epoch, events, latest_seq, cursor, has_more, lim)
 
 
-def _validate_event(raw: Any, room_id: str, page_epoch: int, lim: Limits) -> _PageEvent:
+def _validate_event(raw: Any, room_id: str, page_epoch: int, lim: Limits) -> CheckedEvent:
     if not isinstance(raw, dict):
         raise ReplicaError("page events must be objects")
     seq = _positive_int64(raw.get("seq"), "event.seq must be a positive integer")
@@ -178,7 +257,7 @@ def _validate_event(raw: Any, room_id: str, page_epoch: int, lim: Limits) -> _Pa
         canonical_json(raw["payload"], error=ReplicaError, label="payload", max_bytes=lim.MAX_EVENT_JSON_BYTES),
         event_epoch, control=kind in CONTROL_EVENT_KINDS)
     # The reference stamps a missing (or zero) created_at with the ingest time.
-    return _PageEvent(seq, event, created if created else None)
+    return CheckedEvent(seq, event, created if created else None)
 
 
 def _authority_rule(validate: Any, value: str, field: str, lim: Limits) -> str:
@@ -214,23 +293,37 @@ def _created_at(value: Any) -> float | None:
 
 def ingest_page(
     engine: EngineSource, *, room_id: str, room_name: str, members: list[dict[str, Any]],
-    page: EventPage | dict[str, Any], now: float | None = None, limits: Limits | None = None,
+    page: EventPage | dict[str, Any] | CheckedPage, now: float | None = None, limits: Limits | None = None,
+    supersede_latest_seq: int | None = None,
 ) -> IngestResult:
-    """Persist one replay page of ``room_id`` (the verbatim result of the authority's ``read_events``).
+    """Persist one replay page of ``room_id`` (the verbatim result of the authority's ``read_events``, or what
+    :func:`validate_page` returned for it with the same ``limits``).
 
     Idempotent: events at or below the stored ``last_seq`` are skipped (after checking they are the same
     events). Refuses a page that skips sequences (ReplicaGapError), an older authority epoch
-    (ReplicaEpochRegressionError), a different owner at the stored epoch, or conflicting overlapping events
-    (ReplicaError); nothing is written then. The stored ``latest_seq`` never decreases.
+    (ReplicaEpochRegressionError), a different owner at the stored epoch, conflicting overlapping events, or a
+    page contradicting itself (ReplicaError); nothing is written then.
+
+    The stored ``latest_seq`` is the largest of the stored one, the replica's last stored seq and the page's
+    claim: it never decreases (a delayed page must not make a partial replica look caught up), with one
+    exception. ``supersede_latest_seq`` is the stored ``latest_seq`` the caller saw *before it read* ``page``:
+    when the replica still holds exactly that value and no stored event supports it (it is above ``last_seq``),
+    the page was served after that claim was stored, so an authority's log only grew since; a lower claim then
+    proves the stored one false, and ``latest_seq`` becomes the larger of the page's claim and the replica's last
+    seq. (A source that lies once can thus not keep a replica from ever being caught up.)
     """
     lim = in_force(limits)
     room_id = room_rules.validate_room_id(room_id, lim)
     room_name = room_rules.validate_room_name(room_name, lim)
     _, members_json = room_rules.validate_members(members, lim)
-    checked = _validate_page(page, room_id, lim)
+    if supersede_latest_seq is not None:
+        supersede_latest_seq = bounded_int(supersede_latest_seq, error=ReplicaError, low=0, high=_MAX_INT64,
+                                           message="supersede_latest_seq must be an integer from 0 to 2**63-1")
+    checked = (page if isinstance(page, CheckedPage) and page.room_id == room_id and page.limits is lim
+               else _validate_page(page, room_id, lim))
     timestamp = clock(now)
     with UnitOfWork(_resolve(engine)) as uow:
-        result = _ingest(uow, lim, room_id, room_name, members_json, checked, timestamp)
+        result = _ingest(uow, lim, room_id, room_name, members_json, checked, timestamp, supersede_latest_seq)
         uow.commit()
     return result
 
@@ -241,7 +334,8 @@ def _lock_replica(uow: UnitOfWork, room_id: str) -> Mapping[Any, Any] | None:
 
 
 def _ingest(
-    uow: UnitOfWork, lim: Limits, room_id: str, room_name: str, members_json: str, page: _Page, now: float
+    uow: UnitOfWork, lim: Limits, room_id: str, room_name: str, members_json: str, page: CheckedPage, now: float,
+    supersede_latest_seq: int | None = None,
 ) -> IngestResult:
     connection = uow.connection
     row = _lock_replica(uow, room_id)
@@ -280,8 +374,11 @@ def _ingest(
              "created_at": now if event.created_at is None else event.created_at}
             for event in new_events])
     new_last = new_events[-1].seq if new_events else last_seq
-    # Never lower latest_seq: a delayed page must not make a partial replica look caught up (hole 1).
-    latest_seq = max(stored_latest, new_last, page.latest_seq if page.latest_seq is not None else new_last)
+    claim = page.latest_seq if page.latest_seq is not None else new_last
+    # Never lower latest_seq: a delayed page must not make a partial replica look caught up (hole 1); unless the
+    # caller proves this page newer than an unsupported stored claim (see ingest_page).
+    superseded = row is not None and stored_latest > last_seq and supersede_latest_seq == stored_latest
+    latest_seq = max(new_last, claim) if superseded else max(stored_latest, new_last, claim)
     values = {"name": room_name, "members_json": members_json, "authority_gateway_id": page.gateway_id,
               "authority_epoch": page.epoch, "last_seq": new_last, "latest_seq": latest_seq, "updated_at": now}
     if row is None:
@@ -296,7 +393,7 @@ def _ingest(
             "caught_up": new_last >= latest_seq}
 
 
-def _check_overlap(uow: UnitOfWork, room_id: str, overlapping: Sequence[_PageEvent]) -> None:
+def _check_overlap(uow: UnitOfWork, room_id: str, overlapping: Sequence[CheckedEvent]) -> None:
     """Already-stored seqs must hold exactly the page's events (a retry); anything else is a fork (hole 3)."""
     if not overlapping:
         return
@@ -311,7 +408,7 @@ def _check_overlap(uow: UnitOfWork, room_id: str, overlapping: Sequence[_PageEve
             raise ReplicaError("page events conflict with the stored replica")
 
 
-def _check_new_event_ids(uow: UnitOfWork, room_id: str, new_events: Sequence[_PageEvent]) -> None:
+def _check_new_event_ids(uow: UnitOfWork, room_id: str, new_events: Sequence[CheckedEvent]) -> None:
     """A new event may not reuse a stored event id: promotion could not copy the log (ids are unique)."""
     if not new_events:
         return
@@ -344,6 +441,41 @@ def _replica_to_dict(row: Mapping[Any, Any]) -> ReplicaState:
         "last_seq": int(row["last_seq"]), "latest_seq": int(row["latest_seq"]),
         "event_bytes": int(row["event_bytes"]), "created_at": float(row["created_at"]),
         "updated_at": float(row["updated_at"])}
+
+
+def reset_replica_latest(
+    engine: EngineSource, *, room_id: str, latest_seq: int | None = None, now: float | None = None,
+    limits: Limits | None = None,
+) -> ReplicaState:
+    """Lower a replica's stored ``latest_seq`` (the authority's log end as last reported) to ``latest_seq``,
+    by default its ``last_seq``, and return the replica's state: the operator's recovery from a claim no source
+    will correct (a source that reported a seq it never served, then went away).
+
+    ``latest_seq`` must lie between the replica's ``last_seq`` and its stored ``latest_seq``: stored events are
+    never dropped and nothing is raised. The caller asserts the authority holds nothing after ``latest_seq``: a
+    replica promoted after this call continues the room without any event the authority wrote past it. While
+    the source is reachable, the :class:`~hostedrooms.standby.Replicator` corrects such a claim by itself.
+    """
+    lim = in_force(limits)
+    room_id = room_rules.validate_room_id(room_id, lim)
+    if latest_seq is not None:
+        latest_seq = bounded_int(latest_seq, error=ReplicaError, low=0, high=_MAX_INT64,
+                                 message="latest_seq must be an integer from 0 to 2**63-1")
+    timestamp = clock(now)
+    with UnitOfWork(_resolve(engine)) as uow:
+        row = _lock_replica(uow, room_id)
+        if row is None:
+            raise ReplicaError("replica not found")
+        last_seq, stored_latest = int(row["last_seq"]), int(row["latest_seq"])
+        target = last_seq if latest_seq is None else latest_seq
+        if not last_seq <= target <= stored_latest:
+            raise ReplicaError(f"latest_seq must lie between the replica's last_seq {last_seq} and its latest_seq "
+                               f"{stored_latest}")
+        if target != stored_latest:
+            uow.connection.execute(update(_replicas).where(_replicas.c.room_id == room_id)
+                                   .values(latest_seq=target, updated_at=timestamp))
+        uow.commit()
+    return replica_state(engine, room_id=room_id, limits=limits)
 
 
 # --- retention -------------------------------------------------------------------------------------------------

@@ -3,10 +3,22 @@
 One pass (:meth:`Replicator.sync_once`) walks the source's rooms in ``room_id`` order and, for each, compares
 the source's head (lineage, latest seq) with what the local store holds:
 
+* every value a source returns (a listing head, a page, a room's name and members) is validated before any
+  use (:func:`~hostedrooms.replicas.validate_page` for pages): a bad value refuses that room only, with a
+  reason naming the room and the field; an exception of the source's own becomes a
+  :class:`~hostedrooms.standby.source.SourceProtocolError`;
 * a room in the local **authoritative** store is never replicated over (``ingest_page`` does not look at the
   authoritative tables, so the replicator does): when the source shows a strictly newer epoch held by another
   gateway and the local room is this gateway's, the local room is **demoted** (``demote_room``), which is how a
-  returning authority fences itself; otherwise the room is reported ``local`` and left alone;
+  returning authority fences itself, but only on proof that the source's log continues this room: read from
+  seq 1, it must hold exactly the local events up to the local head (ids and content), then, before any event
+  of a newer epoch, an ``authority.claimed`` naming this gateway at the local epoch as the previous authority.
+  Anything else (another gateway's room of the same name, a listing that only claims a newer epoch, a claim
+  naming another previous authority, local events the source never got) refuses the room with the reason and
+  changes nothing; a room that is not this gateway's is reported ``local`` and left alone;
+* a listing head's ``latest_seq`` is never stored: only pages are; a replica whose stored ``latest_seq`` is
+  above its ``last_seq`` (no stored event supports it) takes the source's current claim from the next page
+  (``ingest_page``'s ``supersede_latest_seq``), so one lying page cannot keep it from ever being caught up;
 * a replica behind the source is fed ``read_events`` pages from its own ``last_seq`` (``replica_state``'s
   coverage, read back from the store on every pass: nothing is remembered across a crash, and ``ingest_page``
   is idempotent and refuses gaps, so a pass killed at any point resumes with no gap and no duplicate);
@@ -17,9 +29,14 @@ the source's head (lineage, latest seq) with what the local store holds:
 * a refused page (a conflict, a regression, a fork, a hostile page) is reported with the reason and the room
   is backed off (1 s, doubling to 5 min): never retried in a hot loop.
 
-Memory: one page per room being read (one room at a time, or one per worker), plus a small head per room;
-never a whole log. Names and members are read from the source when a room is first replicated and again when a
-page holds a rename or a claim.
+A pass is bounded (``max_rooms_per_pass``, ``max_pages_per_pass``, ``max_bytes_per_pass``,
+``max_seconds_per_pass``; the defaults follow from what a real source can hold): when a bound is reached the
+pass ends with ``PassReport.bound`` saying which, and the next pass resumes the listing after the last room
+finished, so a source whose listing never ends costs one bounded pass at a time.
+
+Memory: one page per room being read (one room at a time, or one per worker), plus a small head per room of
+one pass's listing (at most ``max_rooms_per_pass``); never a whole log. Names and members are read from the
+source when a room is first replicated and again when a page holds a rename or a claim.
 
 :meth:`Replicator.run` repeats passes: immediately while a pass made progress and left rooms behind, else when
 its :class:`~hostedrooms.standby.wake.Waker` says the source changed, or at the latest after ``interval``.
@@ -27,6 +44,7 @@ its :class:`~hostedrooms.standby.wake.Waker` says the source changed, or at the 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter, deque
@@ -43,10 +61,20 @@ from ..errors import (
     StoreUnavailableError,
 )
 from ..identity import local_gateway_id as resolve_local_gateway_id
-from ..limits import Limits
-from ..replicas import demote_room, ingest_page, prune_disbanded_replicas
+from ..limits import Limits, in_force
+from ..replicas import CheckedPage, demote_room, ingest_page, prune_disbanded_replicas, validate_page
+from ..rooms import read_events as read_local_events
+from ..rooms import rules as room_rules
+from ..validation import INT64_MAX, MAX_EPOCH, identifier
 from .heads import ReplicaHead, RoomHead, all_replica_heads, all_room_heads
-from .source import PageSource, RoomInfo, SourceUnavailableError, iter_rooms
+from .source import (
+    PageSource,
+    RoomInfo,
+    SourceProtocolError,
+    SourceUnavailableError,
+    call_source,
+    iter_rooms,
+)
 from .wake import IntervalWaker, Waker
 
 __all__ = [
@@ -120,6 +148,7 @@ class PassReport:
     seconds: float = 0.0
     error: str = ""  # the pass stopped early: the source or the local store could not be used
     pruned: list[str] = field(default_factory=list)  # disbanded replicas removed after this pass
+    bound: str = ""  # the pass stopped at one of its bounds (which one); the next pass resumes the listing
 
     @property
     def pages(self) -> int:
@@ -138,8 +167,10 @@ class PassReport:
 
     @property
     def ok(self) -> bool:
-        """No pass error and no room refused (or still backing off)."""
-        return not self.error and not any(room.status in (REFUSED, BACKING_OFF) for room in self.rooms)
+        """No pass error, no bound reached (every room of the source was looked at) and no room refused (or still
+        backing off)."""
+        return not self.error and not self.bound and not any(
+            room.status in (REFUSED, BACKING_OFF) for room in self.rooms)
 
     def summary(self) -> str:
         counts = Counter(room.status for room in self.rooms)
@@ -149,6 +180,8 @@ class PassReport:
                 f"{_count(self.pages, 'page')}; lag {_count(self.lag, 'event')}; {self.seconds:.2f} s")
         if self.pruned:
             text += f"; {_count(len(self.pruned), 'disbanded replica')} removed"
+        if self.bound:
+            text += f"; stopped at a bound: {self.bound}"
         return f"{text}; stopped early: {self.error}" if self.error else text
 
 
@@ -169,19 +202,24 @@ class PageIngested:
 
 
 class Backoff:
-    """Per-room back-off after a refusal: ``base`` seconds, doubling per consecutive refusal up to ``maximum``."""
+    """Per-room back-off after a refusal: ``base`` seconds, doubling per consecutive refusal up to ``maximum``.
 
-    def __init__(self, base: float = 1.0, maximum: float = 300.0) -> None:
-        self.base, self.maximum = base, maximum
+    At most ``max_rooms`` rooms are remembered (the oldest refusal is forgotten first), so a source listing
+    ever new rooms to refuse cannot grow it."""
+
+    def __init__(self, base: float = 1.0, maximum: float = 300.0, *, max_rooms: int = 4096) -> None:
+        self.base, self.maximum, self.max_rooms = base, maximum, max_rooms
         self._rooms: dict[str, tuple[int, float, str]] = {}  # room -> (refusals, retry at, reason)
         self._lock = threading.Lock()  # a replicator's workers share it
 
     def refuse(self, room_id: str, reason: str, now: float) -> float:
         """Record a refusal; return the delay before the room is read again."""
         with self._lock:
-            failures = self._rooms.get(room_id, (0, 0.0, ""))[0] + 1
+            failures = self._rooms.pop(room_id, (0, 0.0, ""))[0] + 1
             delay = float(min(self.maximum, self.base * 2.0 ** min(failures - 1, 30)))
             self._rooms[room_id] = (failures, now + delay, reason)
+            while len(self._rooms) > self.max_rooms:
+                del self._rooms[next(iter(self._rooms))]
         return delay
 
     def waiting(self, room_id: str, now: float) -> tuple[float, str] | None:
@@ -207,6 +245,60 @@ class _Refused(Exception):
     """A room-level refusal found by the replicator itself (not by a service)."""
 
 
+class _Bounded(Exception):
+    """The pass reached one of its bounds (the message says which)."""
+
+
+#: Seconds one pass may take by default (a real source's rooms fit in far less; a slower one resumes next pass).
+DEFAULT_MAX_SECONDS_PER_PASS = 600.0
+
+
+class _Budget:
+    """What one pass may still spend: rooms listed, pages and bytes read, time (shared by the workers)."""
+
+    def __init__(self, rooms: int, pages: int, size: int, deadline: float, monotonic: Callable[[], float]) -> None:
+        self.rooms, self.pages, self.size, self.deadline = rooms, pages, size, deadline
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self.reached = ""  # the first bound reached ("" while none)
+
+    def _stop(self, reason: str) -> None:
+        with self._lock:
+            self.reached = self.reached or reason
+        raise _Bounded(self.reached)
+
+    def check(self) -> None:
+        """Raise _Bounded once a bound was reached (or the time is up)."""
+        if self.reached:
+            raise _Bounded(self.reached)
+        if self._monotonic() >= self.deadline:
+            self._stop("the pass took its time limit (max_seconds_per_pass)")
+
+    def room(self) -> None:
+        self.check()
+        with self._lock:
+            self.rooms -= 1
+            left = self.rooms
+        if left < 0:
+            self._stop("the source listed more rooms than a pass takes (max_rooms_per_pass)")
+
+    def page(self) -> None:
+        self.check()
+        with self._lock:
+            self.pages -= 1
+            left = self.pages
+        if left < 0:
+            self._stop("the pass read its page limit (max_pages_per_pass)")
+
+    def spend(self, size: int) -> None:
+        with self._lock:
+            self.size -= size
+            left = self.size
+        if left < 0:
+            with self._lock:
+                self.reached = self.reached or "the pass read its byte limit (max_bytes_per_pass)"
+
+
 class Replicator:
     """Keeps ``target``'s replicas of every room of ``source`` caught up.
 
@@ -214,8 +306,8 @@ class Replicator:
     lineage; default ``install:$HOSTEDROOMS_INSTALL_ID``). ``page_limit``: events per page (at most
     MAX_LOG_LIMIT). ``max_pages_per_room``: pages one pass reads from one room (None: until caught up), so a long
     catch-up of one room does not delay the others in a following replicator. ``now`` stamps ingested events
-    that carry no ``created_at``, and ``monotonic`` times the back-off. ``on_page`` and ``on_room`` observe
-    each stored page and each room's report (progress displays, lag measurements); they are never called
+    that carry no ``created_at``, and ``monotonic`` times the back-off and the pass. ``on_page`` and ``on_room``
+    observe each stored page and each room's report (progress displays, lag measurements); they are never called
     concurrently.
 
     ``workers``: rooms handled at once (threads; default 1). Each room is still read and stored in order, one page
@@ -227,6 +319,14 @@ class Replicator:
     ``prune_disbanded_after``: seconds a replica whose room was disbanded is kept (its disband's timestamp
     against ``now``) before a pass removes it (:func:`~hostedrooms.replicas.prune_disbanded_replicas`), freeing its
     ``MAX_REPLICA_ROOMS`` slot; None (the default) keeps them, as the reference's replicas are kept.
+
+    The bounds of one pass (None: the default named): ``max_rooms_per_pass`` rooms listed (default
+    MAX_ACTIVE_ROOMS + MAX_DISBANDED_ROOM_TOMBSTONES, every room a source can hold, live or retained);
+    ``max_pages_per_pass`` pages read (default: that many rooms times the pages of a full room,
+    (MAX_EVENTS_PER_ROOM + CONTROL_EVENT_COUNT_RESERVE) / ``page_limit`` + 2); ``max_bytes_per_pass`` event
+    bytes read (default twice MAX_GATEWAY_EVENT_BYTES, a source's whole event budget, re-reads included);
+    ``max_seconds_per_pass`` (default :data:`DEFAULT_MAX_SECONDS_PER_PASS`). The limits are ``limits``' (the
+    module's by default), read at each pass.
     """
 
     def __init__(
@@ -245,16 +345,24 @@ class Replicator:
         workers: int = 1,
         limits: Limits | None = None,
         prune_disbanded_after: int | None = None,
+        max_rooms_per_pass: int | None = None,
+        max_pages_per_pass: int | None = None,
+        max_bytes_per_pass: int | None = None,
+        max_seconds_per_pass: float | None = DEFAULT_MAX_SECONDS_PER_PASS,
     ) -> None:
         if prune_disbanded_after is not None and (
                 type(prune_disbanded_after) is not int or not 0 <= prune_disbanded_after <= 2**63 - 1):
             raise HostedRoomError("prune_disbanded_after must be a non-negative integer (seconds) or None")
         if isinstance(page_limit, bool) or not isinstance(page_limit, int) or page_limit < 1:
             raise HostedRoomError("page_limit must be a positive integer")
-        if max_pages_per_room is not None and (
-                isinstance(max_pages_per_room, bool) or not isinstance(max_pages_per_room, int)
-                or max_pages_per_room < 1):
-            raise HostedRoomError("max_pages_per_room must be a positive integer or None")
+        for name, value in (("max_pages_per_room", max_pages_per_room), ("max_rooms_per_pass", max_rooms_per_pass),
+                            ("max_pages_per_pass", max_pages_per_pass), ("max_bytes_per_pass", max_bytes_per_pass)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise HostedRoomError(f"{name} must be a positive integer or None")
+        if max_seconds_per_pass is not None and (
+                isinstance(max_seconds_per_pass, bool) or not isinstance(max_seconds_per_pass, (int, float))
+                or not 0 < max_seconds_per_pass < float("inf")):
+            raise HostedRoomError("max_seconds_per_pass must be a positive number of seconds or None")
         if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
             raise HostedRoomError("workers must be an integer from 1 to 64")
         self.source = source
@@ -262,6 +370,10 @@ class Replicator:
         self._local_gateway_arg = local_gateway_id
         self.page_limit = page_limit
         self.max_pages_per_room = max_pages_per_room
+        self.max_rooms_per_pass = max_rooms_per_pass
+        self.max_pages_per_pass = max_pages_per_pass
+        self.max_bytes_per_pass = max_bytes_per_pass
+        self.max_seconds_per_pass = max_seconds_per_pass
         self.backoff = backoff or Backoff()
         self._now, self._monotonic = now, monotonic
         self._on_page, self._on_room = on_page, on_room
@@ -271,40 +383,73 @@ class Replicator:
         self.prune_disbanded_after = prune_disbanded_after
         # Names and members change only with a rename or a claim: read again when a page holds one.
         self._infos: dict[str, RoomInfo] = {}
+        # Where the next pass starts its listing (after a pass that stopped at a bound), else None.
+        self._resume_after: str | None = None
 
     # -- one pass ----------------------------------------------------------------------------------------------
 
-    def sync_once(self) -> PassReport:
-        """One pass over every room of the source; returns a report per room (see the module docstring).
+    def _budget(self) -> _Budget:
+        lim = in_force(self.limits)
+        rooms = self.max_rooms_per_pass or int(lim.MAX_ACTIVE_ROOMS) + int(lim.MAX_DISBANDED_ROOM_TOMBSTONES)
+        full_room = -(-(int(lim.MAX_EVENTS_PER_ROOM) + int(lim.CONTROL_EVENT_COUNT_RESERVE)) // self.page_limit) + 2
+        pages = self.max_pages_per_pass or rooms * full_room
+        size = self.max_bytes_per_pass or 2 * int(lim.MAX_GATEWAY_EVENT_BYTES)
+        seconds = self.max_seconds_per_pass
+        deadline = float("inf") if seconds is None else self._monotonic() + seconds
+        return _Budget(rooms, pages, size, deadline, self._monotonic)
 
-        A pass that cannot list the source or read the local store stops early with ``error`` set; rooms it
-        reached keep their reports. Room-level refusals never stop a pass.
+    def sync_once(self) -> PassReport:
+        """One pass over the rooms of the source; returns a report per room (see the module docstring).
+
+        A pass that cannot list the source or read the local store stops early with ``error`` set; one that
+        reaches a bound stops with ``bound`` set (and the next pass resumes the listing); rooms it reached keep
+        their reports. Room-level refusals never stop a pass, and nothing a source returns makes it raise.
         """
         started = self._monotonic()
         report = PassReport()
-        seen: set[str] = set()
+        budget = self._budget()
+        start_after = self._resume_after
+        seen: set[str] = set()  # at most one pass's listing (max_rooms_per_pass)
+        cut: list[str | None] = []  # the room after which the next pass resumes, once a bound cut the pass
         try:
             local_rooms = all_room_heads(self.target)
             local_replicas = all_replica_heads(self.target)
-            heads = iter_rooms(self.source)
+            heads = self._listing(start_after, budget, seen)
             if self.workers == 1:
                 for head in heads:
-                    seen.add(head.room_id)
-                    self._done(report, self._sync_room(
-                        head, local_rooms.get(head.room_id), local_replicas.get(head.room_id)))
+                    self._done(report, cut, head, self._sync_room(
+                        head, local_rooms.get(head.room_id), local_replicas.get(head.room_id), budget))
             else:
-                self._in_parallel(heads, local_rooms, local_replicas, report, seen)
+                self._in_parallel(heads, local_rooms, local_replicas, report, cut, budget)
         except _PASS_ERRORS as exc:
             report.error = str(exc)
+        except _Bounded as exc:
+            report.bound = str(exc)
         except HostedRoomError as exc:  # the listing itself was refused (a hostile or broken source)
             report.error = f"the source's room listing was refused: {exc}"
         else:
-            self.backoff.keep_only(seen)
-            for room_id in [room for room in self._infos if room not in seen]:
-                del self._infos[room_id]
+            report.bound = budget.reached
+            if not report.bound and start_after is None:  # a whole listing: forget rooms the source dropped
+                self.backoff.keep_only(seen)
+                for room_id in [room for room in self._infos if room not in seen]:
+                    del self._infos[room_id]
             self._prune(report)
+        if report.bound:
+            last = report.rooms[-1].room_id if report.rooms else start_after
+            self._resume_after = cut[0] if cut else last
+        elif not report.error:
+            self._resume_after = None
+        if len(self._infos) > 2 * len(seen) + LISTING_CACHE:  # a cache: never more than a pass or two of rooms
+            self._infos.clear()
         report.seconds = self._monotonic() - started
         return report
+
+    def _listing(self, after: str | None, budget: _Budget, seen: set[str]) -> Iterator[RoomHead]:
+        """The source's rooms after ``after``, each charged to the pass's room bound."""
+        for head in iter_rooms(self.source, after=after):
+            budget.room()
+            seen.add(head.room_id)
+            yield head
 
     def _prune(self, report: PassReport) -> None:
         """Remove the disbanded replicas past ``prune_disbanded_after`` (only while the pass reported some)."""
@@ -321,28 +466,36 @@ class Replicator:
             if room.room_id in pruned:
                 room.reason = "replica removed"
 
-    def _done(self, report: PassReport, room: RoomReport) -> None:
-        report.rooms.append(room)
-        if self._on_room is not None:
-            self._on_room(room)
+    def _done(self, report: PassReport, cut: list[str | None], head: RoomHead,
+              room: tuple[RoomReport | None, bool]) -> None:
+        """Report a room (in listing order); the first room a bound cut short is where the next pass resumes."""
+        reported, bounded = room
+        if bounded and not cut:
+            cut.append(report.rooms[-1].room_id if report.rooms else self._resume_after)
+        if reported is not None:
+            report.rooms.append(reported)
+            if self._on_room is not None:
+                self._on_room(reported)
 
     def _in_parallel(self, heads: Iterator[RoomHead], local_rooms: dict[str, RoomHead],
-                     local_replicas: dict[str, ReplicaHead], report: PassReport, seen: set[str]) -> None:
+                     local_replicas: dict[str, ReplicaHead], report: PassReport, cut: list[str | None],
+                     budget: _Budget) -> None:
         """Rooms on ``workers`` threads, reported in listing order; at most two rooms per worker are queued, so
         the listing is walked as the work goes, and a pass error stops what has not started."""
-        pending: deque[Future[RoomReport]] = deque()
+        pending: deque[tuple[RoomHead, Future[tuple[RoomReport | None, bool]]]] = deque()
         with ThreadPoolExecutor(self.workers, thread_name_prefix="hostedrooms-replicator") as pool:
             try:
                 for head in heads:
-                    seen.add(head.room_id)
-                    pending.append(pool.submit(self._sync_room, head, local_rooms.get(head.room_id),
-                                               local_replicas.get(head.room_id)))
+                    pending.append((head, pool.submit(self._sync_room, head, local_rooms.get(head.room_id),
+                                                      local_replicas.get(head.room_id), budget)))
                     while len(pending) >= 2 * self.workers:
-                        self._done(report, pending.popleft().result())
+                        done, future = pending.popleft()
+                        self._done(report, cut, done, future.result())
                 while pending:
-                    self._done(report, pending.popleft().result())
+                    done, future = pending.popleft()
+                    self._done(report, cut, done, future.result())
             finally:
-                for future in pending:
+                for _, future in pending:
                     future.cancel()
 
     def _page_done(self, page: PageIngested) -> None:
@@ -350,36 +503,84 @@ class Replicator:
             with self._page_lock:
                 self._on_page(page)
 
-    def _room_info(self, room_id: str, page: Any) -> RoomInfo:
+    # -- reading the source (every value validated before use) ---------------------------------------------------
+
+    def _read_page(self, room_id: str, since: int, budget: _Budget) -> CheckedPage:
+        """The source's page of ``room_id`` after ``since``, validated (SourceProtocolError names the room and the
+        field), charged to the pass's page and byte bounds."""
+        budget.page()
+        raw = call_source("page", self.source.read_events, room_id, since_seq=since, limit=self.page_limit)
+        try:
+            page = validate_page(raw, room_id=room_id, limits=self.limits)
+            if len(page.events) > self.page_limit:
+                raise HostedRoomError(f"page.events holds more than the {self.page_limit} events asked for")
+        except HostedRoomError as exc:
+            raise SourceProtocolError(f"the source's page of room {room_id!r} after seq {since} is invalid: "
+                                      f"{exc}") from None
+        budget.spend(page.size)
+        return page
+
+    def _room_info(self, room_id: str, page: CheckedPage) -> RoomInfo:
         """The cached name and members, read again from the source when ``page`` renames or claims the room."""
         info = self._infos.get(room_id)
         if info is None or _changes_info(page):
-            info = self._infos[room_id] = self.source.room_info(room_id)
+            info = self._infos[room_id] = self._checked_info(room_id)
         return info
 
-    def _sync_room(self, head: RoomHead, local: RoomHead | None, replica: ReplicaHead | None) -> RoomReport:
+    def _checked_info(self, room_id: str) -> RoomInfo:
+        info = call_source("room info", self.source.room_info, room_id)
+        lim = in_force(self.limits)
+        try:
+            if not isinstance(info, RoomInfo):
+                raise HostedRoomError("it is not a RoomInfo")
+            if info.room_id != room_id:
+                raise HostedRoomError("room_id: another room's")
+            room_rules.validate_room_name(info.name, lim)
+            room_rules.validate_members(info.members, lim)
+        except HostedRoomError as exc:
+            raise SourceProtocolError(f"the source's room info of room {room_id!r} is invalid: {exc}") from None
+        return info
+
+    # -- one room ----------------------------------------------------------------------------------------------
+
+    def _sync_room(self, head: RoomHead, local: RoomHead | None, replica: ReplicaHead | None,
+                   budget: _Budget) -> tuple[RoomReport | None, bool]:
+        """(the room's report, whether a pass bound cut it short); no report when the pass was over before it."""
+        try:
+            budget.check()
+        except _Bounded:
+            return None, True
+        problem = _head_problem(head, in_force(self.limits))
+        if problem:
+            room_id = head.room_id[:200]
+            return RoomReport(room_id, REFUSED, reason=f"the source's listing of room {room_id!r} is invalid: "
+                                                       f"{problem}"), False
         report = RoomReport(head.room_id, CAUGHT_UP, latest_seq=head.latest_seq,
                             authority_gateway_id=head.authority_gateway_id, authority_epoch=head.authority_epoch,
                             last_seq=replica.last_seq if replica is not None else 0)
         if local is not None:
-            return self._local_room(head, local, report)
+            return self._local_room(head, local, report, budget)
         waiting = self.backoff.waiting(head.room_id, self._monotonic())
         if waiting is not None:
             report.status, report.reason = BACKING_OFF, f"{waiting[1]} (retrying in {waiting[0]:.0f} s)"
-            return report
+            return report, False
         if replica is None and head.disbanded:
             report.status, report.reason = SKIPPED, "disbanded on the source before it was replicated here"
-            return report
+            return report, False
         try:
             if replica is not None:
                 self._check_lineage(head, replica)
-                if replica.last_seq >= head.latest_seq and _same_lineage(head, replica):
+                if (replica.last_seq >= head.latest_seq and _same_lineage(head, replica)
+                        and replica.caught_up):
                     report.status = DISBANDED if head.disbanded else CAUGHT_UP
                     self.backoff.clear(head.room_id)
-                    return report
-            self._catch_up(head, replica, report)
+                    return report, False
+            self._catch_up(head, replica, report, budget)
         except _PASS_ERRORS:
             raise
+        except _Bounded as exc:
+            report.status, report.reason = BEHIND, f"the pass stopped: {exc}"
+            return report, True
         except RoomNotFoundError as exc:  # purged (or expired) between the listing and the read
             report.status, report.reason = GONE, str(exc)
         except (HostedRoomError, _Refused) as exc:
@@ -388,104 +589,177 @@ class Replicator:
             report.status, report.reason = REFUSED, f"{exc} (retrying in {delay:.0f} s)"
         else:
             self.backoff.clear(head.room_id)
-        return report
+        return report, False
 
     @staticmethod
     def _check_lineage(head: RoomHead, replica: ReplicaHead) -> None:
-        """Refuse, without reading a page, a source that is behind what this replica already knows."""
+        """Refuse, without reading a page, a source that is behind what this replica already holds."""
         if head.authority_epoch < replica.authority_epoch:
             raise _Refused(f"the source holds epoch {head.authority_epoch}, older than this replica's epoch "
                            f"{replica.authority_epoch}")
         if (head.authority_epoch == replica.authority_epoch
                 and head.authority_gateway_id != replica.authority_gateway_id):
             raise _Refused(f"the source's owner at epoch {head.authority_epoch} differs from this replica's")
-        if _same_lineage(head, replica) and head.latest_seq < replica.latest_seq:
+        # Only stored events count: a latest_seq no stored event supports is the page's claim, which the next page
+        # read confirms or corrects (see _catch_up).
+        if _same_lineage(head, replica) and head.latest_seq < replica.last_seq:
             raise _Refused(f"the source's log ends at seq {head.latest_seq}, before the seq "
-                           f"{replica.latest_seq} this replica saw it reach")
+                           f"{replica.last_seq} this replica stored")
 
-    def _catch_up(self, head: RoomHead, replica: ReplicaHead | None, report: RoomReport) -> None:
+    def _catch_up(self, head: RoomHead, replica: ReplicaHead | None, report: RoomReport, budget: _Budget) -> None:
         room_id = head.room_id
         since = replica.last_seq if replica is not None else 0
-        known_latest = max(head.latest_seq, replica.latest_seq if replica is not None else 0)
+        # The replica's stored latest_seq, as this pass knows it (None: no replica yet).
+        stored_latest = replica.latest_seq if replica is not None else None
         # A replica of an empty room is stored too (so it can be promoted); and a lineage change with no new
         # event still updates the replica's authority.
         store_empty = replica is None or not _same_lineage(head, replica)
         fork_check = replica is not None and since > 0 and not _same_lineage(head, replica)
         disbanded = head.disbanded
         while self.max_pages_per_room is None or report.pages < self.max_pages_per_room:
-            page = self.source.read_events(room_id, since_seq=since - 1 if fork_check else since,
-                                           limit=self.page_limit)
+            page = self._read_page(room_id, since - 1 if fork_check else since, budget)
             if fork_check:
                 assert replica is not None
                 _check_fork(page, since, replica)
                 fork_check = False
-            page_latest = _page_latest(page)
-            if _no_new_events(page, since):
+            claim = page.latest_seq if page.latest_seq is not None else 0
+            # A stored claim no stored event supports, which this page (read after it was stored) contradicts.
+            unsupported = stored_latest is not None and stored_latest > since and claim < stored_latest
+            if page.last_seq is None or page.last_seq <= since:
                 # Only a full page (the fork check's, of one event) may hold nothing new while the log goes on.
-                if page_latest > since and len(page["events"]) < self.page_limit:
-                    raise _Refused(f"the source reports seq {page_latest} but its page holds nothing after seq "
+                if claim > since and len(page.events) < self.page_limit:
+                    raise _Refused(f"the source reports seq {claim} but its page holds nothing after seq "
                                    f"{since}")
-                if not store_empty:
+                if not store_empty and not unsupported:
                     break
             info = self._room_info(room_id, page)
             result = ingest_page(self.target, room_id=room_id, room_name=info.name, members=info.members,
-                                 page=page, now=self._now(), limits=self.limits)
+                                 page=page, now=self._now(), limits=self.limits,
+                                 supersede_latest_seq=stored_latest if unsupported else None)
             stored, ingested = int(result["stored_seq"]), int(result["ingested"])
-            known_latest = max(known_latest, page_latest, stored)
+            page_claim = claim if page.latest_seq is not None else stored
+            if unsupported:
+                assert stored_latest is not None
+                report.reason = (f"the source's log ends at seq {max(stored, page_claim)}, before the seq "
+                                 f"{stored_latest} it reported earlier: that claim was lowered")
+                stored_latest = max(stored, page_claim)
+            else:
+                stored_latest = max(stored_latest or 0, stored, page_claim)
             report.pages += 1
             report.events += ingested
             report.authority_gateway_id = str(result["authority"]["gateway_id"])
             report.authority_epoch = int(result["authority"]["epoch"])
-            report.latest_seq = known_latest
-            disbanded = disbanded or any(event["kind"] == "room.disbanded" for event in page["events"])
-            self._page_done(PageIngested(room_id, since + 1 if ingested else 0, stored, ingested, known_latest,
+            report.latest_seq = stored_latest
+            disbanded = disbanded or any(event.event.kind == "room.disbanded" for event in page.events)
+            self._page_done(PageIngested(room_id, since + 1 if ingested else 0, stored, ingested, stored_latest,
                                          self._monotonic()))
             report.last_seq = since = stored
             store_empty = False
             if result["caught_up"] or not ingested:
                 break
-        if since >= known_latest:
+            budget.check()
+        if stored_latest is not None and since >= stored_latest:
             report.status = DISBANDED if disbanded else CAUGHT_UP
         else:
             report.status = BEHIND
 
     # -- the local authoritative store -------------------------------------------------------------------------
 
-    def _local_room(self, head: RoomHead, local: RoomHead, report: RoomReport) -> RoomReport:
+    def _local_room(self, head: RoomHead, local: RoomHead, report: RoomReport,
+                    budget: _Budget) -> tuple[RoomReport, bool]:
         report.status, report.last_seq = LOCAL, 0
         held = f"the local store holds this room for {local.authority_gateway_id} at epoch {local.authority_epoch}"
         newer = head.authority_epoch > local.authority_epoch and not local.disbanded
         if not newer:
             report.reason = f"{held}; never replicated over"
-            return report
+            return report, False
         local_gateway = self._local_gateway()
         if local_gateway is None:
             report.status = REFUSED
             report.reason = (f"{held}, and the source shows epoch {head.authority_epoch}: demoting needs this "
                              "gateway's identity (local_gateway_id, or HOSTEDROOMS_INSTALL_ID)")
-            return report
+            return report, False
         if local.authority_gateway_id != local_gateway or head.authority_gateway_id == local_gateway:
             report.reason = f"{held} (the source shows epoch {head.authority_epoch}); not this gateway's to demote"
-            return report
+            return report, False
         waiting = self.backoff.waiting(head.room_id, self._monotonic())
         if waiting is not None:  # a refused demotion is not retried on every pass either
             report.status, report.reason = BACKING_OFF, f"{waiting[1]} (retrying in {waiting[0]:.0f} s)"
-            return report
+            return report, False
         try:
-            demote_room(self.target, room_id=head.room_id, observed_gateway_id=head.authority_gateway_id,
-                        observed_epoch=head.authority_epoch, now=self._now(), local_gateway_id=local_gateway,
+            observed = self._prove_continuation(head.room_id, local, local_gateway, budget)
+            demote_room(self.target, room_id=head.room_id, observed_gateway_id=observed[0],
+                        observed_epoch=observed[1], now=self._now(), local_gateway_id=local_gateway,
                         limits=self.limits)
         except _PASS_ERRORS:
             raise
-        except HostedRoomError as exc:
+        except _Bounded as exc:
+            report.reason = f"{held}; the proof of the source's newer epoch was cut short: {exc}"
+            return report, True
+        except (HostedRoomError, _Refused) as exc:
             delay = self.backoff.refuse(head.room_id, str(exc), self._monotonic())
             report.status, report.reason = REFUSED, f"demotion refused: {exc} (retrying in {delay:.0f} s)"
-            return report
+            return report, False
         self.backoff.clear(head.room_id)
         report.status = DEMOTED
-        report.reason = (f"the source holds epoch {head.authority_epoch} for {head.authority_gateway_id}; this "
-                         f"gateway's epoch {local.authority_epoch} is fenced")
-        return report
+        report.authority_gateway_id, report.authority_epoch = observed
+        report.reason = (f"the source holds epoch {observed[1]} for {observed[0]}; this gateway's epoch "
+                         f"{local.authority_epoch} is fenced")
+        return report, False
+
+    def _prove_continuation(self, room_id: str, local: RoomHead, gateway: str, budget: _Budget) -> tuple[str, int]:
+        """The source's current lineage (gateway, epoch), once its log is proven to continue this local room:
+        from seq 1, exactly the local events up to the local head, then, before any event of a newer epoch, an
+        ``authority.claimed`` naming (``gateway``, the local epoch) as the previous authority. Read a page at a
+        time from each side; anything else raises _Refused with the reason."""
+        epoch = local.authority_epoch
+        mine = self._local_events(room_id, local.latest_seq)
+        since = 0
+        while True:
+            page = self._read_page(room_id, since, budget)
+            if not page.events:
+                if since < local.latest_seq:
+                    raise _Refused(f"local events after seq {since} are missing from the source (its log ends "
+                                   "there): it does not continue this room")
+                raise _Refused(f"the source's log holds no authority.claimed naming {gateway} at epoch {epoch} "
+                               f"after seq {local.latest_seq}: it does not continue this room")
+            if page.events[0].seq != since + 1:
+                raise _Refused(f"the source's page after seq {since} does not start at seq {since + 1}")
+            for event in page.events:
+                kind, event_epoch = event.event.kind, event.event.authority_epoch
+                if event.seq <= local.latest_seq:
+                    if event.same_record(next(mine), self.limits):
+                        continue
+                    if kind == "authority.claimed" and _claims_from(event.event.payload_json, gateway, epoch):
+                        raise _Refused(f"local events from seq {event.seq} to {local.latest_seq} are missing from "
+                                       f"the source (its claim is at seq {event.seq}): they were written here "
+                                       "after its last copy")
+                    raise _Refused(f"the source's event at seq {event.seq} is not this room's (another event id "
+                                   "or content): it does not continue this room")
+                if kind == "authority.claimed":
+                    if event_epoch == epoch + 1 and _claims_from(event.event.payload_json, gateway, epoch):
+                        if page.epoch <= epoch or page.gateway_id == gateway:
+                            raise _Refused("the source's page authority does not hold a newer epoch")
+                        return page.gateway_id, page.epoch
+                    raise _Refused(f"the source's claim at seq {event.seq} does not name {gateway} at epoch "
+                                   f"{epoch} as the previous authority")
+                if event_epoch is None or event_epoch > epoch:
+                    raise _Refused(f"the source's seq {event.seq} was written at epoch {event_epoch} before any "
+                                   f"claim from {gateway} at epoch {epoch}")
+            since = page.events[-1].seq
+
+    def _local_events(self, room_id: str, head: int) -> Iterator[dict[str, Any]]:
+        """The local log of ``room_id`` up to seq ``head``, a page at a time."""
+        since = 0
+        while since < head:
+            page = read_local_events(self.target, room_id=room_id, since_seq=since,
+                                     limit=min(self.page_limit, 500), include_disbanded=True, limits=self.limits)
+            events = page["events"]
+            if not events:
+                return
+            for event in events:
+                yield dict(event)
+            since = int(events[-1]["seq"])
 
     def _local_gateway(self) -> str | None:
         try:
@@ -504,9 +778,10 @@ class Replicator:
         on_pass: Callable[[PassReport], None] | None = None,
         max_error_delay: float = 60.0,
     ) -> None:
-        """Run passes until ``stop`` is set: again at once while a pass made progress and left rooms behind;
-        otherwise when ``waker`` reports a change or after ``interval`` seconds. A pass that stops early (the
-        source or the store unreachable) is retried after ``interval``, doubling up to ``max_error_delay``."""
+        """Run passes until ``stop`` is set: again at once while a pass made progress and left rooms behind (or
+        stopped at a bound); otherwise when ``waker`` reports a change or after ``interval`` seconds. A pass that
+        stops early (the source or the store unreachable, a listing refused) is retried after ``interval``,
+        doubling up to ``max_error_delay``. Nothing a source returns ends it: a pass reports it."""
         stop = stop if stop is not None else threading.Event()
         waker = waker if waker is not None else IntervalWaker()
         errors = 0
@@ -520,9 +795,13 @@ class Replicator:
                 stop.wait(min(max_error_delay, interval * 2 ** min(errors - 1, 16)))
                 continue
             errors = 0
-            if report.events and report.count(BEHIND):
+            if report.events and (report.count(BEHIND) or report.bound):
                 continue
             waker.wait(interval, stop)
+
+
+#: Room infos kept beyond one pass's rooms (a cache; cleared when a listing outgrows it).
+LISTING_CACHE = 1024
 
 
 def _same_lineage(head: RoomHead, replica: ReplicaHead) -> bool:
@@ -530,33 +809,49 @@ def _same_lineage(head: RoomHead, replica: ReplicaHead) -> bool:
                                                                  replica.authority_epoch)
 
 
+def _int_within(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _head_problem(head: RoomHead, lim: Limits) -> str:
+    """Why a listing head cannot be used ("" when every field is valid); the caller checked ``room_id`` is a str."""
+    try:
+        if room_rules.validate_room_id(head.room_id, lim) != head.room_id:
+            return "room_id: invalid room_id"
+    except HostedRoomError as exc:
+        return f"room_id: {exc}"
+    try:
+        if identifier(head.authority_gateway_id, error=HostedRoomError, label="authority_gateway_id",
+                      max_chars=lim.MAX_ACTOR_ID_CHARS) != head.authority_gateway_id:
+            return "authority_gateway_id: invalid authority_gateway_id"
+    except HostedRoomError as exc:
+        return str(exc)
+    if not _int_within(head.authority_epoch, 1, MAX_EPOCH):
+        return "authority_epoch must be an integer from 1 to the largest epoch"
+    if not _int_within(head.latest_seq, 0, INT64_MAX):
+        return "latest_seq must be an integer from 0 to 2**63-1"
+    if not isinstance(head.disbanded, bool):
+        return "disbanded must be a boolean"
+    return ""
+
+
+def _claims_from(payload_json: str, gateway: str, epoch: int) -> bool:
+    """Whether a validated ``authority.claimed`` payload names (``gateway``, ``epoch``) as the previous authority
+    (both claim paths write ``previous_gateway_id`` and the new ``authority_epoch``, ``epoch + 1``)."""
+    payload = json.loads(payload_json)
+    return (isinstance(payload, dict) and payload.get("previous_gateway_id") == gateway
+            and _int_within(payload.get("authority_epoch"), epoch + 1, epoch + 1))
+
+
 #: Event kinds after which a room's name or members may differ (a rename; a claim adopting a legacy room).
 _INFO_KINDS = frozenset({"room.renamed", "authority.claimed"})
 
 
-def _changes_info(page: Any) -> bool:
-    events = page.get("events") if isinstance(page, dict) else None
-    return not isinstance(events, list) or any(
-        not isinstance(event, dict) or event.get("kind") in _INFO_KINDS for event in events)
+def _changes_info(page: CheckedPage) -> bool:
+    return any(event.event.kind in _INFO_KINDS for event in page.events)
 
 
-def _page_latest(page: Any) -> int:
-    """The page's ``latest_seq`` when it is a plain integer, else 0 (``ingest_page`` judges the page)."""
-    latest = page.get("latest_seq") if isinstance(page, dict) else None
-    return latest if isinstance(latest, int) and not isinstance(latest, bool) else 0
-
-
-def _no_new_events(page: Any, since: int) -> bool:
-    """Whether ``page`` (unchecked) plainly holds nothing after ``since``; anything odd goes to ``ingest_page``,
-    which refuses it with a reason."""
-    if not isinstance(page, dict) or not isinstance(page.get("events"), list):
-        return False
-    events = page["events"]
-    return not events or (isinstance(events[-1], dict) and isinstance(events[-1].get("seq"), int)
-                          and events[-1]["seq"] <= since)
-
-
-def _check_fork(page: Any, since: int, replica: ReplicaHead) -> None:
+def _check_fork(page: CheckedPage, since: int, replica: ReplicaHead) -> None:
     """The first event of a page read from ``since - 1`` must be the replica's last event, at an epoch the
     replica knows: otherwise the source's log diverged from this replica at or before ``since``.
 
@@ -564,12 +859,10 @@ def _check_fork(page: Any, since: int, replica: ReplicaHead) -> None:
     epoch can be shared history: a newer lineage starts with its claim, placed after the last event its
     claimer held.
     """
-    events = page.get("events") if isinstance(page, dict) else None
-    first = events[0] if isinstance(events, list) and events else None
-    if not isinstance(first, dict) or first.get("seq") != since:
+    first = page.events[0] if page.events else None
+    if first is None or first.seq != since:
         raise _Refused(f"the source's log no longer holds this replica's seq {since}")
-    epoch = first.get("authority_epoch")
-    if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)
-                              or epoch > replica.authority_epoch):
+    epoch = first.event.authority_epoch
+    if epoch is not None and epoch > replica.authority_epoch:
         raise _Refused(f"the source forked from this replica: its seq {since} was written at epoch {epoch}, "
                        f"after this replica's epoch {replica.authority_epoch}")

@@ -21,9 +21,9 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 from sqlalchemy import Engine
 from sqlalchemy.engine.interfaces import DBAPIConnection
@@ -41,8 +41,12 @@ __all__ = [
     "RoomInfo",
     "SourceProtocolError",
     "SourceUnavailableError",
+    "call_source",
     "iter_rooms",
 ]
+
+
+T = TypeVar("T")
 
 
 class SourceUnavailableError(HostedRoomError):
@@ -94,16 +98,22 @@ class PageSource(Protocol):
         ...
 
 
-def iter_rooms(source: PageSource, *, page: int = LISTING_PAGE) -> Iterator[RoomHead]:
-    """Every room of ``source``, one listing page at a time, refusing a listing that does not move forward
-    (a room id not after the previous one would make the walk repeat or never end)."""
-    after: str | None = None
+def iter_rooms(source: PageSource, *, page: int = LISTING_PAGE, after: str | None = None) -> Iterator[RoomHead]:
+    """Every room of ``source`` (whose ``room_id`` sorts after ``after``), one listing page at a time, refusing
+    a listing that does not move forward (a room id not after the previous one would make the walk repeat).
+
+    Only the walk is checked here (a list of :class:`RoomHead` whose ``room_id`` strings ascend; anything else
+    raises SourceProtocolError, and an exception from the source that is not a HostedRoomError becomes one):
+    the other fields of each head are the caller's to validate. The walk never ends by itself on a listing
+    that goes on forever: bound what you take of it."""
     while True:
-        heads = source.list_rooms(after=after, limit=page)
+        heads = call_source("room listing", source.list_rooms, after=after, limit=page)
+        if not isinstance(heads, (list, tuple)):
+            raise SourceProtocolError("the source's room listing is not a list")
         if len(heads) > page:
             raise SourceProtocolError("source listed more rooms than asked for")
         for head in heads:
-            if not isinstance(head, RoomHead):
+            if not isinstance(head, RoomHead) or not isinstance(head.room_id, str):
                 raise SourceProtocolError("source listed something that is not a room head")
             if after is not None and not head.room_id > after:
                 raise SourceProtocolError("source listed rooms out of order")
@@ -111,6 +121,19 @@ def iter_rooms(source: PageSource, *, page: int = LISTING_PAGE) -> Iterator[Room
             yield head
         if len(heads) < page:
             return
+
+
+def call_source(what: str, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``method(*args, **kwargs)`` of a source; an exception that is not a HostedRoomError (a source's own bug, or
+    a third-party transport's error) becomes a SourceProtocolError naming ``what``, so a source can never end a
+    replicator with an undocumented error."""
+    try:
+        return method(*args, **kwargs)
+    except HostedRoomError:
+        raise
+    except Exception as exc:  # a source is trusted with nothing, its failures included
+        raise SourceProtocolError(f"the source failed on its {what}: {type(exc).__name__}: "
+                                  f"{str(exc)[:200]}") from None
 
 
 _fresh = itertools.count()
