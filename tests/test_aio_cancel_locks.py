@@ -1,8 +1,9 @@
 """Cancelled coroutines release everything, checked from another process (issue #25, item 6).
 
-Appends and ledger transitions are started as tasks and cancelled at random moments (after a random number of
-loop iterations or a random time within the call's own duration), half of them cancelled a second time while
-they end (as anyio's cancel scopes and timeouts do). After each cancellation:
+Appends, ledger transitions and units of work are started as tasks and cancelled at random moments (after a
+random number of loop iterations or a random time within the call's own duration), half of them cancelled a
+second time while they end (as timeouts do); appends also under anyio cancel scopes (which cancel the task again
+and again until it leaves the scope). After each cancellation:
 
 - the awaiting task saw CancelledError, or the call's result when it had ended before the cancel: nothing else
   (no ``ValueError: Connection closed``, no driver error);
@@ -29,6 +30,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import anyio
 import pytest
 import sqlalchemy as sa
 from factories import make_room
@@ -112,8 +114,49 @@ async def _pause(rng: random.Random, span: float) -> None:
         await asyncio.sleep(rng.uniform(0, span))
 
 
+#: Runs one call and cancels it at a random moment: ``"done"``, ``"cancelled"`` or what else the caller saw.
+Canceller = Callable[[Awaitable[Any], random.Random, float], Awaitable[str]]
+
+
+async def _task_cancel(call: Awaitable[Any], rng: random.Random, span: float) -> str:
+    """``Task.cancel()`` at a random moment, half the time again while the call ends (as timeouts do)."""
+    task = asyncio.ensure_future(call)
+    await _pause(rng, span)
+    task.cancel()
+    if rng.random() < 0.5:
+        await _pause(rng, span / 2)
+        task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        return "cancelled"
+    except Exception as exc:  # what the caller would see is the finding
+        return f"{type(exc).__name__}: {exc}"
+    return "done"
+
+
+async def _anyio_scope(call: Awaitable[Any], rng: random.Random, span: float) -> str:
+    """The call in an anyio cancel scope, cancelled at a random moment: anyio cancels the task again and again
+    until it leaves the scope."""
+    scope = anyio.CancelScope()
+
+    async def scoped() -> None:
+        with scope:
+            await call
+
+    task = asyncio.ensure_future(scoped())
+    await _pause(rng, span)
+    scope.cancel()
+    try:
+        await task
+    except Exception as exc:  # what the caller would see is the finding
+        return f"{type(exc).__name__}: {exc}"
+    return "cancelled" if scope.cancelled_caught else "done"
+
+
 async def _cancel_many(
     engine: Engine, async_engine: Any, call: Callable[[int], Awaitable[Any]], lock_probe: LockProbe, seed: int,
+    cancel: Canceller = _task_cancel,
 ) -> Counter[str]:
     """Start ``call(n)`` for n = 0, 1, ... and cancel each at a random moment; check what each left behind."""
     rng = random.Random(seed)
@@ -125,19 +168,7 @@ async def _cancel_many(
     path = engine.url.database if engine.dialect.name == "sqlite" else None
     runner = _runners[async_engine.sync_engine]
     for n in range(CANCELLATIONS):
-        task = asyncio.ensure_future(call(n))
-        await _pause(rng, span)
-        task.cancel()
-        if rng.random() < 0.5:  # cancelled again while it ends (anyio's scopes and timeouts do this)
-            await _pause(rng, span / 2)
-            task.cancel()
-        try:
-            await task
-            outcomes["done"] += 1
-        except asyncio.CancelledError:
-            outcomes["cancelled"] += 1
-        except Exception as exc:  # what the caller would see is the finding
-            outcomes[f"{type(exc).__name__}: {exc}"] += 1
+        outcomes[await cancel(call(n), rng, span)] += 1
         if path is not None:
             assert lock_probe.take(path) == "ok", f"cancellation {n}: the write lock is still held"
         assert async_engine.sync_engine.pool.checkedout() == 0, f"cancellation {n}: a connection is out"
@@ -196,6 +227,24 @@ def test_cancelled_appends_release_the_write_lock_and_their_connection(
         next_seq = connection.execute(sa.select(models.rooms.c.next_seq).where(
             models.rooms.c.room_id == "r1")).scalar_one()
     assert seqs == list(range(1, CANCELLATIONS + 3)) and next_seq == CANCELLATIONS + 3  # each event once
+
+
+@SERVICES
+def test_appends_cancelled_by_anyio_cancel_scopes_release_the_write_lock_and_their_connection(
+    engine: Engine, services: str, lock_probe: LockProbe, caplog: pytest.LogCaptureFixture,
+) -> None:
+    make_room(engine, room_id="r1", gateway=GATEWAY)
+
+    async def body(async_engine: Any) -> Counter[str]:
+        def append(n: int) -> Awaitable[Any]:
+            return aio.rooms.append_event(
+                async_engine, room_id="r1", event_id=f"e{n}", kind="message.user",
+                actor={"kind": "user", "id": "u1"}, payload={"n": n}, authority_gateway_id=GATEWAY,
+                authority_epoch=1)
+
+        return await _cancel_many(engine, async_engine, append, lock_probe, seed=25_63, cancel=_anyio_scope)
+
+    _scenario(engine, services, body, caplog)
 
 
 @SERVICES
