@@ -319,8 +319,12 @@ def ingest_page(
     if supersede_latest_seq is not None:
         supersede_latest_seq = bounded_int(supersede_latest_seq, error=ReplicaError, low=0, high=_MAX_INT64,
                                            message="supersede_latest_seq must be an integer from 0 to 2**63-1")
-    checked = (page if isinstance(page, CheckedPage) and page.room_id == room_id and page.limits is lim
-               else _validate_page(page, room_id, lim))
+    if isinstance(page, CheckedPage):
+        if page.room_id != room_id or page.limits is not lim:
+            raise ReplicaError("page was checked for another room or under other limits")
+        checked = page
+    else:
+        checked = _validate_page(page, room_id, lim)
     timestamp = clock(now)
     with UnitOfWork(_resolve(engine)) as uow:
         result = _ingest(uow, lim, room_id, room_name, members_json, checked, timestamp, supersede_latest_seq)
