@@ -12,6 +12,8 @@ and checks the SQLite write lock from another process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import sqlite3
 import time
 from collections.abc import Callable, Coroutine, Generator
@@ -21,6 +23,7 @@ import pytest
 import sqlalchemy as sa
 from factories import make_room
 from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import create_async_engine as sa_create_async_engine
 
 from hostedrooms import aio, models, verify
 from hostedrooms.aio.engines import _runners
@@ -230,6 +233,34 @@ def test_an_awaited_call_cancelled_at_each_of_its_statements_runs_to_its_end(eng
 
     assert asyncio.run(scenario()) >= 2  # an append runs two statements at least (advance the room, insert)
     assert verify(engine) == []
+
+
+def test_cancelling_the_first_call_on_an_adopted_engine_still_closes_its_old_connections(
+    engine: Engine, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An AsyncEngine built elsewhere gets hostedrooms' connection hooks on its first call, which closes the
+    connections it pooled before; cancelled meanwhile, that close still ends (none leaks, nothing is logged)."""
+    driver = "sqlite+aiosqlite" if engine.dialect.name == "sqlite" else "postgresql+psycopg"
+
+    async def scenario(k: int) -> None:
+        adopted = sa_create_async_engine(engine.url.set(drivername=driver))
+        try:
+            async with adopted.connect():
+                pass  # one pooled connection, opened without the hooks
+            task = asyncio.ensure_future(aio.rooms.list_rooms(adopted))
+            for _ in range(k):
+                await asyncio.sleep(0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            assert adopted.sync_engine.pool.checkedout() == 0, f"cancelled after {k} loop iterations"
+        finally:
+            await adopted.dispose()
+
+    caplog.set_level(logging.WARNING)
+    for k in range(8):
+        asyncio.run(scenario(k))
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == []
 
 
 def _assert_write_lock_free(engine: Engine) -> None:

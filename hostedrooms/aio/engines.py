@@ -353,7 +353,7 @@ async def runner_for(engine: object) -> Runner:
         return runner
     options = _options.get(sync_engine, _Options())
     if configure_adopted(sync_engine, synchronous=options.synchronous, busy_timeout=options.busy_timeout):
-        await async_engine.dispose()  # pooled connections predate the hooks
+        await run_to_end(async_engine.dispose())  # pooled connections predate the hooks (cancelled: still all)
     twin_target = dialect_for_url(async_engine.url).twin_target(async_engine.url)
     if options.services == "awaited" or twin_target is None:
         return _runners.setdefault(sync_engine, _Awaited(async_engine))
