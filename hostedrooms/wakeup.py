@@ -26,6 +26,7 @@ only unregisters; nothing of the services' pool is held at any time.
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import socket
 import threading
@@ -248,6 +249,17 @@ class SharedWaiter:
 
 _waiters: weakref.WeakKeyDictionary[Engine, SharedWaiter] = weakref.WeakKeyDictionary()
 _waiters_lock = threading.Lock()
+
+
+def _forget_waiters() -> None:
+    """In a forked child: the parent's waiter threads do not exist here (nor may their connections be used), and
+    the lock may have been held by a thread that does not exist either; start afresh."""
+    global _waiters, _waiters_lock
+    _waiters, _waiters_lock = weakref.WeakKeyDictionary(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_forget_waiters)
 
 
 def has_separate_connections(engine: Engine) -> bool:

@@ -12,6 +12,9 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -25,6 +28,7 @@ from sqlalchemy import Engine
 
 from hostedrooms import aio, rooms
 from hostedrooms.aio.engines import runner_for
+from hostedrooms.errors import StorageError
 
 FOLLOWERS = 200
 GATEWAY = "install:gw-a"
@@ -205,4 +209,123 @@ def test_follow_abandoned_under_an_anyio_cancel_scope_leaves_nothing(
     assert [str(warning.message) for warning in caught] == []
     assert [record.getMessage() for record in caplog.records] == []
     assert checked_out == [[0, 0]] * len(CANCEL_AFTER) * 3
+    assert_waiters_gone(engine)
+
+
+# --- processes, the poller's connection, a lost waiting connection, fork ---------------------------------------
+
+
+def target_of(engine: Engine) -> str:
+    """What another process opens to reach ``engine``'s database."""
+    if engine.dialect.name == "sqlite":
+        return str(engine.url.database)
+    return engine.url.render_as_string(hide_password=False)
+
+
+def follow_in_thread(engine: Engine, since: int) -> tuple[threading.Thread, list[Any]]:
+    """A follower on another thread taking one event after ``since`` (or the error it raised)."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            with contextlib.closing(rooms.follow(engine, "followed", since, **WAITING)) as feed:
+                outcome.append(next(feed)["seq"])
+        except BaseException as exc:  # reported by the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+APPEND_IN_CHILD = """
+import sys
+import hostedrooms
+from hostedrooms import rooms
+rooms.append_event(hostedrooms.create_engine(sys.argv[1]), room_id="followed", event_id=sys.argv[2],
+                   kind="message.user", actor={"kind": "user", "id": "u1"}, payload={"text": "hi"},
+                   authority_gateway_id="install:gw-a", authority_epoch=1)
+"""
+
+
+def test_commits_of_other_processes_wake_the_followers(engine: Engine) -> None:
+    two_rooms(engine)
+    followers = [follow_in_thread(engine, 1) for _ in range(20)]
+    wait_until(lambda: waiter_threads() == 1, "the shared waiter")
+    time.sleep(0.2)  # the followers in their wait
+    subprocess.run([sys.executable, "-c", APPEND_IN_CHILD, target_of(engine), "from-child"], check=True, timeout=60)
+    for thread, _ in followers:
+        thread.join(30)  # woken: the fallback re-read would come after 60 s
+    assert [outcome for _, outcome in followers] == [[2]] * 20
+    assert_waiters_gone(engine)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_the_poller_s_connection_never_drops_this_process_s_locks(engine: Engine) -> None:
+    """Closing any descriptor of a SQLite file drops every POSIX lock the process holds on it. The poller's
+    connection opens and closes with its waiter (here five times) while another connection of this process holds
+    the write lock: another process must still find the database locked."""
+    two_rooms(engine)
+    probe = ("import sqlite3, sys\n"
+             "try:\n    sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None).execute('BEGIN IMMEDIATE')\n"
+             "except sqlite3.OperationalError as exc:\n    print(exc)\nelse:\n    print('acquired')\n")
+    with engine.connect() as holder:
+        holder.begin()  # BEGIN IMMEDIATE: this process holds the write lock
+        for _ in range(5):
+            with contextlib.closing(rooms.follow(engine, "followed", 0, **WAITING)) as feed:
+                assert next(feed)["seq"] == 1
+            wait_until(lambda: waiter_threads() == 0, "the shared waiter to end", 10)
+        found = subprocess.run([sys.executable, "-c", probe, target_of(engine)], check=True, timeout=60,
+                               capture_output=True, text=True).stdout.strip()
+        holder.rollback()
+    assert found == "database is locked"
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_lost_waiting_connection_fails_its_followers_and_the_next_starts_afresh(engine: Engine) -> None:
+    two_rooms(engine)
+    followers = [follow_in_thread(engine, 1) for _ in range(3)]
+    wait_until(lambda: listening_sessions(engine) == 1, "the LISTEN session")
+    with engine.connect() as connection:
+        connection.execute(sa.text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND query LIKE 'LISTEN%'"))
+    for thread, _ in followers:
+        thread.join(30)
+    outcomes = [outcome for _, outcome in followers]
+    assert all(len(outcome) == 1 and isinstance(outcome[0], StorageError) for outcome in outcomes), outcomes
+    assert engine.pool.checkedout() == 0
+
+    thread, outcome = follow_in_thread(engine, 1)  # a new waiter, on a new connection
+    wait_until(lambda: listening_sessions(engine) == 1, "a new LISTEN session")
+    time.sleep(0.2)  # the follower in its wait
+    rooms.append_event(engine, **event_of("second", "followed"))
+    thread.join(30)
+    assert outcome == [2]
+    assert_waiters_gone(engine)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_its_own_waiter(engine: Engine) -> None:
+    """A waiter running when the process forks does not exist in the child (its thread is not copied): a
+    follower there must not join it and wait in vain, but start the child's own."""
+    two_rooms(engine)
+    parent_follower = follow_in_thread(engine, 1)
+    wait_until(lambda: waiter_threads() == 1, "the parent's shared waiter")
+    pid = os.fork()
+    if pid == 0:  # the child: SQLAlchemy's fork recipe, then a follower woken by an append of its own
+        code = 1
+        try:
+            engine.dispose(close=False)
+            thread, outcome = follow_in_thread(engine, 1)
+            time.sleep(0.5)  # the follower in its wait
+            rooms.append_event(engine, **event_of("from-child", "followed"))
+            thread.join(20)  # woken: the fallback re-read would come after 60 s
+            code = 0 if outcome == [2] else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    parent_follower[0].join(30)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert parent_follower[1] == [2]
     assert_waiters_gone(engine)
