@@ -42,6 +42,8 @@ from hostedrooms.aio.engines import _runners
 GATEWAY = "install:gw-a"
 CANCELLATIONS = 60
 SERVICES = pytest.mark.parametrize("services", ["threads", "awaited"])
+#: The default run's count, and a long variant (``-m slow``).
+COUNTS = pytest.mark.parametrize("count", [CANCELLATIONS, pytest.param(1_000, marks=pytest.mark.slow)])
 
 # Reads database paths from stdin, one a line; answers "ok" when it took the write lock within 100 ms.
 PROBE = r"""
@@ -156,7 +158,7 @@ async def _anyio_scope(call: Awaitable[Any], rng: random.Random, span: float) ->
 
 async def _cancel_many(
     engine: Engine, async_engine: Any, call: Callable[[int], Awaitable[Any]], lock_probe: LockProbe, seed: int,
-    cancel: Canceller = _task_cancel,
+    cancel: Canceller = _task_cancel, count: int = CANCELLATIONS,
 ) -> Counter[str]:
     """Start ``call(n)`` for n = 0, 1, ... and cancel each at a random moment; check what each left behind."""
     rng = random.Random(seed)
@@ -167,7 +169,7 @@ async def _cancel_many(
     outcomes: Counter[str] = Counter()
     path = engine.url.database if engine.dialect.name == "sqlite" else None
     runner = _runners[async_engine.sync_engine]
-    for n in range(CANCELLATIONS):
+    for n in range(count):
         outcomes[await cancel(call(n), rng, span)] += 1
         if path is not None:
             assert lock_probe.take(path) == "ok", f"cancellation {n}: the write lock is still held"
@@ -179,6 +181,7 @@ async def _cancel_many(
 
 def _scenario(
     engine: Engine, services: str, body: Callable[[Any], Awaitable[Counter[str]]], caplog: pytest.LogCaptureFixture,
+    count: int = CANCELLATIONS,
 ) -> Counter[str]:
     async def run() -> Counter[str]:
         async_engine = aio.create_async_engine(engine.url, services=services)
@@ -196,14 +199,15 @@ def _scenario(
     assert unexpected == [], [str(w.message) for w in unexpected]
     assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == []
     assert set(outcomes) <= {"done", "cancelled"}, outcomes
-    assert outcomes["cancelled"] >= CANCELLATIONS // 6, outcomes  # many moments fall inside the calls
+    assert outcomes["cancelled"] >= count // 6, outcomes  # many moments fall inside the calls
     assert verify(engine) == []
     return outcomes
 
 
+@COUNTS
 @SERVICES
 def test_cancelled_appends_release_the_write_lock_and_their_connection(
-    engine: Engine, services: str, lock_probe: LockProbe, caplog: pytest.LogCaptureFixture,
+    engine: Engine, services: str, lock_probe: LockProbe, caplog: pytest.LogCaptureFixture, count: int,
 ) -> None:
     make_room(engine, room_id="r1", gateway=GATEWAY)
 
@@ -214,19 +218,19 @@ def test_cancelled_appends_release_the_write_lock_and_their_connection(
                 actor={"kind": "user", "id": "u1"}, payload={"n": n}, authority_gateway_id=GATEWAY,
                 authority_epoch=1)
 
-        outcomes = await _cancel_many(engine, async_engine, append, lock_probe, seed=25_6)
+        outcomes = await _cancel_many(engine, async_engine, append, lock_probe, seed=25_6, count=count)
         # A retry with the same event_id is safe whether or not the cancelled append committed.
-        for n in range(CANCELLATIONS):
+        for n in range(count):
             await append(n)
         return outcomes
 
-    _scenario(engine, services, body, caplog)
+    _scenario(engine, services, body, caplog, count)
     with engine.connect() as connection:
         seqs = connection.execute(sa.select(models.events.c.seq).where(models.events.c.room_id == "r1").order_by(
             models.events.c.seq)).scalars().all()
         next_seq = connection.execute(sa.select(models.rooms.c.next_seq).where(
             models.rooms.c.room_id == "r1")).scalar_one()
-    assert seqs == list(range(1, CANCELLATIONS + 3)) and next_seq == CANCELLATIONS + 3  # each event once
+    assert seqs == list(range(1, count + 3)) and next_seq == count + 3  # each event once
 
 
 @SERVICES
@@ -247,9 +251,10 @@ def test_appends_cancelled_by_anyio_cancel_scopes_release_the_write_lock_and_the
     _scenario(engine, services, body, caplog)
 
 
+@COUNTS
 @SERVICES
 def test_cancelled_ledger_transitions_release_the_write_lock_and_their_connection(
-    engine: Engine, services: str, lock_probe: LockProbe, caplog: pytest.LogCaptureFixture,
+    engine: Engine, services: str, lock_probe: LockProbe, caplog: pytest.LogCaptureFixture, count: int,
 ) -> None:
     async def body(async_engine: Any) -> Counter[str]:
         ledger = await aio.open_ledger(async_engine, clock=lambda: 1_000)
@@ -260,13 +265,13 @@ def test_cancelled_ledger_transitions_release_the_write_lock_and_their_connectio
             await ledger.authorize(f"env-{n}")
             await ledger.bind_owner(f"env-{n}", queued_id=f"q-{n}", run_id=None)
 
-        outcomes = await _cancel_many(engine, async_engine, transitions, lock_probe, seed=25_61)
-        for n in range(CANCELLATIONS):  # each transition is whole or absent: the rest can follow
+        outcomes = await _cancel_many(engine, async_engine, transitions, lock_probe, seed=25_61, count=count)
+        for n in range(count):  # each transition is whole or absent: the rest can follow
             row = await ledger.get(f"env-{n}")
             assert row is None or row["state"] in {"prepared", "authorized", "queued"}, row
         return outcomes
 
-    _scenario(engine, services, body, caplog)
+    _scenario(engine, services, body, caplog, count)
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])
