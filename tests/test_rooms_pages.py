@@ -252,3 +252,47 @@ def test_the_store_reads_the_rows_of_the_plain_page(engine: Engine) -> None:
             assert ([row[:8] for row in page_rows_], page_total) == (plain, total)
         assert store.read_page(connection, "absent", since=0, limit=5, max_bytes=100, max_event_bytes=10) == (
             None, [], 0)
+
+
+_ANY_FLOAT = st.one_of(_FLOAT, st.sampled_from((float("inf"), float("-inf"), float("nan"))))
+_ANY_VALUE = st.recursive(st.one_of(_SCALAR, _ANY_FLOAT), lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(_TEXT, inner, max_size=4)), max_leaves=16)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ANY_VALUE)
+def test_the_measured_size_is_the_serialized_size(value: Any) -> None:
+    """The cut of a page is found by measuring its events (rows._json_size) instead of serialising prefixes: each
+    measure is the length json.dumps writes, or the value is left to the exact rule (never a wrong number)."""
+    written = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        measured = page_rows._json_size(value)
+    except page_rows._NoSize:
+        assert page_rows._NEEDS_ESCAPE(written) is not None  # only a string needing an escape is left unmeasured
+        return
+    assert measured == len(written.encode("utf-8"))
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if "\\" not in text:  # decoded from a backslash-free text: measured without looking for escapes
+        assert page_rows._json_size(json.loads(text), plain=True) == measured
+
+
+def test_a_cut_page_is_measured_not_searched(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page cut by the byte budget (events of 10 KB, a 2 MB page) is found without the exact rule's search:
+    fit_page does not run, and the page is the plain path's."""
+    only_room(engine, ROOM, GATEWAY)
+    batch = [{"event_id": f"e{n}", "kind": "message.user", "actor": {"kind": "user", "id": "u1"},
+              "payload": {"text": "x" * 10_000}} for n in range(100)]
+    for first in range(0, 300, 100):
+        rooms.append_events(engine, ROOM, [dict(event, event_id=f"e{first + n}") for n, event in enumerate(batch)],
+                            GATEWAY, 1)
+    plain = read_events_exact(engine, room_id=ROOM, since_seq=0, limit=500)
+    searched: list[int] = []
+    exact = page_rows.fit_page
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        searched.append(1)
+        return exact(*args, **kwargs)
+
+    monkeypatch.setattr(page_rows, "fit_page", counting)
+    page = rooms.read_events(engine, room_id=ROOM, since_seq=0, limit=500)
+    assert plain["has_more"] and page == plain and not searched

@@ -145,7 +145,7 @@ def fit_page(
     """The replay page of ``events`` (read after ``since``): its longest prefix whose serialized page fits
     ``max_bytes``. An event too large for any page raises HostedRoomError (an empty page with ``has_more``
     would make a reader spin forever). The exact rule, serialising the page: :func:`replay_page` gives the same
-    page without serialising it when a bound proves it fits."""
+    page without serialising it when a bound proves it fits, or when measuring its events finds the cut."""
 
     def build(page: list[EventRecord]) -> EventPage:
         return _page(page, page[-1]["seq"] if page else since, latest_seq, authority)
@@ -170,6 +170,106 @@ def fit_page(
         # The next event alone outweighs a page (only with a lowered MAX_LOG_PAGE_BYTES).
         raise HostedRoomError("hosted room event exceeds replay page limit")
     return build(events)
+
+
+class _NoSize(Exception):
+    """Internal: a value :func:`_json_size` does not measure (json.dumps would decide, or refuse it)."""
+
+
+#: The event members decoded from stored texts (the others are the row's own columns).
+_DECODED_KEYS = frozenset({"actor", "payload"})
+#: An event's members, and what its object takes besides their values: braces, commas, quoted keys and colons.
+_EVENT_KEYS = {"room_id": 0, "seq": 0, "event_id": 0, "kind": 0, "actor": 0, "authority_epoch": 0, "payload": 0,
+               "created_at": 0, "idempotent": 0}.keys()
+_EVENT_KEYS_SIZE = 1 + 2 * len(_EVENT_KEYS) + sum(len(key) + 2 for key in _EVENT_KEYS)
+_FLOAT_WORDS = {math.inf: len("Infinity"), -math.inf: len("-Infinity")}
+
+
+#: How deep :func:`_json_size` measures: what the append rules accept (MAX_JSON_DEPTH's default); deeper values
+#: (stored by the reference) go to the exact rule, which also knows when json.dumps itself gives up on one.
+_MEASURED_DEPTH = 64
+
+
+def _json_size(value: Any, depth: int = _MEASURED_DEPTH, plain: bool = False) -> int:
+    """The UTF-8 length of ``json.dumps(value, ensure_ascii=False, separators=(",", ":"))`` for decoded JSON,
+    counted without writing it; :class:`_NoSize` for anything else (a string that needs an escape, a value of
+    another type, a lone surrogate, a value nested deeper than ``depth``). ``plain``: the value was decoded from
+    a text without a backslash, so none of its strings needs an escape (JSON writes each such character escaped)
+    and looking for one is skipped."""
+    kind = value.__class__
+    if kind is str:
+        if not plain and _NEEDS_ESCAPE(value) is not None:
+            raise _NoSize
+        try:
+            return 2 + (len(value) if value.isascii() else len(value.encode("utf-8")))
+        except UnicodeEncodeError:
+            raise _NoSize from None
+    if kind is dict or kind is list:
+        if depth <= 0:
+            raise _NoSize
+        if not value:
+            return 2
+        size = 1 + len(value)  # the brackets and the commas between items (a dict: and a colon per member)
+        if kind is list:
+            return size + sum(_json_size(item, depth - 1, plain) for item in value)
+        size += len(value)
+        for key, member in value.items():
+            if key.__class__ is not str:
+                raise _NoSize
+            size += _json_size(key, depth, plain) + _json_size(member, depth - 1, plain)
+        return size
+    if kind is int:
+        return len(int.__repr__(value))  # (ValueError past the digit limit: json.dumps would raise it too)
+    if kind is float:
+        return len(float.__repr__(value)) if math.isfinite(value) else _FLOAT_WORDS.get(value, len("NaN"))
+    if value is None or value is True:
+        return 4
+    if value is False:
+        return 5
+    raise _NoSize
+
+
+def _event_sizes(events: list[EventRecord], plain: Sequence[bool] | None = None) -> list[int] | None:
+    """Each event's serialized length in UTF-8 bytes as a page writes it (a list is written as its items joined by
+    commas, each exactly as written alone), or None when one is not measured (the exact search then decides).
+
+    Measured (:func:`_json_size`), which costs a step per value instead of a pass over every character.
+    ``plain[i]``: event i's actor and payload were decoded from texts without a backslash.
+    """
+    sizes = []
+    try:
+        for index, event in enumerate(events):
+            easy = plain is not None and plain[index]
+            if event.__class__ is not dict or event.keys() != _EVENT_KEYS:
+                raise _NoSize
+            size = _EVENT_KEYS_SIZE  # the braces, commas, keys and colons
+            for key, value in event.items():
+                size += _json_size(value, plain=easy and key in _DECODED_KEYS)
+            sizes.append(size)
+    except (_NoSize, RecursionError, ValueError, TypeError):
+        return None
+    return sizes
+
+
+def _longest_fitting(
+    events: list[EventRecord], sizes: list[int], latest_seq: int, authority: Authority, max_bytes: int,
+) -> int:
+    """How many events the longest fitting prefix holds, from the events' sizes: the page of ``k`` events is its
+    envelope (the k-th event's seq as its cursor) plus the first ``k`` sizes plus ``k - 1`` commas."""
+    total = fitting = 0
+    envelopes: dict[tuple[int, bool], int] = {}  # the cursor's width and has_more decide an envelope's length
+    for count, (event, size) in enumerate(zip(events, sizes, strict=True), start=1):
+        total += size
+        seq = event["seq"]
+        shape = (len(int.__repr__(seq)), seq < latest_seq)
+        envelope = envelopes.get(shape)
+        if envelope is None:
+            envelope = envelopes[shape] = utf8_len(json.dumps(
+                _page([], seq, latest_seq, authority), ensure_ascii=False, separators=(",", ":")))
+        if envelope + total + count - 1 > max_bytes:
+            break
+        fitting = count
+    return fitting
 
 
 # --- the replay page without serialising it ---------------------------------------------------------------------
@@ -201,6 +301,7 @@ _NEEDS_ESCAPE = re.compile(r'[\x00-\x1f"\\]').search
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD]").search  # (a pair is fine, but rare enough to leave to the exact rule)
 _EVENT_IDS, _KINDS, _ACTORS, _PAYLOADS = (itemgetter(REPLAY_COLUMNS.index(name)) for name in (
     "event_id", "kind", "actor_json", "payload_json"))
+_ACTOR_AT, _PAYLOAD_AT = REPLAY_COLUMNS.index("actor_json"), REPLAY_COLUMNS.index("payload_json")
 
 
 class _InDoubt(Exception):
@@ -278,10 +379,20 @@ def replay_page(
     except Exception:  # in doubt, or a row the plain decode refuses: it raises the plain error
         events = [event_to_dict(dict(zip(REPLAY_COLUMNS, row, strict=False))) for row in rows]
         return fit_page(room_id, events, since=since, latest_seq=latest_seq, authority=authority, max_bytes=max_bytes)
-    if events:
-        cursor = events[-1]["seq"]
-        if _surely_fits(room_id, rows, row_bytes + growth, cursor, latest_seq, authority, max_bytes):
-            return _page(events, cursor, latest_seq, authority)
+    if not events:
+        return fit_page(room_id, events, since=since, latest_seq=latest_seq, authority=authority,
+                        max_bytes=max_bytes)
+    cursor = events[-1]["seq"]
+    if _surely_fits(room_id, rows, row_bytes + growth, cursor, latest_seq, authority, max_bytes):
+        return _page(events, cursor, latest_seq, authority)
+    # The page is cut: each prefix's serialized length is its envelope, its events' lengths and the commas between
+    # them, so measuring each event once finds the cut that fit_page's search would (a backslash-free text needs
+    # no escape anywhere, and the search for one is a plain substring scan).
+    plain = [row[_ACTOR_AT].find("\\") < 0 and row[_PAYLOAD_AT].find("\\") < 0 for row in rows]
+    sizes = _event_sizes(events, plain)
+    fitting = _longest_fitting(events, sizes, latest_seq, authority, max_bytes) if sizes is not None else 0
+    if fitting:
+        return _page(events[:fitting], events[fitting - 1]["seq"], latest_seq, authority)
     return fit_page(room_id, events, since=since, latest_seq=latest_seq, authority=authority, max_bytes=max_bytes)
 
 
