@@ -59,17 +59,15 @@ from .rooms import rules as room_rules
 from .uow import UnitOfWork
 from .validation import MAX_EPOCH, bounded_int, canonical_json, clock, identifier, stored_json
 
+# validate_page (with CheckedPage and CheckedEvent) is the replicator's seam, not a service: it returns no record.
 __all__ = [
     "REPLICA_CREATION_LOCK_KEY",
-    "CheckedEvent",
-    "CheckedPage",
     "demote_room",
     "ingest_page",
     "promote_replica",
     "prune_disbanded_replicas",
     "replica_state",
     "reset_replica_latest",
-    "validate_page",
 ]
 
 #: Advisory lock key ("hosted" + 4) serialising replica creation (exact MAX_REPLICA_ROOMS).

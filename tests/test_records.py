@@ -212,6 +212,7 @@ def test_replica_results_match_their_types(engine: Engine) -> None:
     check(replicas.ingest_page, engine, room_id="r1", room_name="Team", members=[{"id": "m1"}], page=page)
     check(replicas.ingest_page, engine, room_id="r2", room_name="Other", members=[],
           page=factories.replica_page(1, 2, latest=5, room_id="r2"))
+    check(replicas.reset_replica_latest, engine, room_id="r2")
     check(replicas.replica_state, engine, room_id="r1")
     check(replicas.promote_replica, engine, room_id="r1", local_gateway_id=local)
     check(replicas.demote_room, engine, room_id="r1", observed_gateway_id=factories.B, observed_epoch=3,

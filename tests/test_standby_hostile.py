@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 from standby_support import (
@@ -411,6 +411,7 @@ def test_hostile_values_refuse_that_room_only(engine: Engine, standby: Engine, a
     report = replicator.sync_once()  # raises nothing
     assert report.error == "" and report.bound == ""
     statuses = _statuses(report)
+    event(f"{what}: bad {statuses.get('bad', 'not listed')}")
     assert statuses["good"] == CAUGHT_UP, report.summary()
     assert replica_log(standby, "good") == room_log(engine, "good")
     assert verify(standby) == []

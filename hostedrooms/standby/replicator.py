@@ -658,6 +658,8 @@ class Replicator:
             if result["caught_up"] or not ingested:
                 break
             budget.check()
+        if stored_latest is not None:
+            report.latest_seq = stored_latest  # the pages' claim, newer than the listing's
         if stored_latest is not None and since >= stored_latest:
             report.status = DISBANDED if disbanded else CAUGHT_UP
         else:
@@ -728,7 +730,10 @@ class Replicator:
             for event in page.events:
                 kind, event_epoch = event.event.kind, event.event.authority_epoch
                 if event.seq <= local.latest_seq:
-                    if event.same_record(next(mine), self.limits):
+                    record = next(mine, None)
+                    if record is None:
+                        raise _Refused(f"the local log of this room ends before its seq {local.latest_seq}")
+                    if event.same_record(record, self.limits):
                         continue
                     if kind == "authority.claimed" and _claims_from(event.event.payload_json, gateway, epoch):
                         raise _Refused(f"local events from seq {event.seq} to {local.latest_seq} are missing from "
