@@ -23,12 +23,13 @@ from typing import Any
 import anyio
 import pytest
 import sqlalchemy as sa
-from factories import make_room
+from factories import make_room, outbound
 from sqlalchemy import Engine
 
 from hostedrooms import aio, rooms
 from hostedrooms.aio.engines import runner_for
 from hostedrooms.errors import StorageError
+from hostedrooms.ledger import DeliveryLedger
 
 FOLLOWERS = 200
 GATEWAY = "install:gw-a"
@@ -164,6 +165,51 @@ def test_async_followers_never_starve_writers(engine: Engine, services: str) -> 
     seen, elapsed = asyncio.run(scenario())
     assert elapsed < APPEND_BOUND
     assert seen == [[1, 2]] * FOLLOWERS
+    assert_waiters_gone(engine)
+
+
+# --- the ledger's work wake-ups share the waiter ----------------------------------------------------------------
+
+
+def test_ledger_workers_and_followers_share_the_one_waiting_connection(engine: Engine) -> None:
+    two_rooms(engine)
+    ledger = DeliveryLedger(engine)
+    with contextlib.ExitStack() as stack:
+        wakeups = [stack.enter_context(ledger.work_wakeup()) for _ in range(40)]
+        followers = [follow_in_thread(engine, 1) for _ in range(40)]
+        wait_until(lambda: engine.pool.checkedout() == 0, "the followers to wait")
+        time.sleep(0.2)  # the followers in their wait
+        assert engine.pool.checkedout() == 0
+        assert_one_waiting_connection(engine)
+        assert waiter_threads() == 1
+        ledger.prepare_outbound(**outbound())
+        assert [wakeup.wait(30) for wakeup in wakeups] == [True] * 40  # woken: none waited its 30 s
+        rooms.append_event(engine, **event_of("second", "followed"))
+        for thread, _ in followers:
+            thread.join(30)
+        assert [outcome for _, outcome in followers] == [[2]] * 40
+    assert engine.pool.checkedout() == 0
+    assert_waiters_gone(engine)
+
+
+def test_async_ledger_workers_share_the_one_waiting_connection(engine: Engine) -> None:
+    other = DeliveryLedger(engine)
+
+    async def scenario() -> list[bool]:
+        async_engine = aio.create_async_engine(engine.url)
+        pools = [async_engine.sync_engine.pool, (await runner_for(async_engine)).engine.pool]
+        try:
+            ledger = await aio.open_ledger(async_engine)
+            async with contextlib.AsyncExitStack() as stack:
+                wakeups = [await stack.enter_async_context(ledger.work_wakeup()) for _ in range(40)]
+                assert [pool.checkedout() for pool in pools] == [0, 0]
+                await asyncio.to_thread(assert_one_waiting_connection, engine)
+                await asyncio.to_thread(other.prepare_outbound, **outbound())
+                return [await wakeup.wait(30) for wakeup in wakeups]
+        finally:
+            await async_engine.dispose()
+
+    assert asyncio.run(scenario()) == [True] * 40  # woken: none waited its 30 s
     assert_waiters_gone(engine)
 
 
