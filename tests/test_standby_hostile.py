@@ -182,6 +182,24 @@ def test_local_events_the_source_never_got_refuse_the_demotion(engine: Engine, s
     _still_owned(engine, "r")
 
 
+def test_a_local_write_during_the_proof_refuses_the_demotion(engine: Engine, standby: Engine) -> None:
+    host(engine, "r", 3)
+    Replicator(EnginePageSource(engine), standby).sync_once()
+    replicas.promote_replica(standby, room_id="r", local_gateway_id=GATEWAY_B)
+    source = Fake(EnginePageSource(standby))
+
+    def page(room_id: str, since: int, limit: int) -> Any:
+        if since == 0:
+            say(engine, "r", 1)  # the old authority writes while its replicator reads the new one
+        return source.inner.read_events(room_id, since_seq=since, limit=limit)
+
+    source.page = page
+    report = Replicator(source, engine, local_gateway_id=GATEWAY_A).sync_once()
+    assert _statuses(report) == {"r": REFUSED}
+    assert "local events after seq 3 (written during this pass) are missing" in report.rooms[0].reason
+    _still_owned(engine, "r")
+
+
 def test_a_genuine_failover_still_demotes_even_across_pages_and_claims(engine: Engine, standby: Engine) -> None:
     """The proof reads the whole local log (several pages) and finds the claim after it."""
     host(engine, "r", 23)
@@ -427,10 +445,11 @@ def _endless(after: str | None, limit: int) -> list[RoomHead]:
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the bound is the replicator's, on any backend
-def test_an_endless_listing_ends_the_pass_at_its_bound_in_flat_memory(standby: Engine) -> None:
+@pytest.mark.parametrize("workers", [1, 3])
+def test_an_endless_listing_ends_the_pass_at_its_bound_in_flat_memory(standby: Engine, workers: int) -> None:
     source = Fake()
     source.heads = _endless
-    replicator = Replicator(source, standby)
+    replicator = Replicator(source, standby, workers=workers)
     tracemalloc.start()
     try:
         first = replicator.sync_once()

@@ -483,20 +483,26 @@ class Replicator:
         """Rooms on ``workers`` threads, reported in listing order; at most two rooms per worker are queued, so
         the listing is walked as the work goes, and a pass error stops what has not started."""
         pending: deque[tuple[RoomHead, Future[tuple[RoomReport | None, bool]]]] = deque()
+        bounded: _Bounded | None = None
         with ThreadPoolExecutor(self.workers, thread_name_prefix="hostedrooms-replicator") as pool:
             try:
-                for head in heads:
-                    pending.append((head, pool.submit(self._sync_room, head, local_rooms.get(head.room_id),
-                                                      local_replicas.get(head.room_id), budget)))
-                    while len(pending) >= 2 * self.workers:
-                        done, future = pending.popleft()
-                        self._done(report, cut, done, future.result())
+                try:
+                    for head in heads:
+                        pending.append((head, pool.submit(self._sync_room, head, local_rooms.get(head.room_id),
+                                                          local_replicas.get(head.room_id), budget)))
+                        while len(pending) >= 2 * self.workers:
+                            done, future = pending.popleft()
+                            self._done(report, cut, done, future.result())
+                except _Bounded as exc:  # the listing reached a bound: the rooms already started are reported
+                    bounded = exc
                 while pending:
                     done, future = pending.popleft()
                     self._done(report, cut, done, future.result())
             finally:
                 for _, future in pending:
                     future.cancel()
+        if bounded is not None:
+            raise bounded
 
     def _page_done(self, page: PageIngested) -> None:
         if self._on_page is not None:
@@ -745,6 +751,7 @@ class Replicator:
                     if event_epoch == epoch + 1 and _claims_from(event.event.payload_json, gateway, epoch):
                         if page.epoch <= epoch or page.gateway_id == gateway:
                             raise _Refused("the source's page authority does not hold a newer epoch")
+                        self._nothing_after(room_id, local.latest_seq)
                         return page.gateway_id, page.epoch
                     raise _Refused(f"the source's claim at seq {event.seq} does not name {gateway} at epoch "
                                    f"{epoch} as the previous authority")
@@ -752,6 +759,14 @@ class Replicator:
                     raise _Refused(f"the source's seq {event.seq} was written at epoch {event_epoch} before any "
                                    f"claim from {gateway} at epoch {epoch}")
             since = page.events[-1].seq
+
+    def _nothing_after(self, room_id: str, head: int) -> None:
+        """Refuse when the local room gained events after ``head`` (written during this pass): the source's log,
+        proven against the log up to ``head``, does not hold them."""
+        later = read_local_events(self.target, room_id=room_id, since_seq=head, limit=1, include_disbanded=True,
+                                  limits=self.limits)
+        if later["events"]:
+            raise _Refused(f"local events after seq {head} (written during this pass) are missing from the source")
 
     def _local_events(self, room_id: str, head: int) -> Iterator[dict[str, Any]]:
         """The local log of ``room_id`` up to seq ``head``, a page at a time."""
