@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
+import selectors
 import socket
 import threading
 import weakref
@@ -171,19 +171,21 @@ class SharedWaiter:
         driver: Any = raw.driver_connection
         driver.rollback()
         driver.autocommit = True
-        while True:
-            with self._cond:
-                if not self._still_wanted():
-                    return
-                new = set(self._subscriptions) - self._effective
-            for channel in new:
-                driver.execute(self.dialect.listen_statement(channel))
-            if new:
-                self._now_effective(new)
-            for notification in driver.notifies(timeout=0):  # those read meanwhile, and any already received
-                self._dispatch(notification.channel, notification.payload)
-            readable, _, _ = select.select([driver.fileno(), self._wake_r], [], [])
-            if self._wake_r in readable:
+        with selectors.DefaultSelector() as selector:  # not select(): a process may have descriptors past 1024
+            selector.register(driver.fileno(), selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while True:
+                with self._cond:
+                    if not self._still_wanted():
+                        return
+                    new = set(self._subscriptions) - self._effective
+                for channel in new:
+                    driver.execute(self.dialect.listen_statement(channel))
+                if new:
+                    self._now_effective(new)
+                for notification in driver.notifies(timeout=0):  # those read meanwhile, and any received
+                    self._dispatch(notification.channel, notification.payload)
+                selector.select()
                 self._drain_pokes()
 
     def _drain_pokes(self) -> None:
