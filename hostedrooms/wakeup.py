@@ -12,9 +12,11 @@ hooks), never from the pool the services use, so any number of waiters costs one
 PostgreSQL it ``LISTEN``\\ s on the channels its waiters need and fans each notification out to the waiters of
 its channel and payload; on SQLite it reads ``data_version`` every ``poll_interval`` seconds (the shortest any
 waiter asked for) and wakes every waiter when it moves (SQLite cannot say what changed). It starts with its first
-waiter and, when the last one leaves, closes its connection and ends; the connection stays open in between, so a
-SQLite file is never opened and closed over and over beside the services' connections. Where no second
-connection sees the same database (an in-memory SQLite database) there is no waiter: waits end at their timeout.
+waiter and, when the last one leaves, closes its connection and ends; in between it keeps that one connection
+(never one per wait). Closing a SQLite connection never drops the locks the process's other connections hold on the
+file (SQLite defers closing the descriptor; a test checks); the file is never opened here other than through the
+driver. Where no second connection sees the same database (an in-memory SQLite database) there is no waiter:
+waits end at their timeout.
 
 A wake-up says only "look again": a waiter re-reads what it waits for (checking a pooled connection out for that
 read only), and a timeout (the polling fallback on PostgreSQL) re-reads too. Enter the wake-up *before* reading:
