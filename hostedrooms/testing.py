@@ -16,11 +16,15 @@ on PostgreSQL, pass ``--hostedrooms-postgres-url=postgresql://admin:pw@host/post
 fresh database cloned from a migrated template database, dropped afterwards.
 
 The application's own tables join the template once per session: override ``hostedrooms_host_setup`` (a
-session fixture) to return the application's ``MetaData`` or a callable taking the template's Engine::
+session fixture) to return the application's ``MetaData``, its own Alembic history (:func:`host_alembic`), or a
+callable taking the template's Engine::
 
     @pytest.fixture(scope="session")
     def hostedrooms_host_setup():
-        return myapp.models.metadata
+        return hostedrooms.testing.host_alembic("alembic.ini")   # or myapp.models.metadata
+
+An asyncio application asks for ``hostedrooms_async_engine`` (a :func:`hostedrooms.aio.create_async_engine` on
+the same per-test database, disposed afterwards; it needs the ``async`` extra).
 
 The functions the fixtures are built from are public too (a PostgreSQL database for a ``with`` block, a
 template prepared once, its per-test copy, an Engine disposed afterwards): hostedrooms' own test harness
@@ -29,18 +33,26 @@ template prepared once, its per-test copy, an Engine disposed afterwards): hoste
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
+import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
 
 from . import migrate
 from .db import create_engine, resolve_url
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 POSTGRES_URL_ENV = "HOSTEDROOMS_TEST_POSTGRES_URL"
 
@@ -124,6 +136,24 @@ def prepare_template(target: str, host_setup: HostSetup = None) -> None:
             host_setup(engine)
 
 
+def host_alembic(config: str | os.PathLike[str] | Config = "alembic.ini", revision: str = "head") -> Callable[
+        [sa.Engine], None]:
+    """A ``hostedrooms_host_setup`` that runs the host application's own Alembic history onto the template:
+    ``alembic upgrade <revision>`` with ``config`` (an ini file's path, or a ``Config``), handing the template's
+    Engine to the host's ``env.py`` in ``config.attributes["connection"]`` (as pytest-alembic does; the README's
+    ``env.py`` picks it up)."""
+
+    def upgrade(engine: sa.Engine) -> None:
+        alembic_config = config if isinstance(config, Config) else Config(os.fspath(config))
+        alembic_config.attributes["connection"] = engine
+        try:
+            command.upgrade(alembic_config, revision)
+        finally:
+            alembic_config.attributes.pop("connection", None)
+
+    return upgrade
+
+
 def sqlite_template(directory: Path, host_setup: HostSetup = None) -> Path:
     """A SQLite file ``template.db`` in ``directory``, prepared by :func:`prepare_template`."""
     path = directory / "template.db"
@@ -197,3 +227,40 @@ def hostedrooms_engine(hostedrooms_target: str) -> Iterator[sa.Engine]:
     """An Engine on this test's migrated hostedrooms database (disposed afterwards)."""
     with open_engine(hostedrooms_target) as engine:
         yield engine
+
+
+@pytest.fixture
+def hostedrooms_async_engine(hostedrooms_target: str) -> Iterator[AsyncEngine]:
+    """An AsyncEngine (:func:`hostedrooms.aio.create_async_engine`) on this test's migrated hostedrooms database,
+    for the asyncio API. A plain fixture, so it serves pytest-asyncio, anyio and ``asyncio.run`` tests alike; it is
+    disposed after the test, on an event loop of its own (the test's loop is gone by then)."""
+    from .aio import create_async_engine
+
+    engine = create_async_engine(hostedrooms_target)
+    try:
+        yield engine
+    finally:
+        _on_a_loop_of_its_own(engine.dispose)
+
+
+def _on_a_loop_of_its_own(coroutine: Callable[[], Coroutine[Any, Any, object]]) -> None:
+    """Run ``coroutine()`` to its end on a new event loop: in this thread, or in another one while this thread
+    runs a loop (a teardown inside a running loop cannot start one of its own)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(coroutine())
+        return
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(coroutine())
+        except BaseException as exc:  # handed to the caller's thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=run, name="hostedrooms-dispose")
+    worker.start()
+    worker.join()
+    if failure:
+        raise failure[0]

@@ -111,3 +111,73 @@ def test_host_setup_callable_receives_the_migrated_template_engine(tmp_path: Pat
     with sqlite3.connect(template) as connection:
         tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"host_orders", "hosted_rooms", migrate.VERSION_TABLE} <= tables
+
+
+# --- asyncio hosts, and the host's own Alembic history on the template --------------------------------------
+
+ASYNC_HOST_TESTS = '''
+import asyncio
+from hostedrooms import aio
+
+def test_async_engine_on_this_tests_database(hostedrooms_async_engine, hostedrooms_target):
+    async def main():
+        await aio.rooms.create_room(hostedrooms_async_engine, room_id="r1", name="R", members=[],
+                                    authority_gateway_id="install:t")
+        return await aio.rooms.room_state(hostedrooms_async_engine, room_id="r1")
+    assert asyncio.run(main())["authority_epoch"] == 1
+    assert hostedrooms_async_engine.dialect.name == EXPECTED
+
+def test_async_engine_is_isolated_per_test(hostedrooms_async_engine):
+    async def main():
+        return await aio.rooms.list_rooms(hostedrooms_async_engine)
+    assert asyncio.run(main()) == []
+'''
+
+
+def test_async_engine_fixture(pytester: pytest.Pytester, backend: str, request: pytest.FixtureRequest,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HOSTEDROOMS_TEST_POSTGRES_URL", raising=False)
+    pytester.makepyfile(ASYNC_HOST_TESTS.replace("EXPECTED", repr(backend)))
+    options = [] if backend == "sqlite" else [f"--hostedrooms-postgres-url={request.getfixturevalue('pg_admin_url')}"]
+    result = pytester.runpytest_subprocess("-W", "error::sqlalchemy.exc.SAWarning", *options)
+    result.assert_outcomes(passed=2)
+
+
+HOST_ALEMBIC_CONFTEST = '''
+import pytest
+from hostedrooms.testing import host_alembic
+
+@pytest.fixture(scope="session")
+def hostedrooms_host_setup():
+    return host_alembic("alembic.ini")
+'''
+
+HOST_ALEMBIC_TESTS = '''
+import sqlalchemy as sa
+from hostedrooms import migrate
+
+def test_the_host_history_ran_on_the_template(hostedrooms_engine):
+    assert migrate.is_at_head(hostedrooms_engine)
+    with hostedrooms_engine.begin() as connection:
+        assert connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "host_0001"
+        connection.execute(sa.text("INSERT INTO host_orders (note) VALUES ('n1')"))
+        assert connection.execute(sa.text("SELECT count(*) FROM host_orders")).scalar_one() == 1
+
+def test_isolated(hostedrooms_engine):
+    with hostedrooms_engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM host_orders")).scalar_one() == 0
+'''
+
+
+def test_host_alembic_runs_the_host_history_on_the_template(
+        pytester: pytest.Pytester, backend: str, request: pytest.FixtureRequest,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_host_alembic import _write_host_app
+
+    monkeypatch.delenv("HOSTEDROOMS_TEST_POSTGRES_URL", raising=False)
+    _write_host_app(pytester.path, "sqlite:///unused-by-the-fixture.db", one_command=False)
+    pytester.makeconftest(HOST_ALEMBIC_CONFTEST)
+    pytester.makepyfile(test_host=HOST_ALEMBIC_TESTS)
+    options = [] if backend == "sqlite" else [f"--hostedrooms-postgres-url={request.getfixturevalue('pg_admin_url')}"]
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", *options).assert_outcomes(passed=2)
+    assert not (pytester.path / "unused-by-the-fixture.db").exists()
