@@ -437,34 +437,50 @@ def _failover_line(room: Any) -> str:
         what = f"epoch {room.previous_epoch} -> {room.epoch}, claim at seq {room.claim_seq}"
     elif room.outcome == "would-promote":
         what = f"epoch {room.previous_epoch} -> {room.epoch} (seq {room.last_seq})"
+    elif room.outcome == "taken-over":
+        what = f"epoch {room.previous_epoch} -> {room.epoch}, by another failover run"
     else:
         what = f"{room.outcome}: {room.reason}"
-    label = {"promoted": "promoted", "would-promote": "would promote"}.get(room.outcome, "not promoted")
+    label = {"promoted": "promoted", "would-promote": "would promote",
+             "taken-over": "taken over"}.get(room.outcome, "not promoted")
     return terminal_text(f"{label:<13} {room.room_id}  {what}")
 
 
 def cmd_failover(args: argparse.Namespace, out: TextIO) -> int:
     from .identity import local_gateway_id
-    from .standby import Replicator, failover, open_source
+    from .standby import failover, open_source
 
     if args.dry_run and args.catch_up_from:
         raise HostedRoomError("--dry-run writes nothing: run `hostedrooms replicate` first instead of "
                               "--catch-up-from")
     local = local_gateway_id(args.gateway)
-    with _engine(argparse.Namespace(url=args.target)) as target:
-        _require_schema(target)
-        if args.catch_up_from:
-            source = open_source(args.catch_up_from)
+    # Every message names the source as describe_target masks it: the URL may carry a password.
+    named = describe_target(args.catch_up_from) if args.catch_up_from else ""
+    try:
+        with _engine(argparse.Namespace(url=args.target)) as target:
+            _require_schema(target)
+            source = open_source(args.catch_up_from) if args.catch_up_from else None
             try:
-                caught = Replicator(source, target, local_gateway_id=local).sync_once()
+                report = failover(target, from_gateway=args.from_gateway, local_gateway_id=local,
+                                  dry_run=args.dry_run, reason=args.reason, catch_up_from=source)
             finally:
-                source.close()
-            out.write(terminal_text(f"catch-up: {caught.summary()}") + "\n")
-            if caught.error:
-                raise HostedRoomError(f"the catch-up from {args.catch_up_from} failed ({caught.error}); nothing "
-                                      "was promoted (without --catch-up-from, failover promotes what is replicated)")
-        report = failover(target, from_gateway=args.from_gateway, local_gateway_id=local, dry_run=args.dry_run,
-                          reason=args.reason)
+                if source is not None:
+                    source.close()
+    except (HostedRoomError, OSError, sa.exc.SQLAlchemyError) as exc:
+        if args.catch_up_from and args.catch_up_from in str(exc):
+            raise HostedRoomError(str(exc).replace(args.catch_up_from, named)) from None
+        raise
+    if report.catch_up is not None:
+        if report.fenced:
+            out.write(terminal_text(f"fenced: {len(report.fenced)} rooms of {report.from_gateway} in {named}")
+                      + "\n")
+        out.write(terminal_text(f"catch-up: {report.catch_up.summary()}") + "\n")
+        if report.catch_up.error:
+            fenced = (f"; the {len(report.fenced)} rooms fenced in its store stay fenced: run failover again"
+                      if report.fenced else "")
+            raise HostedRoomError(f"the catch-up from {named} failed ({report.catch_up.error}); nothing was "
+                                  f"promoted{fenced} (without --catch-up-from, failover promotes what is "
+                                  "replicated)")
     for room in report.rooms:
         out.write(_failover_line(room) + "\n")
     out.write(terminal_text(f"failover: {report.summary()}") + "\n")
@@ -537,7 +553,9 @@ def _add_failover(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--dry-run", action="store_true", help="report what would be promoted; write nothing")
     sub.add_argument("--gateway", help="this gateway's id (default: install:$HOSTEDROOMS_INSTALL_ID)")
     sub.add_argument("--catch-up-from", metavar="SOURCE",
-                     help="replicate from the authority's database or endpoint first (when still readable)")
+                     help="replicate from the authority's database or endpoint first (when still readable); its "
+                     "database is fenced first (each of its rooms demoted there, so it can no longer write), an "
+                     "http(s) endpoint cannot be: stop the authority before")
     sub.add_argument("--reason", default="authority-unreachable", help="recorded in each claim event")
 
 

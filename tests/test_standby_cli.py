@@ -116,10 +116,11 @@ def test_failover_dry_run_then_for_real(engine: Engine, target: str, standby_tar
     assert code == 1 and "--dry-run writes nothing" in err
     code, out, _ = _run(capsys, *argv, "--catch-up-from", target)
     assert code == 0 and out.splitlines() == [
-        out.splitlines()[0], "promoted      done  epoch 1 -> 2, claim at seq 4",
+        *out.splitlines()[:2], "promoted      done  epoch 1 -> 2, claim at seq 4",
         "promoted      long  epoch 1 -> 2, claim at seq 61",
         f"failover: promoted 2 of 2 rooms of {GATEWAY_A} on {GATEWAY_B}"]
-    assert out.startswith("catch-up: 2 rooms (2 caught-up); 31 events in 2 pages")
+    assert out.startswith(f"fenced: 2 rooms of {GATEWAY_A} in ")
+    assert out.splitlines()[1].startswith("catch-up: 2 rooms (2 caught-up); 31 events in 2 pages")
 
 
 def test_failover_exits_1_when_a_room_is_left_behind(engine: Engine, standby: Engine, target: str,

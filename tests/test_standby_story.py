@@ -86,7 +86,7 @@ def test_failover_under_load_loses_no_acknowledged_event(engine: Engine, standby
     taken = _cli("failover", "--from-gateway", GATEWAY_A, "--to", standby_target, "--gateway", GATEWAY_B,
                  "--catch-up-from", target)
     assert taken.returncode == 0, (taken.stdout, taken.stderr)
-    assert [line.split()[:2] for line in taken.stdout.splitlines()[1:-1]] == [["promoted", room] for room in ROOMS], \
+    assert [line.split()[:2] for line in taken.stdout.splitlines()[2:-1]] == [["promoted", room] for room in ROOMS], \
         taken.stdout
     promoted_at = {room_id: len(room_log(standby, room_id)) for room_id in ROOMS}  # the claim's seq
 
@@ -95,8 +95,8 @@ def test_failover_under_load_loses_no_acknowledged_event(engine: Engine, standby
     out_b, err_b = writer_b.communicate(timeout=120)
     assert writer_b.returncode == 0, err_b
     assert back.returncode == 0, (back.stdout, back.stderr)
-    assert sorted(line.split()[1].rstrip(":") for line in back.stdout.splitlines()[:-1]) == ROOMS
-    assert all(line.startswith("demoted ") for line in back.stdout.splitlines()[:-1]), back.stdout
+    # The failover fenced A in its own store: the returning replicator finds every room demoted there already.
+    assert back.stdout.startswith(f"replicate: {len(ROOMS)} rooms ({len(ROOMS)} local)"), back.stdout
     acked_b = [json.loads(line)["ack"] for line in out_b.splitlines()]
     assert len(acked_b) == 120
 
