@@ -5,13 +5,14 @@
   (served with :func:`~hostedrooms.standby.http.answer` or :class:`PageServer`).
 * :class:`Replicator`: ``sync_once()`` brings every replica up to date and reports per room; ``run()`` follows
   (a :class:`Waker` says when to look again).
-* :func:`failover`: promote every caught-up replica of a silent authority at ``epoch + 1``; a returning
+* :func:`failover`: promote every caught-up replica of a silent authority at ``epoch + 1``; with its store still
+  reachable, fence it there first (:func:`fence_authority`) and catch up to the fence; otherwise a returning
   authority is demoted by a replicator reading from the new one.
 """
 
 from __future__ import annotations
 
-from .failover import FailoverReport, RoomFailover, failover
+from .failover import FailoverReport, Fence, FencedSource, RoomFailover, failover, fence_authority
 from .heads import ReplicaHead, RoomHead
 from .http import HttpPageSource, PageServer, answer
 from .open import open_source
@@ -30,6 +31,8 @@ __all__ = [
     "Backoff",
     "EnginePageSource",
     "FailoverReport",
+    "Fence",
+    "FencedSource",
     "HttpPageSource",
     "IntervalWaker",
     "PageIngested",
@@ -48,6 +51,7 @@ __all__ = [
     "Waker",
     "answer",
     "failover",
+    "fence_authority",
     "iter_rooms",
     "open_source",
 ]
