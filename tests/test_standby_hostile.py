@@ -570,3 +570,57 @@ def test_documented_errors_only(engine: Engine, standby: Engine) -> None:
         Replicator(Fake(), standby, max_rooms_per_pass=0)
     with pytest.raises(HostedRoomError, match="max_seconds_per_pass"):
         Replicator(Fake(), standby, max_seconds_per_pass=float("nan"))
+
+
+def test_replicate_follow_never_exits_because_of_a_source(engine: Engine, standby: Engine,
+                                                          standby_target: str) -> None:
+    """Issue #25 item 2 end to end: ``hostedrooms replicate --follow`` from an HTTP endpoint serving a page with
+    ``"kind": ["x"]`` (after a first good pass) keeps following, reports the room refused, and stops cleanly on
+    SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    host(engine, "bad", 2)
+    host(engine, "good", 2)
+    hostile = [False]
+
+    class Hostile(EnginePageSource):
+        def read_events(self, room_id: str, *, since_seq: int, limit: int) -> dict[str, Any]:
+            page = super().read_events(room_id, since_seq=since_seq, limit=limit)
+            return _hostile_kind(room_id, page) if hostile[0] else page
+
+    def wait_for(condition: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, "the follower did not get there within 60 s"
+            time.sleep(0.02)
+
+    def stored(room_id: str) -> int:
+        try:
+            return int(replicas.replica_state(standby, room_id=room_id)["last_seq"])
+        except HostedRoomError:
+            return 0
+
+    with PageServer(Hostile(engine)) as server:
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "hostedrooms.cli", "replicate", "--from", server.url, "--to", standby_target,
+             "--follow", "--interval", "0.05", "--poll", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        try:
+            wait_for(lambda: stored("bad") == 2 and stored("good") == 2)
+            hostile[0] = True
+            say(engine, "bad", 1)
+            say(engine, "good", 1)
+            wait_for(lambda: stored("good") == 3)
+            say(engine, "good", 1)
+            wait_for(lambda: stored("good") == 4)  # still following after the refusal
+            assert follower.poll() is None
+        finally:
+            follower.send_signal(signal.SIGTERM)
+            out, err = follower.communicate(timeout=60)
+    assert follower.returncode == 0, (out, err)
+    assert "Traceback" not in err and out.splitlines()[-1].startswith("replicate: stopped after "), (out, err)
+    assert "refused bad" in out and "event.kind" in out, out
+    assert stored("bad") == 2 and verify(standby) == []
