@@ -6,8 +6,9 @@ runs it without blocking the event loop, in one of two ways (``create_async_engi
 * ``"threads"`` (the default): each call runs whole in a worker thread, on a synchronous *twin* Engine of the
   same database built by :func:`hostedrooms.create_engine` with the same options (a SQLite file: pysqlite; a
   PostgreSQL URL: psycopg in its synchronous mode). One thread hop per call. The AsyncEngine itself (aiosqlite,
-  psycopg's async mode) serves the host's own code (:class:`~hostedrooms.aio.AsyncUnitOfWork`), wake-ups and
-  ``LISTEN``. The twin is disposed with the AsyncEngine (``await engine.dispose()``).
+  psycopg's async mode) serves the host's own code (:class:`~hostedrooms.aio.AsyncUnitOfWork`); wake-ups wait on
+  the twin's one shared waiter (:mod:`hostedrooms.wakeup`). The twin is disposed with the AsyncEngine
+  (``await engine.dispose()``).
 * ``"awaited"``: each call runs inside SQLAlchemy's greenlet bridge (``greenlet_spawn``, what
   ``AsyncConnection.run_sync`` and ``AsyncSession`` use) on the AsyncEngine's own ``sync_engine``, every driver
   call awaited on the loop: no thread, any number of calls in flight, but every driver call costs a trip through
@@ -359,7 +360,7 @@ async def runner_for(engine: object) -> Runner:
         return _runners.setdefault(sync_engine, _Awaited(async_engine))
     threaded = _Threaded(create_engine(
         twin_target, synchronous=options.synchronous, busy_timeout=options.busy_timeout, create=options.create,
-        pool_size=THREAD_WORKERS, max_overflow=THREAD_WORKERS))  # the overflow: wake-ups, callers' own threads
+        pool_size=THREAD_WORKERS, max_overflow=THREAD_WORKERS))  # the overflow: callers' own threads
     runner = _runners.setdefault(sync_engine, threaded)
     if runner is threaded:
         event.listen(sync_engine, "engine_disposed", lambda _engine: threaded.dispose())
