@@ -275,12 +275,14 @@ class _Budget:
             self._stop("the pass took its time limit (max_seconds_per_pass)")
 
     def room(self) -> None:
+        """Charge one listed room. The room bound ends the listing only: rooms listed before it are still handled
+        (so it never sets ``reached``, which stops the rooms not yet started)."""
         self.check()
         with self._lock:
             self.rooms -= 1
             left = self.rooms
         if left < 0:
-            self._stop("the source listed more rooms than a pass takes (max_rooms_per_pass)")
+            raise _Bounded("the source listed more rooms than a pass takes (max_rooms_per_pass)")
 
     def page(self) -> None:
         self.check()
