@@ -633,3 +633,30 @@ def test_replicate_follow_never_exits_because_of_a_source(engine: Engine, standb
     assert "Traceback" not in err and out.splitlines()[-1].startswith("replicate: stopped after "), (out, err)
     assert "refused bad" in out and "event.kind" in out, out
     assert stored("bad") == 2 and verify(standby) == []
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("authority_gateway_id", "a\nb"), ("authority_gateway_id", 7), ("authority_epoch", True), ("authority_epoch", 0),
+    ("authority_epoch", 1.0), ("authority_epoch", 2**63), ("authority_epoch", "1"), ("latest_seq", -1),
+    ("latest_seq", [1]), ("disbanded", "no"), ("disbanded", None)])
+def test_a_bad_head_over_http_refuses_that_room_only(engine: Engine, standby: Engine, field: str, value: Any) -> None:
+    """Issue #25 item 2 through HttpPageSource: one listed room with a bad field refuses that room, by name and
+    field; the rooms listed beside it replicate (the whole listing was refused before)."""
+    host(engine, "a-bad", 2)
+    host(engine, "b-good", 2)
+
+    class Hostile(EnginePageSource):
+        def list_rooms(self, *, after: str | None = None, limit: int = 500) -> list[RoomHead]:
+            heads = super().list_rooms(after=after, limit=limit)
+            return [dataclasses.replace(head, **{field: value}) if head.room_id == "a-bad" else head
+                    for head in heads]
+
+    with PageServer(Hostile(engine)) as server:
+        source = HttpPageSource(server.url)
+        try:
+            report = Replicator(source, standby).sync_once()
+        finally:
+            source.close()
+    assert not report.error and _statuses(report) == {"a-bad": REFUSED, "b-good": CAUGHT_UP}
+    assert "'a-bad'" in report.rooms[0].reason and field in report.rooms[0].reason
+    assert replica_log(standby, "b-good") == room_log(engine, "b-good") and verify(standby) == []
