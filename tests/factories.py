@@ -308,3 +308,21 @@ def connect_error(url: str | sa.URL, expected: type[StorageError] = StorageError
     finally:
         engine.dispose()
     return caught.value
+
+
+def idle_in_transaction(engine: Engine, *, within: float = 10.0) -> int:
+    """Sessions of ``engine``'s PostgreSQL database idle in a transaction (0 on SQLite). A cancelled driver call
+    leaves its connection in an unknown state, so SQLAlchemy closes it; the server ends that session once it sees
+    the socket closed, which may take it a moment: the count is read until it is 0, for at most ``within`` s."""
+    if engine.dialect.name != "postgresql":
+        return 0
+    deadline = time.monotonic() + within
+    with engine.connect() as connection:
+        while True:
+            found = int(connection.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state LIKE 'idle in transaction%'")).scalar_one())
+            connection.rollback()
+            if found == 0 or time.monotonic() > deadline:
+                return found
+            time.sleep(0.01)

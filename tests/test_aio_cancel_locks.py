@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 import pytest
 import sqlalchemy as sa
-from factories import make_room
+from factories import idle_in_transaction, make_room
 from sqlalchemy import Engine
 
 from hostedrooms import aio, models, verify
@@ -89,22 +89,6 @@ def lock_probe() -> Iterator[LockProbe]:
         yield probe
     finally:
         probe.close()
-
-
-def _idle_in_transaction(engine: Engine) -> int:
-    """Sessions idle in a transaction; a closed connection's server process may take a moment to end."""
-    if engine.dialect.name != "postgresql":
-        return 0
-    deadline = time.monotonic() + 5
-    with engine.connect() as connection:
-        while True:
-            found = int(connection.execute(sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND state LIKE 'idle in transaction%'")).scalar_one())
-            connection.rollback()
-            if found == 0 or time.monotonic() > deadline:
-                return found
-            time.sleep(0.01)
 
 
 async def _pause(rng: random.Random, span: float) -> None:
@@ -175,7 +159,7 @@ async def _cancel_many(
             assert lock_probe.take(path) == "ok", f"cancellation {n}: the write lock is still held"
         assert async_engine.sync_engine.pool.checkedout() == 0, f"cancellation {n}: a connection is out"
         assert runner.engine.pool.checkedout() == 0, f"cancellation {n}: a connection is out"
-        assert _idle_in_transaction(engine) == 0, f"cancellation {n}: a session is idle in a transaction"
+        assert idle_in_transaction(engine) == 0, f"cancellation {n}: a session is idle in a transaction"
     return outcomes
 
 
@@ -204,6 +188,18 @@ def _scenario(
     return outcomes
 
 
+
+def _appender(async_engine: Any) -> Callable[[int], Awaitable[Any]]:
+    """``append(n)``: the coroutine appending event ``e{n}`` to room r1 (the same n again is a safe retry)."""
+
+    def append(n: int) -> Awaitable[Any]:
+        return aio.rooms.append_event(
+            async_engine, room_id="r1", event_id=f"e{n}", kind="message.user", actor={"kind": "user", "id": "u1"},
+            payload={"n": n}, authority_gateway_id=GATEWAY, authority_epoch=1)
+
+    return append
+
+
 @COUNTS
 @SERVICES
 def test_cancelled_appends_release_the_write_lock_and_their_connection(
@@ -212,12 +208,7 @@ def test_cancelled_appends_release_the_write_lock_and_their_connection(
     make_room(engine, room_id="r1", gateway=GATEWAY)
 
     async def body(async_engine: Any) -> Counter[str]:
-        def append(n: int) -> Awaitable[Any]:
-            return aio.rooms.append_event(
-                async_engine, room_id="r1", event_id=f"e{n}", kind="message.user",
-                actor={"kind": "user", "id": "u1"}, payload={"n": n}, authority_gateway_id=GATEWAY,
-                authority_epoch=1)
-
+        append = _appender(async_engine)
         outcomes = await _cancel_many(engine, async_engine, append, lock_probe, seed=25_6, count=count)
         # A retry with the same event_id is safe whether or not the cancelled append committed.
         for n in range(count):
@@ -240,12 +231,7 @@ def test_appends_cancelled_by_anyio_cancel_scopes_release_the_write_lock_and_the
     make_room(engine, room_id="r1", gateway=GATEWAY)
 
     async def body(async_engine: Any) -> Counter[str]:
-        def append(n: int) -> Awaitable[Any]:
-            return aio.rooms.append_event(
-                async_engine, room_id="r1", event_id=f"e{n}", kind="message.user",
-                actor={"kind": "user", "id": "u1"}, payload={"n": n}, authority_gateway_id=GATEWAY,
-                authority_epoch=1)
-
+        append = _appender(async_engine)
         return await _cancel_many(engine, async_engine, append, lock_probe, seed=25_63, cancel=_anyio_scope)
 
     _scenario(engine, services, body, caplog)

@@ -15,13 +15,12 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-import time
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from factories import make_room
+from factories import idle_in_transaction, make_room
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import create_async_engine as sa_create_async_engine
 
@@ -61,24 +60,6 @@ class CancelAt:
                 throw = exc
 
 
-def _idle_in_transaction(engine: Engine) -> int:
-    """Sessions of the database idle in a transaction. A cancelled driver call leaves its connection in an unknown
-    state, so SQLAlchemy closes it (invalidates it); its server process ends that session as soon as it sees the
-    socket closed, which may take it a moment: the count must reach 0 within a generous bound."""
-    if engine.dialect.name != "postgresql":
-        return 0
-    deadline = time.monotonic() + 10
-    with engine.connect() as connection:
-        while True:
-            found = int(connection.execute(sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND state LIKE 'idle in transaction%'")).scalar_one())
-            connection.rollback()
-            if found == 0 or time.monotonic() > deadline:
-                return found
-            time.sleep(0.01)
-
-
 SERVICES = pytest.mark.parametrize("services", ["threads", "awaited"])
 
 
@@ -105,7 +86,7 @@ def _cancelled_each_way(
                 runner = _runners[async_engine.sync_engine]
                 assert async_engine.sync_engine.pool.checkedout() == 0, f"cancelled at {k}: a connection is out"
                 assert runner.engine.pool.checkedout() == 0, f"cancelled at {k}: a connection is out"
-                assert _idle_in_transaction(engine) == 0, f"cancelled at {k}: a session is idle in a transaction"
+                assert idle_in_transaction(engine) == 0, f"cancelled at {k}: a session is idle in a transaction"
                 check(k, cancelled)
             return counted.count
         finally:
@@ -222,7 +203,7 @@ def test_an_awaited_call_cancelled_at_each_of_its_statements_runs_to_its_end(eng
                 with pytest.raises(asyncio.CancelledError):
                     await task
                 assert async_engine.sync_engine.pool.checkedout() == 0, f"cancelled at statement {k}"
-                assert _idle_in_transaction(engine) == 0, f"cancelled at statement {k}"
+                assert idle_in_transaction(engine) == 0, f"cancelled at statement {k}"
                 _assert_write_lock_free(engine)
                 with engine.connect() as connection:  # the call ran to its end: committed, whole
                     assert connection.execute(sa.select(models.events.c.seq).where(
