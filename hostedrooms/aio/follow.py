@@ -4,7 +4,6 @@ guarantees; see :mod:`hostedrooms.rooms.follow`)."""
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -24,7 +23,7 @@ _room_state = service(_rooms.room_state)
 
 
 def follow(
-    engine: AsyncEngine, room_id: Any, since_seq: Any = 0, *, limit: Any = 100, poll_interval: float | None = None,
+    engine: AsyncEngine, room_id: str, since_seq: int = 0, *, limit: int = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
 ) -> AsyncGenerator[EventRecord, None]:
     """``async for event in follow(engine, room_id, since_seq)``: each event after ``since_seq``, in seq order,

@@ -98,7 +98,7 @@ class FollowCursor:
 
 
 def follow(
-    engine: EngineSource, room_id: Any, since_seq: Any = 0, *, limit: Any = 100, poll_interval: float | None = None,
+    engine: EngineSource, room_id: str, since_seq: int = 0, *, limit: int = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
 ) -> Generator[EventRecord, None, None]:
     """Yield each event of ``room_id`` after ``since_seq``, in seq order, as it commits (see the module

@@ -27,3 +27,7 @@ def mistakes(engine: Engine, ledger: DeliveryLedger) -> None:
         print(row["stat"])  # E: typeddict-item
     for link in peers.list_room_link_records(engine):
         print(link["grnt"])  # E: typeddict-item
+    for event in rooms.follow(engine, 42, since_seq="0"):  # E: arg-type x2
+        print(event["seq"])
+    if row is not None and row["state"] == "complete":  # E: comparison-overlap
+        print(row)
