@@ -69,6 +69,64 @@ class ReplicaEpochRegressionError(ReplicaError):
     """A page or demotion carries an older authority epoch than stored."""
 
 
+# --- the caller's mistakes, limits and the ledger (#28) --------------------------------------------------------
+# Each is a subclass of what the reference raised for the same case, with its exact message: only the class
+# tells more. A web service can map them without reading messages (README, "Errors").
+
+
+class InvalidInputError(HostedRoomError):
+    """An argument is invalid (wrong type, shape, size or range), found before any transaction opened (only a
+    ``since_seq`` ahead of a room's log is found reading it): nothing was written. Not retryable as is; fix the
+    input. ``field`` names the argument as the message labels it (``"room_id"``, ``"actor.kind"``, ``"payload"``;
+    within a batch, the item's field: ``"event_id"``), or is None where no single field is at fault."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class CapacityExceededError(HostedRoomError):
+    """A write would exceed a capacity limit of this host (active rooms, a room's events or bytes, the gateway's
+    bytes, stored links, in-flight deliveries); nothing was written. ``limit`` names the limit constant of
+    :mod:`hostedrooms.limits` (``"MAX_ACTIVE_ROOMS"``, ``"MAX_GATEWAY_EVENT_BYTES"``, ...). Retrying the same call
+    succeeds only once room is made (rooms disbanded and pruned, deliveries finished) or the limit is raised."""
+
+    def __init__(self, message: str, *, limit: str | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class MisuseError(HostedRoomError, TypeError):
+    """The API was called the wrong way, a programming error rather than bad data: a synchronous Engine given to
+    :mod:`hostedrooms.aio` (or an AsyncEngine to the synchronous API), an option value it does not offer.
+    Never retryable; fix the calling code. Also a ``TypeError``."""
+
+
+class ReplicaCapacityError(ReplicaError, CapacityExceededError):
+    """A replica write would exceed a capacity limit (``limit`` names it); see :class:`CapacityExceededError`."""
+
+
+class LedgerInputError(InvalidInputError):
+    """The secure-peer ledger refused an argument (the reference's ``ValueError``, still one); ``field`` names
+    it where the reference's message does not. Not retryable as is."""
+
+
+class LedgerStateError(HostedRoomError, RuntimeError):
+    """The secure-peer ledger's stored state refuses the call: a known key carries other content (an envelope's
+    identity, an intent or a result changed) or a state is ambiguous (the reference's ``RuntimeError``, still
+    one). Not retryable as is: the caller must reconcile."""
+
+
+class LedgerCapacityError(LedgerStateError, CapacityExceededError):
+    """The ledger holds MAX_NONTERMINAL_DELIVERIES unfinished deliveries (a ``RuntimeError`` too). Retry once
+    deliveries finish or expire."""
+
+
+class LedgerPermissionError(HostedRoomError, PermissionError):
+    """The ledger's database file or folder is unsafe: a symbolic link, another owner, or group/other access
+    (the reference's ``PermissionError``, still one). Not retryable until an operator fixes the files."""
+
+
 class StorageError(HostedRoomError):
     """The database failed underneath an operation (not the caller's input). Nothing was committed."""
 

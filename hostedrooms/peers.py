@@ -24,7 +24,15 @@ from . import models
 from .db import Target, resolve_url
 from .dialect import dialect_for_url
 from .engines import EngineCache, EngineSource, resolve_engine
-from .errors import AuthorityConflictError, HostedRoomError, RoomProbeUnavailableError, StorageError
+from .errors import (
+    AuthorityConflictError,
+    CapacityExceededError,
+    HostedRoomError,
+    InvalidInputError,
+    RoomConflictError,
+    RoomProbeUnavailableError,
+    StorageError,
+)
 from .limits import Limits, in_force
 from .records import RemoteRunIdentity, RemoteRunReceipt, RemoteRunRecord, RoomLinkRecord
 from .uow import UnitOfWork
@@ -88,30 +96,30 @@ def _resolve(engine: EngineSource) -> Engine:
 
 
 def _room_id(value: Any, limits: Limits) -> str:
-    return identifier(value, error=HostedRoomError, label="room_id", max_chars=limits.MAX_ROOM_ID_CHARS)
+    return identifier(value, error=InvalidInputError, label="room_id", max_chars=limits.MAX_ROOM_ID_CHARS)
 
 
 def _actor_id(value: Any, label: str, limits: Limits) -> str:
-    return identifier(value, error=HostedRoomError, label=label, max_chars=limits.MAX_ACTOR_ID_CHARS)
+    return identifier(value, error=InvalidInputError, label=label, max_chars=limits.MAX_ACTOR_ID_CHARS)
 
 
 def _mapping(value: Any, label: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise HostedRoomError(f"{label} must be a mapping")
+        raise InvalidInputError(f"{label} must be a mapping", field=label)
     return value
 
 
 def _required(record: Mapping[str, Any], key: str, label: str) -> Any:
     # Name the key, never the record: a link record holds a grant.
     if key not in record:
-        raise HostedRoomError(f"{label} is missing {key}")
+        raise InvalidInputError(f"{label} is missing {key}", field=key)
     return record[key]
 
 
 def _text(value: Any, label: str) -> str:
     """A string both backends can store and compare: no NUL character, no lone surrogate. The message never
     quotes the value (it may be a grant), and no encoding error is chained."""
-    return storable_string(value, error=HostedRoomError, label=label)
+    return storable_string(value, error=InvalidInputError, label=label)
 
 
 def _seconds(value: Any, label: str) -> float:
@@ -119,9 +127,9 @@ def _seconds(value: Any, label: str) -> float:
     try:
         seconds = float(value)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise HostedRoomError(f"{label} must be a number") from exc
+        raise InvalidInputError(f"{label} must be a number", field=label) from exc
     if math.isnan(seconds):
-        raise HostedRoomError(f"{label} must be a number")
+        raise InvalidInputError(f"{label} must be a number", field=label)
     return seconds
 
 
@@ -130,9 +138,9 @@ def _lenient_epoch(claims: Mapping[str, Any]) -> int:
     try:
         epoch = int(claims.get("authority_epoch") or 0)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise HostedRoomError("authority_epoch must be a positive integer") from exc
+        raise InvalidInputError("authority_epoch must be a positive integer", field="authority_epoch") from exc
     if not -INT64_MAX - 1 <= epoch <= INT64_MAX:  # both backends store 64-bit integers
-        raise HostedRoomError("authority_epoch must be a positive integer")
+        raise InvalidInputError("authority_epoch must be a positive integer", field="authority_epoch")
     return epoch
 
 
@@ -146,7 +154,7 @@ def _claim_values(claims: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str,
         except ValueError:
             text = None
         if text is None or not storable_text(text):
-            raise HostedRoomError("room grant scope is invalid")
+            raise InvalidInputError("room grant scope is invalid", field=key)
         values[key] = text
     return values
 
@@ -155,11 +163,13 @@ def room_grant_scope_key(claims: Mapping[str, Any]) -> str:
     """The stable, non-secret key of one room/home/target/profile grant scope.
 
     It is the SHA-256 of the compact JSON of the seven :data:`GRANT_SCOPE_FIELDS`, each taken as
-    ``str(value or "")``; a missing or empty field raises ``HostedRoomError("room grant scope is incomplete")``.
+    ``str(value or "")``; a missing or empty field raises ``InvalidInputError("room grant scope is incomplete")``
+    (a :class:`~hostedrooms.errors.HostedRoomError`) naming the first such field.
     """
     fields = _claim_values(_mapping(claims, "claims"), GRANT_SCOPE_FIELDS)
-    if not all(fields.values()):
-        raise HostedRoomError("room grant scope is incomplete")
+    missing = [key for key, value in fields.items() if not value]
+    if missing:
+        raise InvalidInputError("room grant scope is incomplete", field=missing[0])
     return hashlib.sha256(compact_json(fields).encode("utf-8")).hexdigest()
 
 
@@ -177,7 +187,7 @@ def _link_values(record: Any) -> dict[str, Any]:
 
 def _max_links(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise HostedRoomError("max_links must be a number")
+        raise InvalidInputError("max_links must be a number", field="max_links")
     return value
 
 
@@ -193,7 +203,7 @@ def _receipt_values(record: Any, columns: tuple[str, ...]) -> dict[str, Any]:
         if column in _RECEIPT_INT_COLUMNS:
             # Both backends store 64-bit integers: a larger value is refused here, not by the driver.
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT64_MAX:
-                raise HostedRoomError(f"remote run {column} must be a positive integer")
+                raise InvalidInputError(f"remote run {column} must be a positive integer", field=column)
         else:
             _text(value, f"remote run {column}")
         values[column] = value
@@ -213,7 +223,7 @@ def _reservation_claims(claims: Any, limits: Limits) -> dict[str, Any]:
         values[key] = _actor_id(claims.get(key), key, limits)
     values["authority_epoch"] = _lenient_epoch(claims)
     if values["authority_epoch"] < 1:
-        raise HostedRoomError("authority_epoch must be positive")
+        raise InvalidInputError("authority_epoch must be positive", field="authority_epoch")
     return values
 
 
@@ -225,7 +235,9 @@ def _without_grant(exc: HostedRoomError, grant: str) -> HostedRoomError:
     (the chained SQLAlchemy error keeps the statement's bound parameters, the grant among them)."""
     if exc.__cause__ is None and exc.__context__ is None and grant not in str(exc):
         return exc
-    return type(exc)(str(exc).replace(grant, "***") if grant else str(exc))
+    copy = type(exc)(str(exc).replace(grant, "***") if grant else str(exc))
+    copy.__dict__.update(exc.__dict__)  # field, limit: what the class says besides the message
+    return copy
 
 
 class _MutedLogger(logging.Logger):
@@ -274,7 +286,8 @@ def upsert_room_link_record(engine: EngineSource, *, record: RoomLinkRecord, max
     """Atomically insert or replace every field of one private room link record.
 
     ``max_links`` caps the number of stored links; it counts only a new (room_id, member_id), so replacing
-    an existing record always succeeds (``HostedRoomError("too many stored room links")`` otherwise).
+    an existing record always succeeds (``CapacityExceededError("too many stored room links")`` otherwise, its
+    ``limit`` ``"max_links"``).
     """
     values = _link_values(record)
     cap = _max_links(max_links)
@@ -294,7 +307,7 @@ def _write_link(engine: EngineSource, values: dict[str, Any], cap: float) -> Non
         key = [table.c[column] == values[column] for column in _LINK_KEY]
         known = uow.connection.execute(select(exists().where(*key))).scalar_one()
         if not known and uow.connection.execute(select(func.count()).select_from(table)).scalar_one() >= cap:
-            raise HostedRoomError("too many stored room links")
+            raise CapacityExceededError("too many stored room links", limit="max_links")
         stmt = uow.dialect.insert(table).values(**values)
         replaced = {column: stmt.excluded[column] for column in LINK_COLUMNS if column not in _LINK_KEY}
         uow.connection.execute(stmt.on_conflict_do_update(index_elements=list(_LINK_KEY), set_=replaced))
@@ -403,7 +416,7 @@ def reserve_peer_room(
     timestamp = clock(now)
     expiry = _seconds(expires_at, "expires_at")
     if expiry <= timestamp:
-        raise HostedRoomError("peer room reservation must expire in the future")
+        raise InvalidInputError("peer room reservation must expire in the future", field="expires_at")
     values = _reservation_claims(claims, in_force(limits))
     room_id, target_profile = values["room_id"], values["target_profile"]
     gateway_id, epoch = values["authority_gateway_id"], values["authority_epoch"]
@@ -474,7 +487,7 @@ def upsert_remote_run_receipt(engine: EngineSource, *, record: RemoteRunRecord, 
     """Durably bind one logical peer task attempt (the 9-column identity) to its run and session.
 
     The same record again only moves ``updated_at``; a different run or session for the same identity
-    raises ``HostedRoomError("remote run receipt conflicts with its logical task")``.
+    raises ``RoomConflictError("remote run receipt conflicts with its logical task")`` (a ``HostedRoomError``).
     """
     timestamp = clock(now)
     values = _receipt_values(record, REMOTE_RUN_COLUMNS)
@@ -488,7 +501,7 @@ def upsert_remote_run_receipt(engine: EngineSource, *, record: RemoteRunRecord, 
                 select(*(table.c[column] for column in REMOTE_RUN_COLUMNS)).where(*_identity_filter(identity)))
             ).one()
             if tuple(stored) != tuple(values.values()):
-                raise HostedRoomError("remote run receipt conflicts with its logical task")
+                raise RoomConflictError("remote run receipt conflicts with its logical task")
             uow.connection.execute(update(table).where(*_identity_filter(identity)).values(updated_at=timestamp))
         uow.commit()
 

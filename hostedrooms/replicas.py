@@ -38,6 +38,7 @@ from .engines import EngineSource, resolve_engine
 from .errors import (
     AuthorityConflictError,
     HostedRoomError,
+    ReplicaCapacityError,
     ReplicaEpochRegressionError,
     ReplicaError,
     ReplicaGapError,
@@ -348,7 +349,7 @@ def _ingest(
     if row is None:
         count = connection.execute(select(func.count()).select_from(_replicas)).scalar_one()
         if int(count) >= lim.MAX_REPLICA_ROOMS:
-            raise ReplicaError("replica room capacity exhausted")
+            raise ReplicaCapacityError("replica room capacity exhausted", limit="MAX_REPLICA_ROOMS")
         stored_epoch = last_seq = stored_latest = stored_bytes = 0
     else:
         stored_epoch, last_seq = int(row["authority_epoch"]), int(row["last_seq"])
@@ -367,7 +368,7 @@ def _ingest(
     for event in new_events:
         added += event.event.size
         if stored_bytes + added > lim.MAX_REPLICA_EVENT_BYTES:
-            raise ReplicaError("replica event storage exhausted")
+            raise ReplicaCapacityError("replica event storage exhausted", limit="MAX_REPLICA_EVENT_BYTES")
     if new_events:
         connection.execute(insert(_replica_events), [
             {"room_id": room_id, "seq": event.seq, "event_id": event.event.event_id, "kind": event.event.kind,

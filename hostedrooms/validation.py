@@ -21,9 +21,17 @@ from json.scanner import make_scanner
 from typing import Any
 
 from . import limits
-from .errors import HostedRoomError, StorageError
+from .errors import InvalidInputError, StorageError
 
 ErrorFactory = Callable[[str], Exception]
+
+
+def refusal(error: ErrorFactory, message: str, field: str | None) -> Exception:
+    """``error(message)``, naming ``field`` when it is an :class:`InvalidInputError` that names none yet."""
+    exc = error(message)
+    if isinstance(exc, InvalidInputError) and exc.field is None:
+        exc.field = field
+    return exc
 
 #: The largest integer both backends store (64-bit signed): counters, epochs and offsets are bounded by it.
 INT64_MAX = 2**63 - 1
@@ -54,12 +62,12 @@ def identifier(
             and _IDENTIFIER_MATCH(value) is not None):
         return value  # the common case: already stripped (no spaces in the shape) and ASCII
     if not isinstance(value, str):
-        raise error(f"{label} must be a string")
+        raise refusal(error, f"{label} must be a string", label)
     text = value.strip()
     shape = IDENTIFIER_PATTERN if pattern is _DEFAULT_PATTERN else pattern
     if (not text or len(text) > max_chars or (shape is not None and shape.fullmatch(text) is None)
             or not storable_text(text)):
-        raise error(invalid if invalid is not None else f"invalid {label}")
+        raise refusal(error, invalid if invalid is not None else f"invalid {label}", label)
     return text
 
 
@@ -87,9 +95,9 @@ def storable_string(value: Any, *, error: ErrorFactory, label: str) -> str:
     ``error("<label> must be a string")`` or ``error("<label> must not contain NUL characters or lone
     surrogates")``. The message never quotes the value (it may be a secret)."""
     if not isinstance(value, str):
-        raise error(f"{label} must be a string")
+        raise refusal(error, f"{label} must be a string", label)
     if not storable_text(value):
-        raise error(f"{label} must not contain NUL characters or lone surrogates")
+        raise refusal(error, f"{label} must not contain NUL characters or lone surrogates", label)
     return value
 
 
@@ -101,10 +109,13 @@ def storable_copy(text: str) -> str:
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def bounded_int(value: Any, *, error: ErrorFactory, message: str, low: int = 0, high: int | None = None) -> int:
-    """Return ``value`` if it is an ``int`` (never a ``bool``) within ``[low, high]``, else raise ``error(message)``."""
+def bounded_int(
+    value: Any, *, error: ErrorFactory, message: str, low: int = 0, high: int | None = None, field: str | None = None
+) -> int:
+    """Return ``value`` if it is an ``int`` (never a ``bool``) within ``[low, high]``, else raise ``error(message)``
+    (naming ``field``, see :func:`refusal`)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        raise error(message)
+        raise refusal(error, message, field)
     return value
 
 
@@ -189,13 +200,13 @@ def canonical_json_sized(
         # (UnicodeEncodeError).
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
     except (TypeError, ValueError, RecursionError) as exc:
-        raise error(f"{label} must be JSON-serializable") from exc
+        raise refusal(error, f"{label} must be JSON-serializable", label) from exc
     if size > max_bytes:
-        raise error(f"{label} is too large")
+        raise refusal(error, f"{label} is too large", label)
     # Nesting d deep takes 2d characters at least: a short text (most events) needs no look.
     depth = limits.MAX_JSON_DEPTH
     if len(text) > 2 * depth and not json_depth_within(text, depth):
-        raise error(f"{label} is nested too deeply")
+        raise refusal(error, f"{label} is nested too deeply", label)
     return text, size
 
 
@@ -213,15 +224,15 @@ def utf8_len(*parts: str) -> int:
 
 
 def clock(now: float | None) -> float:
-    """``time.time()`` read at call time when ``now`` is None, else ``float(now)`` (finite, or HostedRoomError)."""
+    """``time.time()`` read at call time when ``now`` is None, else ``float(now)`` (finite, or InvalidInputError)."""
     if now is None:
         return time.time()
     try:
         value = float(now)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise HostedRoomError("now must be a number") from exc
+        raise InvalidInputError("now must be a number", field="now") from exc
     if not math.isfinite(value):
-        raise HostedRoomError("now must be a finite number")
+        raise InvalidInputError("now must be a finite number", field="now")
     return value
 
 

@@ -22,7 +22,7 @@ from .. import integrity as _integrity
 from . import ledger, migrate, peers, replicas, rooms
 from .derive import service
 from .engines import create_async_engine
-from .follow import follow
+from .follow import follow, open_follow
 from .ledger import AsyncDeliveryLedger, open_ledger
 from .uow import AsyncUnitOfWork
 from .wakeup import AsyncWakeup
@@ -35,6 +35,7 @@ __all__ = [
     "follow",
     "ledger",
     "migrate",
+    "open_follow",
     "open_ledger",
     "peers",
     "replicas",

@@ -53,7 +53,7 @@ from ..db import (
     resolve_url,
 )
 from ..dialect import dialect_for_url
-from ..errors import HostedRoomError
+from ..errors import MisuseError
 
 __all__ = [
     "AsyncTarget", "Runner", "create_async_engine", "outlive", "require_async_engine", "run_awaited", "run_to_end",
@@ -99,18 +99,19 @@ def create_async_engine(
     A path means a SQLite file through ``aiosqlite``, with the same WAL, ``synchronous`` (``FULL`` unless told),
     ``BEGIN IMMEDIATE`` and busy-timeout behaviour as the synchronous engine; a ``postgresql://`` URL uses psycopg
     3's async mode. An AsyncEngine is used as given (its synchronous side gets hostedrooms' connection hooks).
-    Bad targets raise :class:`~hostedrooms.errors.HostedRoomError` as ``create_engine`` does. ``services``: how
+    Bad targets raise :class:`~hostedrooms.errors.HostedRoomError` as ``create_engine`` does; a synchronous
+    Engine, or an option it does not offer, :class:`~hostedrooms.errors.MisuseError`. ``services``: how
     hostedrooms' calls run for this engine, ``"threads"`` or ``"awaited"`` (see :mod:`hostedrooms.aio.engines`).
     """
     check_synchronous(synchronous)
     if services not in SERVICES:
-        raise HostedRoomError(f"services must be one of {', '.join(SERVICES)}")
+        raise MisuseError(f"services must be one of {', '.join(SERVICES)}")
     if isinstance(target, AsyncEngine):
         configure_adopted(target.sync_engine, synchronous=synchronous, busy_timeout=busy_timeout)
         _options[target.sync_engine] = _Options(synchronous, busy_timeout, True, services)
         return target
     if isinstance(target, Engine):
-        raise HostedRoomError(
+        raise MisuseError(
             "hostedrooms.aio needs an asyncio target (a path, a URL or an AsyncEngine), not a synchronous "
             "Engine; give its URL instead")
     url = resolve_url(target)
@@ -121,10 +122,11 @@ def create_async_engine(
 
 
 def require_async_engine(engine: object) -> AsyncEngine:
-    """``engine`` if it is an AsyncEngine; a HostedRoomError saying what to pass otherwise."""
+    """``engine`` if it is an AsyncEngine; a :class:`~hostedrooms.errors.MisuseError` saying what to pass
+    otherwise."""
     if isinstance(engine, AsyncEngine):
         return engine
-    raise HostedRoomError(
+    raise MisuseError(
         f"hostedrooms.aio needs a SQLAlchemy AsyncEngine, not {type(engine).__name__}; build one with "
         "hostedrooms.aio.create_async_engine(target), or call the synchronous API with an Engine")
 

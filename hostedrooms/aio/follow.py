@@ -1,5 +1,11 @@
 """``follow()`` for asyncio: :func:`hostedrooms.rooms.follow`'s loop, awaited (the same cursor, checks and
-guarantees; see :mod:`hostedrooms.rooms.follow`)."""
+guarantees; see :mod:`hostedrooms.rooms.follow`).
+
+The synchronous ``follow()`` checks the room when called. A plain function cannot await, so the asyncio
+``follow()`` checks its arguments when called and the room on the first ``__anext__``, before yielding anything.
+A web service that must refuse an unknown room before it answers (an SSE stream's ``200``) awaits
+:func:`open_follow` instead: the same iterator, returned once the room was checked.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from .derive import service
 from .engines import require_async_engine
 from .wakeup import room_wakeup
 
-__all__ = ["follow"]
+__all__ = ["follow", "open_follow"]
 
 _read_events = service(_rooms.read_events)
 _room_state = service(_rooms.room_state)
@@ -32,6 +38,20 @@ def follow(
     (``contextlib.aclosing``), cancel its task or its anyio cancel scope to unregister it."""
     cursor = FollowCursor.start(room_id, since_seq, limit, limits)
     return _follow(require_async_engine(engine), cursor, poll_interval, fallback_interval, limits)
+
+
+async def open_follow(
+    engine: AsyncEngine, room_id: str, since_seq: int = 0, *, limit: int = 100, poll_interval: float | None = None,
+    fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
+) -> AsyncGenerator[EventRecord, None]:
+    """``follow(...)``'s iterator, returned once the room was checked (one read): an unknown room raises
+    RoomNotFoundError here, a purged one RoomHistoryExpiredError, a ``since_seq`` ahead of the log
+    InvalidInputError, as the synchronous ``follow()`` does when called. ``events = await open_follow(engine,
+    room_id, since)``, then answer and ``async for event in events``; nothing is held until it is iterated."""
+    cursor = FollowCursor.start(room_id, since_seq, limit, limits)
+    checked = require_async_engine(engine)
+    cursor.check_room(await _room_state(checked, room_id=cursor.room_id, include_disbanded=True, limits=limits))
+    return _follow(checked, cursor, poll_interval, fallback_interval, limits)
 
 
 async def _follow(

@@ -1,12 +1,13 @@
 """The rooms service for asyncio: each coroutine is :mod:`hostedrooms.rooms`' function of the same name, derived
 from it (same arguments, results, errors and messages), taking an AsyncEngine. ``follow`` is
-:func:`hostedrooms.aio.follow.follow`."""
+:func:`hostedrooms.aio.follow.follow`, and ``open_follow`` (:func:`hostedrooms.aio.follow.open_follow`) is ``follow``
+with the room checked first."""
 
 from __future__ import annotations
 
 from .. import rooms as _rooms
 from .derive import service
-from .follow import follow
+from .follow import follow, open_follow
 
 __all__ = [
     "append_event",
@@ -16,6 +17,7 @@ __all__ = [
     "disband_room",
     "follow",
     "list_rooms",
+    "open_follow",
     "prune_disbanded_rooms",
     "read_events",
     "rename_room",

@@ -71,7 +71,7 @@ class LedgerBase:
         return int(self._clock() if self._clock is not None else time.time())
 
     def _timestamp(self, now: Any) -> int:
-        return self._now() if now is None else _integer(now, "secure peer ledger timestamp is invalid")
+        return self._now() if now is None else _integer(now, "secure peer ledger timestamp is invalid", "now")
 
     def _check_file(self) -> None:
         if self.file is not None:

@@ -11,6 +11,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import LedgerInputError
 from ..validation import (
     canonical_json_bytes,
     json_depth_within,
@@ -67,32 +68,34 @@ def retry_delay(attempts: int) -> int:
     return min(RETRY_CEILING_SECONDS, int(2**exponent))
 
 
-def _integer(value: Any, message: str) -> int:
-    """``int(value)`` (the reference's coercion) within 64 bits, else ``ValueError(message)``."""
+def _integer(value: Any, message: str, field: str | None) -> int:
+    """``int(value)`` (the reference's coercion) within 64 bits, else ``LedgerInputError(message)`` naming
+    ``field``."""
     try:
         number = int(value)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ValueError(message) from exc
+        raise LedgerInputError(message, field=field) from exc
     if not _INT64_MIN <= number <= _INT64_MAX:
-        raise ValueError(message)
+        raise LedgerInputError(message, field=field)
     return number
 
 
 def _key(value: Any, label: str) -> str:
     """A lookup identifier: strings only (PostgreSQL would refuse other types in the driver), and only text both
     backends can store and compare (no NUL character, no lone surrogate)."""
-    return storable_string(value, error=ValueError, label=f"secure peer ledger {label}")
+    return storable_string(value, error=lambda message: LedgerInputError(message, field=label),
+                           label=f"secure peer ledger {label}")
 
 
-def _stored_text(value: Any, message: str) -> str:
-    """``str(value)`` (the reference's coercion) when both backends can store it, else ``ValueError(message)``
-    (also when ``str()`` itself fails, e.g. an int beyond Python's digit limit)."""
+def _stored_text(value: Any, message: str, field: str | None) -> str:
+    """``str(value)`` (the reference's coercion) when both backends can store it, else ``LedgerInputError(message)``
+    naming ``field`` (also when ``str()`` itself fails, e.g. an int beyond Python's digit limit)."""
     try:
         text = str(value)
     except ValueError:
         text = None
     if text is None or not storable_text(text):
-        raise ValueError(message)
+        raise LedgerInputError(message, field=field)
     return text
 
 
@@ -102,7 +105,7 @@ def _optional_key(value: Any, label: str) -> str | None:
 
 def _limit(value: Any, high: int, message: str) -> int:
     if type(value) is not int or not 1 <= value <= high:
-        raise ValueError(message)
+        raise LedgerInputError(message, field="limit")
     return value
 
 
@@ -143,15 +146,15 @@ def _result_hash(result_text: Any) -> str | None:
             return hashlib.sha256(result_text.encode("utf-8")).hexdigest()
     except UnicodeEncodeError:  # a lone surrogate
         pass
-    raise ValueError("secure peer delivery result is invalid")
+    raise LedgerInputError("secure peer delivery result is invalid", field="result_text")
 
 
 def _digest(value: Any) -> str:
     return hashlib.sha256(canonical_json_bytes(value)).hexdigest()
 
 
-def _optional_text(value: Any, message: str) -> str | None:
-    return _stored_text(value, message) if value is not None else None
+def _optional_text(value: Any, message: str, field: str) -> str | None:
+    return _stored_text(value, message, field) if value is not None else None
 
 
 def _valid_message(body: Any) -> bool:
@@ -184,38 +187,41 @@ def delivery_claim(
     crash past the lease deadline legitimately redelivers the same envelope with a new token.
     """
     if not isinstance(transport_role, str) or transport_role not in ROLES:  # unhashable junk: ValueError too
-        raise ValueError("secure peer delivery role is invalid")
+        raise LedgerInputError("secure peer delivery role is invalid", field="transport_role")
     if not isinstance(envelope, Mapping):
-        raise ValueError("secure peer delivery envelope is invalid")
+        raise LedgerInputError("secure peer delivery envelope is invalid", field="envelope")
     action, kind, body = _exchange(envelope)
     claim = _claim_values(envelope, transport_role=transport_role, connection_id=connection_id,
                           lease_token=lease_token, target_chat_id=target_chat_id, action=action, kind=kind, body=body)
-    if any(not claim[name] for name in _REQUIRED_CLAIM_FIELDS):
-        raise ValueError("secure peer delivery identity is incomplete")
-    if claim["max_legs"] != MAX_LEGS or not 1 <= claim["used_legs"] <= MAX_LEGS:
-        raise ValueError(_LEGS)
+    missing = [name for name in _REQUIRED_CLAIM_FIELDS if not claim[name]]
+    if missing:
+        raise LedgerInputError("secure peer delivery identity is incomplete", field=missing[0])
+    if claim["max_legs"] != MAX_LEGS:
+        raise LedgerInputError(_LEGS, field="max_legs")
+    if not 1 <= claim["used_legs"] <= MAX_LEGS:
+        raise LedgerInputError(_LEGS, field="used_legs")
     immutable = {name: value for name, value in claim.items() if name != "lease_token"}
     try:
         return claim, _digest(immutable)
     except UnicodeEncodeError:  # a lone surrogate in the message (the only text not checked above)
         pass
-    raise ValueError("secure peer delivery body is invalid")
+    raise LedgerInputError("secure peer delivery body is invalid", field="body")
 
 
 def _envelope_text(envelope: Mapping[str, Any], name: str) -> str:
-    return _stored_text(envelope.get(name) or "", _IDENTITY)
+    return _stored_text(envelope.get(name) or "", _IDENTITY, name)
 
 
 def _exchange(envelope: Mapping[str, Any]) -> tuple[str, str, Any]:
     """The envelope's action, kind and body, checked in that order."""
     action, kind = _envelope_text(envelope, "action"), _envelope_text(envelope, "kind")
     if action not in ACTIONS:
-        raise ValueError("secure peer delivery action is invalid")
+        raise LedgerInputError("secure peer delivery action is invalid", field="action")
     if kind not in KINDS:
-        raise ValueError("secure peer delivery kind is invalid")
+        raise LedgerInputError("secure peer delivery kind is invalid", field="kind")
     body = envelope.get("body")
     if not _valid_message(body):
-        raise ValueError("secure peer delivery body is invalid")
+        raise LedgerInputError("secure peer delivery body is invalid", field="body")
     return action, kind, body
 
 
@@ -233,26 +239,26 @@ def _claim_values(
         "envelope_id": text("envelope_id"),
         "request_id": text("request_id"),
         "transport_role": transport_role,
-        "connection_id": _stored_text(connection_id, _IDENTITY),
-        "lease_token": _stored_text(lease_token, _IDENTITY),
+        "connection_id": _stored_text(connection_id, _IDENTITY, "connection_id"),
+        "lease_token": _stored_text(lease_token, _IDENTITY, "lease_token"),
         "team_id": text("team_id"),
-        "source_peer_id": _optional_text(envelope.get("source_peer_id"), _IDENTITY),
+        "source_peer_id": _optional_text(envelope.get("source_peer_id"), _IDENTITY, "source_peer_id"),
         "source_server_identity": text("source_server_identity"),
         "source_route_id": text("source_route_id"),
         "source_route_revision": text("source_route_revision"),
-        "target_peer_id": _optional_text(envelope.get("target_peer_id"), _IDENTITY),
+        "target_peer_id": _optional_text(envelope.get("target_peer_id"), _IDENTITY, "target_peer_id"),
         "target_server_identity": text("target_server_identity"),
         "target_route_id": text("target_route_id"),
         "target_route_revision": text("target_route_revision"),
-        "target_chat_id": _stored_text(target_chat_id, _IDENTITY),
+        "target_chat_id": _stored_text(target_chat_id, _IDENTITY, "target_chat_id"),
         "action": action,
         "kind": kind,
         "exchange_id": text("exchange_id"),
-        "parent_envelope_id": _optional_text(envelope.get("parent_envelope_id"), _IDENTITY),
-        "parent_leg": _integer(parent_leg, _LEGS) if parent_leg is not None else None,
-        "used_legs": _integer(envelope.get("used_legs") or 0, _LEGS),
-        "max_legs": _integer(envelope.get("max_legs") or 0, _LEGS),
-        "expires_at": _integer(envelope.get("expires_at") or 0, "secure peer delivery expiry is invalid"),
+        "parent_envelope_id": _optional_text(envelope.get("parent_envelope_id"), _IDENTITY, "parent_envelope_id"),
+        "parent_leg": _integer(parent_leg, _LEGS, "parent_leg") if parent_leg is not None else None,
+        "used_legs": _integer(envelope.get("used_legs") or 0, _LEGS, "used_legs"),
+        "max_legs": _integer(envelope.get("max_legs") or 0, _LEGS, "max_legs"),
+        "expires_at": _integer(envelope.get("expires_at") or 0, "secure peer delivery expiry is invalid", "expires_at"),
         "body": body,
     }
 
@@ -264,21 +270,12 @@ def outbound_claim(
     """Validate an outbound intent; return its row values, its digest and its canonical snapshot text."""
     invalid = "secure peer outbound intent is invalid"
     if not isinstance(snapshot, Mapping):  # the reference reads snapshot.get() first (AttributeError)
-        raise ValueError(invalid)
-    route = {name: _stored_text(snapshot.get(name) or "", invalid) for name in
+        raise LedgerInputError(invalid, field="snapshot")
+    route = {name: _stored_text(snapshot.get(name) or "", invalid, f"snapshot.{name}") for name in
              ("connection_id", "source_route_id", "source_route_revision")}
-    if (
-        not all(isinstance(value, str) and value and storable_text(value)
-                for value in (request_id, source_session_id, source_run_id, body))
-        or not all(route.values())
-        or str(snapshot.get("source_chat_id") or "") != source_session_id
-        or str(snapshot.get("action") or "") != action
-        or action not in ACTIONS
-        or not isinstance(body, str)
-        or not body.strip()
-        or len(body) > MAX_MESSAGE_CHARS
-    ):
-        raise ValueError(invalid)
+    field = _outbound_fault(request_id, source_session_id, source_run_id, snapshot, body, action, route)
+    if field is not None:
+        raise LedgerInputError(invalid, field=field)
     exact = {
         "request_id": request_id,
         "source_session_id": source_session_id,
@@ -286,32 +283,52 @@ def outbound_claim(
         "snapshot": dict(snapshot),
         "body": body,
         "action": action,
-        "expires_at": _integer(expires_at, invalid),
+        "expires_at": _integer(expires_at, invalid, "expires_at"),
     }
     try:
         digest = _digest(exact)
         snapshot_text = canonical_json_bytes(exact["snapshot"]).decode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
-        raise ValueError(invalid) from exc
+        raise LedgerInputError(invalid, field="snapshot") from exc
     if not json_depth_within(snapshot_text, max_json_depth()):
-        raise ValueError(invalid)
+        raise LedgerInputError(invalid, field="snapshot")
     values = {key: value for key, value in exact.items() if key != "snapshot"}
     return {**values, **route}, digest, snapshot_text
 
 
+def _outbound_fault(
+    request_id: Any, source_session_id: Any, source_run_id: Any, snapshot: Mapping[str, Any], body: Any,
+    action: Any, route: Mapping[str, str],
+) -> str | None:
+    """The first field that makes an outbound intent invalid (the reference's one test, split to name it)."""
+    texts = {"request_id": request_id, "source_session_id": source_session_id, "source_run_id": source_run_id,
+             "body": body}
+    for name, value in texts.items():
+        if not (isinstance(value, str) and value and storable_text(value)):
+            return name
+    for name, text in route.items():
+        if not text:
+            return f"snapshot.{name}"
+    if str(snapshot.get("source_chat_id") or "") != source_session_id:
+        return "snapshot.source_chat_id"
+    if str(snapshot.get("action") or "") != action:
+        return "snapshot.action"
+    if action not in ACTIONS:
+        return "action"
+    if not body.strip() or len(body) > MAX_MESSAGE_CHARS:
+        return "body"
+    return None
+
+
 def response_claim(*, request_id: Any, body: Any, request_response: Any) -> str:
     """Validate a response intent (the reply owed for a request delivery); return its digest."""
-    if (
-        not isinstance(request_id, str)
-        or not request_id
-        or not storable_text(request_id)
-        or not isinstance(body, str)
-        or not storable_text(body)
-        or not body.strip()
-        or len(body) > MAX_MESSAGE_CHARS
-        or type(request_response) is not bool
-    ):
-        raise ValueError("secure peer response intent is invalid")
+    invalid = "secure peer response intent is invalid"
+    if not isinstance(request_id, str) or not request_id or not storable_text(request_id):
+        raise LedgerInputError(invalid, field="request_id")
+    if not isinstance(body, str) or not storable_text(body) or not body.strip() or len(body) > MAX_MESSAGE_CHARS:
+        raise LedgerInputError(invalid, field="body")
+    if type(request_response) is not bool:
+        raise LedgerInputError(invalid, field="request_response")
     return _digest({"request_id": request_id, "body": body, "request_response": request_response})
 
 
@@ -319,8 +336,8 @@ def _response_text(response: Any) -> str:
     try:
         text = canonical_json_bytes(dict(response)).decode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
-        raise ValueError("secure peer outbound result is invalid") from exc
+        raise LedgerInputError("secure peer outbound result is invalid", field="response") from exc
     if not json_depth_within(text, max_json_depth()):
-        raise ValueError("secure peer outbound result is invalid")
+        raise LedgerInputError("secure peer outbound result is invalid", field="response")
     return text
 

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, RowMapping, bindparam, func, select, update
 
 from ..dialect import StoreDialect
+from ..errors import LedgerCapacityError, LedgerInputError, LedgerStateError
 from ..records import DeliveryRecord
 from ..uow import UnitOfWork
 from ..validation import canonical_json_bytes
@@ -89,9 +90,10 @@ class Deliveries(Retrying):
     ) -> tuple[DeliveryRecord, bool]:
         """Durably record an envelope's claim before it is acknowledged; return ``(row, created)``.
 
-        A known envelope must carry the same claim digest (else ``RuntimeError``); while it is still
-        ``prepared`` a new lease token replaces the old one. A new envelope first fails expired prepared
-        rows, then is refused with ``RuntimeError`` when MAX_NONTERMINAL_DELIVERIES are in flight.
+        A known envelope must carry the same claim digest (else ``LedgerStateError``, a ``RuntimeError``); while
+        it is still ``prepared`` a new lease token replaces the old one. A new envelope first fails expired
+        prepared rows, then is refused with ``LedgerCapacityError`` (a ``RuntimeError``) when
+        MAX_NONTERMINAL_DELIVERIES are in flight.
         """
         claim, digest = delivery_claim(envelope, transport_role=transport_role, connection_id=connection_id,
                                        lease_token=lease_token, target_chat_id=target_chat_id)
@@ -107,7 +109,7 @@ class Deliveries(Retrying):
             uow.execute(_EXPIRE_PREPARED, {"now": timestamp, "expired_at": timestamp})
             in_flight = uow.execute(_IN_FLIGHT).scalar_one()
             if int(in_flight) >= self._capacity():
-                raise RuntimeError("secure peer delivery capacity is full")
+                raise LedgerCapacityError("secure peer delivery capacity is full", limit="MAX_NONTERMINAL_DELIVERIES")
             values = {name: value for name, value in claim.items() if name != "body"}
             inserted = uow.execute(_INSERT_DELIVERY, {
                 **values, "claim_digest": digest, "body_json": canonical_json_bytes(claim["body"]).decode("utf-8"),
@@ -123,7 +125,7 @@ class Deliveries(Retrying):
         uow: UnitOfWork, row: RowMapping, claim: dict[str, Any], digest: str, timestamp: int
     ) -> DeliveryRecord:
         if row["claim_digest"] != digest:
-            raise RuntimeError("secure peer envelope identity changed")
+            raise LedgerStateError("secure peer envelope identity changed")
         if row["state"] == "prepared" and str(row["lease_token"] or "") != claim["lease_token"]:
             # The row is locked (prepare read it FOR UPDATE; SQLite's write lock): unchanged when the guard misses.
             changed = _returned(uow, _REFRESH_LEASE, {
@@ -176,7 +178,7 @@ class Deliveries(Retrying):
         key = _key(envelope_id, "envelope_id")
         queued, run = _optional_key(queued_id, "queued_id"), _optional_key(run_id, "run_id")
         if queued is None and run is None:
-            raise ValueError("secure peer delivery owner is empty")
+            raise LedgerInputError("secure peer delivery owner is empty")
         timestamp = self._now()
 
         def work(uow: UnitOfWork) -> DeliveryRecord | None:

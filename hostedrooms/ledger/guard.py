@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreUnavailableError
+from ..errors import LedgerPermissionError, StoreUnavailableError
 from ..files import SQLITE_SIDECARS, create_private_file, ensure_private_directory, restrict_file
 
 _SYMLINK_MESSAGE = "secure peer delivery ledger must not be a symlink"
@@ -30,8 +30,9 @@ def secure_ledger_file(
     With ``create`` a missing file is created ``0600`` (``O_EXCL``, never through a symlink). The file is then
     examined with ``os.lstat`` only (never followed, never opened: closing a descriptor of it would release
     this process's SQLite locks, see :mod:`hostedrooms.files`); a mode other than ``0600`` is repaired without
-    following links, like the reference does on every connect. Refusals are ``PermissionError`` with the
-    reference's messages; a file that is no longer the one the ledger opened (``expected``) is refused as unsafe.
+    following links, like the reference does on every connect. Refusals are ``LedgerPermissionError`` (a
+    ``PermissionError``) with the reference's messages; a file that is no longer the one the ledger opened
+    (``expected``) is refused as unsafe.
     """
     try:
         if create:
@@ -40,7 +41,7 @@ def secure_ledger_file(
     except FileNotFoundError as exc:
         raise StoreUnavailableError(f"secure peer delivery ledger {os.fspath(path)} is missing") from exc
     if stat.S_ISLNK(info.st_mode):
-        raise PermissionError(_SYMLINK_MESSAGE)
+        raise LedgerPermissionError(_SYMLINK_MESSAGE)
     identity = (info.st_dev, info.st_ino)
     if (
         not stat.S_ISREG(info.st_mode)
@@ -48,14 +49,14 @@ def secure_ledger_file(
         or info.st_uid != os.getuid()
         or (expected is not None and identity != expected)
     ):
-        raise PermissionError(_UNSAFE_MESSAGE)
+        raise LedgerPermissionError(_UNSAFE_MESSAGE)
     if stat.S_IMODE(info.st_mode) != _PRIVATE_MODE:
         try:
             info = restrict_file(path, _PRIVATE_MODE)
         except OSError as exc:
-            raise PermissionError(_UNSAFE_MESSAGE) from exc
+            raise LedgerPermissionError(_UNSAFE_MESSAGE) from exc
         if (info.st_dev, info.st_ino) != identity or stat.S_IMODE(info.st_mode) != _PRIVATE_MODE:
-            raise PermissionError(_UNSAFE_MESSAGE)
+            raise LedgerPermissionError(_UNSAFE_MESSAGE)
     return identity
 
 
@@ -79,6 +80,6 @@ def prepare_ledger_file(
         except FileNotFoundError:
             continue
         except OSError as exc:
-            raise PermissionError(_UNSAFE_MESSAGE) from exc
+            raise LedgerPermissionError(_UNSAFE_MESSAGE) from exc
     return identity
 

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, RowMapping, bindparam, select, update
 
 from ..dialect import StoreDialect
+from ..errors import LedgerStateError
 from ..records import OutboundRecord
 from ..uow import UnitOfWork
 from .claims import (
@@ -66,7 +67,7 @@ class OutboundIntents(Retrying):
         """Bind an outbound request to its digest before it is sent; return ``(row, created)``.
 
         Replaying the same intent returns the stored row; a different intent under the same ``request_id``
-        raises ``RuntimeError``.
+        raises ``LedgerStateError`` (a ``RuntimeError``).
         """
         values, digest, snapshot_text = outbound_claim(
             request_id=request_id, source_session_id=source_session_id, source_run_id=source_run_id,
@@ -75,7 +76,7 @@ class OutboundIntents(Retrying):
 
         def known(row: RowMapping) -> tuple[OutboundRecord, bool]:
             if row["intent_digest"] != digest:
-                raise RuntimeError("secure peer outbound intent changed")
+                raise LedgerStateError("secure peer outbound intent changed")
             public = _public_outbound(row)
             assert public is not None
             return public, False
@@ -133,7 +134,7 @@ class OutboundIntents(Retrying):
             if row is None:
                 return None
             if row["state"] == "committed" and str(row["response_json"] or "") != text:
-                raise RuntimeError("secure peer outbound result changed")
+                raise LedgerStateError("secure peer outbound result changed")
             if row["state"] != "pending":
                 return _public_outbound(row)
             # The row is locked (PostgreSQL FOR UPDATE; SQLite's write lock): unchanged when the guard misses.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import bindparam, update
 
+from ..errors import LedgerStateError
 from ..records import DeliveryRecord
 from ..uow import UnitOfWork
 from .claims import (
@@ -67,7 +68,7 @@ class ResponseIntents(Retrying):
                 return None
             if row["response_request_digest"] is not None:
                 if row["response_request_digest"] != digest:
-                    raise RuntimeError("secure peer response intent changed")
+                    raise LedgerStateError("secure peer response intent changed")
                 return _public_delivery(row)
             # The row is locked (PostgreSQL FOR UPDATE; SQLite's write lock): unchanged when the guard misses.
             changed = _returned(uow, _PREPARE, {
@@ -89,7 +90,7 @@ class ResponseIntents(Retrying):
             statement = _COMMIT_ANY if request is None else _COMMIT
             changed = uow.execute(statement, {"key": key, "request": request, "now": timestamp}).mappings().all()
             if len(changed) > 1:
-                raise RuntimeError("secure peer response state is ambiguous")
+                raise LedgerStateError("secure peer response state is ambiguous")
             return _public_delivery(changed[0] if changed else _delivery(uow, key))
 
         return self._write(work)

@@ -6,6 +6,7 @@ from typing import Any, cast
 
 from sqlalchemy import CursorResult, delete
 
+from ..errors import LedgerInputError
 from ..uow import UnitOfWork
 from .base import LedgerBase
 from .claims import _INT64_MAX, _INT64_MIN, DEFAULT_RETAIN_SECONDS, TERMINAL_DELIVERY_STATES
@@ -23,7 +24,7 @@ class Retention(LedgerBase):
     def prune(self, *, retain_seconds: int = DEFAULT_RETAIN_SECONDS) -> int:
         """Delete terminal deliveries and intents untouched for ``retain_seconds``; return how many."""
         if type(retain_seconds) is not int or not 0 <= retain_seconds <= _INT64_MAX:
-            raise ValueError("secure peer ledger retention is invalid")
+            raise LedgerInputError("secure peer ledger retention is invalid", field="retain_seconds")
         # Timestamps are 64-bit: a cutoff below the smallest one deletes nothing, as any older cutoff would.
         cutoff = max(_INT64_MIN, self._now() - retain_seconds)
 

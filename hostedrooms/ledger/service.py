@@ -22,7 +22,8 @@ class DeliveryLedger(Deliveries, ResponseIntents, OutboundIntents, Retention):
     :class:`~hostedrooms.records.OutboundRecord`), or None.
 
     Stored values follow the store's rules (README, "Limits on stored values"): text with a NUL character or a
-    lone surrogate is refused with ``ValueError`` (a caller's error text is recorded escaped instead), and
-    snapshots and responses nest at most MAX_JSON_DEPTH deep. A row whose stored JSON cannot be decoded (left by
-    the reference) is skipped by the listings and raises ``StorageError`` in a call about that row.
+    lone surrogate is refused with ``LedgerInputError``, a ``ValueError`` (a caller's error text is recorded
+    escaped instead), and snapshots and responses nest at most MAX_JSON_DEPTH deep. A row whose stored JSON
+    cannot be decoded (left by the reference) is skipped by the listings and raises ``StorageError`` in a call
+    about that row.
     """

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..engines import EngineSource, resolve_engine
-from ..errors import HostedRoomError
+from ..errors import InvalidInputError
 from ..limits import Limits, in_force
 from ..records import Actor, Authority, EventPage, EventRecord, NewEvent
 from ..store import RowLike, room_store
@@ -72,17 +72,17 @@ def append_events(
     gateway_id = _actor_id(authority_gateway_id, "authority_gateway_id", lim)
     epoch = _epoch(authority_epoch, "authority_epoch")
     if not isinstance(events, (list, tuple)) or not events:
-        raise HostedRoomError("events must be a non-empty list")
+        raise InvalidInputError("events must be a non-empty list", field="events")
     if len(events) > lim.MAX_LOG_LIMIT:
-        raise HostedRoomError("too many events")
+        raise InvalidInputError("too many events", field="events")
     prepared: list[tuple[PreparedEvent, dict[str, str]]] = []
     memo = _BatchMemo(gateway_id, epoch)
     for item in events:
         if type(item) is not dict and not isinstance(item, Mapping):  # (the exact type first: the ABC check is slow)
-            raise HostedRoomError("each event must be an object")
+            raise InvalidInputError("each event must be an object", field="events")
         if not item.keys() <= _EVENT_FIELDS:
             unknown = sorted(str(name) for name in item.keys() - _EVENT_FIELDS)
-            raise HostedRoomError(f"unknown event fields: {', '.join(unknown)}")
+            raise InvalidInputError(f"unknown event fields: {', '.join(unknown)}", field="events")
         event, actor, _, _ = _validated_event(
             item.get("event_id"), item.get("kind"), item.get("actor"), item.get("payload"), gateway_id, epoch, lim,
             memo)
@@ -164,7 +164,7 @@ def _read(
         room = require_room(uow, head, room_id, include_disbanded=include_disbanded)
     latest_seq = int(room["next_seq"]) - 1
     if since > latest_seq:
-        raise HostedRoomError("since_seq is ahead of the hosted room log")
+        raise InvalidInputError("since_seq is ahead of the hosted room log", field="since_seq")
     authority: Authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
     return replay_page(room_id, rows, row_bytes, since=since, latest_seq=latest_seq, authority=authority,
                        max_bytes=page_bytes)
@@ -180,7 +180,7 @@ def _read_plain(
     latest_seq = int(room["next_seq"]) - 1
     authority: Authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
     if since > latest_seq:
-        raise HostedRoomError("since_seq is ahead of the hosted room log")
+        raise InvalidInputError("since_seq is ahead of the hosted room log", field="since_seq")
     rows = store.event_page(
         connection, room_id, since=since, latest_seq=latest_seq, limit=page_size, max_bytes=page_bytes)
     if not rows and since < latest_seq:

@@ -11,8 +11,11 @@ It waits between pages with a :class:`~hostedrooms.wakeup.Wakeup` entered before
 between a read and the wait still wakes it): ``NOTIFY`` on PostgreSQL with a re-read every
 ``fallback_interval`` seconds anyway, ``PRAGMA data_version`` polled every ``poll_interval`` seconds on SQLite.
 It ends after yielding ``room.disbanded`` (nothing follows it), and raises what ``read_events`` raises:
-RoomHistoryExpiredError when the room was purged under it, RoomNotFoundError for an unknown room, HostedRoomError
-for a ``since_seq`` ahead of the log.
+RoomHistoryExpiredError when the room was purged under it, RoomNotFoundError for an unknown room, InvalidInputError
+for a ``since_seq`` ahead of the log. The room is checked when ``follow()`` is called, before it returns the
+iterator (RoomNotFoundError, RoomHistoryExpiredError, InvalidInputError), so a web service can answer 404 or 400
+instead of a stream; the asyncio ``follow()`` cannot await there: ``await open_follow(...)`` does the same check
+(:mod:`hostedrooms.aio.follow`).
 
 What a follower costs: one page of events at a time, and a pooled connection only while it reads a page. While
 it waits it holds none: every follower (and ledger worker) of an engine shares the engine's one waiting
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engines import EngineSource, resolve_engine
+from ..errors import InvalidInputError
 from ..limits import Limits, in_force
 from ..records import EventPage, EventRecord
 from ..wakeup import FALLBACK_INTERVAL, ROOM_EVENTS_CHANNEL, Wakeup
@@ -57,6 +61,12 @@ class FollowCursor:
         lim = in_force(limits)
         return cls(_room_id(room_id, lim), _non_negative(since_seq, "since_seq"),
                    _bounded_limit(limit, lim.MAX_LOG_LIMIT))
+
+    def check_room(self, state: Mapping[str, Any]) -> None:
+        """Refuse a ``since_seq`` ahead of the room's log (``state``: ``room_state`` with ``include_disbanded``,
+        whose read already refused an unknown or purged room), as ``read_events`` would on the first read."""
+        if self.since > int(state["latest_seq"]):
+            raise InvalidInputError("since_seq is ahead of the hosted room log", field="since_seq")
 
     def read_arguments(self, limits: Limits | None) -> dict[str, Any]:
         """The keyword arguments of the next ``read_events`` call."""
@@ -102,9 +112,15 @@ def follow(
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
 ) -> Generator[EventRecord, None, None]:
     """Yield each event of ``room_id`` after ``since_seq``, in seq order, as it commits (see the module
-    docstring); the dicts are ``read_events``' events. Ends after ``room.disbanded``."""
+    docstring); the dicts are ``read_events``' events. Ends after ``room.disbanded``.
+
+    The arguments and the room are checked here, before the iterator is returned: an unknown room raises
+    RoomNotFoundError, a purged one RoomHistoryExpiredError, a ``since_seq`` ahead of the log InvalidInputError
+    (one read; nothing stays open)."""
     cursor = FollowCursor.start(room_id, since_seq, limit, limits)
-    return _follow(resolve_engine(engine), cursor, poll_interval, fallback_interval, limits)
+    source = resolve_engine(engine)
+    cursor.check_room(room_state(source, room_id=cursor.room_id, include_disbanded=True, limits=limits))
+    return _follow(source, cursor, poll_interval, fallback_interval, limits)
 
 
 def _follow(

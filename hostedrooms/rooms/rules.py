@@ -12,7 +12,7 @@ from dataclasses import field as dataclass_field
 from typing import Any
 
 from ..errors import (
-    HostedRoomError,
+    InvalidInputError,
 )
 from ..limits import Limits, in_force
 from ..store import RowLike
@@ -51,7 +51,7 @@ _EVENT_FIELDS = frozenset({"event_id", "kind", "actor", "payload"})
 
 
 def _identifier(value: Any, label: str, max_chars: int) -> str:
-    return identifier(value, error=HostedRoomError, label=label, max_chars=max_chars)
+    return identifier(value, error=InvalidInputError, label=label, max_chars=max_chars)
 
 
 def _room_id(value: Any, lim: Limits) -> str:
@@ -68,19 +68,20 @@ def _actor_id(value: Any, label: str, lim: Limits) -> str:
 
 def _room_name(value: Any, lim: Limits) -> str:
     return identifier(
-        value, error=HostedRoomError, label="name", max_chars=lim.MAX_ROOM_NAME_CHARS, pattern=None,
+        value, error=InvalidInputError, label="name", max_chars=lim.MAX_ROOM_NAME_CHARS, pattern=None,
         invalid="invalid room name")
 
 
 def _event_kind(value: Any, lim: Limits) -> str:
     return identifier(
-        value, error=HostedRoomError, label="kind", max_chars=lim.MAX_EVENT_KIND_CHARS, pattern=_EVENT_KIND_RE,
+        value, error=InvalidInputError, label="kind", max_chars=lim.MAX_EVENT_KIND_CHARS, pattern=_EVENT_KIND_RE,
         invalid="invalid event kind")
 
 
 def _positive(value: Any, label: str) -> int:
     return bounded_int(
-        value, error=HostedRoomError, message=f"{label} must be a positive integer", low=1, high=INT64_MAX)
+        value, error=InvalidInputError, message=f"{label} must be a positive integer", low=1, high=INT64_MAX,
+        field=label)
 
 
 def _epoch(value: Any, label: str, high: int = MAX_EPOCH) -> int:
@@ -88,22 +89,23 @@ def _epoch(value: Any, label: str, high: int = MAX_EPOCH) -> int:
     writes always fits 64 bits; a claim's expected epoch is bounded one lower)."""
     epoch = _positive(value, label)
     if epoch > high:
-        raise HostedRoomError(f"{label} is beyond the largest authority epoch")
+        raise InvalidInputError(f"{label} is beyond the largest authority epoch", field=label)
     return epoch
 
 
 def _bounded_limit(value: Any, maximum: int) -> int:
-    return bounded_int(value, error=HostedRoomError, message=f"limit must be between 1 and {maximum}", low=1,
-                       high=maximum)
+    return bounded_int(value, error=InvalidInputError, message=f"limit must be between 1 and {maximum}", low=1,
+                       high=maximum, field="limit")
 
 
 def _non_negative(value: Any, label: str) -> int:
-    return bounded_int(value, error=HostedRoomError, message=f"{label} must be a non-negative integer", high=INT64_MAX)
+    return bounded_int(value, error=InvalidInputError, message=f"{label} must be a non-negative integer",
+                       high=INT64_MAX, field=label)
 
 
 
 def _actor_json(value: Any, lim: Limits) -> str:
-    return canonical_json(value, error=HostedRoomError, label="actor", max_bytes=lim.MAX_ACTOR_JSON_BYTES)
+    return canonical_json(value, error=InvalidInputError, label="actor", max_bytes=lim.MAX_ACTOR_JSON_BYTES)
 
 
 def _payload_json(value: Any, lim: Limits) -> str:
@@ -111,7 +113,7 @@ def _payload_json(value: Any, lim: Limits) -> str:
 
 
 def _payload_json_sized(value: Any, lim: Limits) -> tuple[str, int]:
-    return canonical_json_sized(value, error=HostedRoomError, label="payload", max_bytes=lim.MAX_EVENT_JSON_BYTES)
+    return canonical_json_sized(value, error=InvalidInputError, label="payload", max_bytes=lim.MAX_EVENT_JSON_BYTES)
 
 
 def _system_actor_json(actor_id: str, lim: Limits) -> str:
@@ -126,42 +128,42 @@ def _claim_payload_json(previous_gateway_id: str, new_gateway_id: str, epoch: in
 
 def _members(value: Any, lim: Limits) -> tuple[list[dict[str, Any]], str]:
     if not isinstance(value, list):
-        raise HostedRoomError("members must be a list")
+        raise InvalidInputError("members must be a list", field="members")
     if len(value) > lim.MAX_MEMBERS:
-        raise HostedRoomError("too many room members")
+        raise InvalidInputError("too many room members", field="members")
     if not all(isinstance(member, dict) for member in value):
-        raise HostedRoomError("each room member must be an object")
+        raise InvalidInputError("each room member must be an object", field="members")
     members = [dict(member) for member in value]
-    return members, canonical_json(members, error=HostedRoomError, label="members",
+    return members, canonical_json(members, error=InvalidInputError, label="members",
                                    max_bytes=lim.MAX_MEMBERS_JSON_BYTES)
 
 
 def _actor(value: Any, *, kind: str, lim: Limits) -> tuple[dict[str, str], str, int]:
     """The normalised actor, its canonical JSON and that text's UTF-8 size."""
     if not isinstance(value, dict):
-        raise HostedRoomError("actor must be an object")
+        raise InvalidInputError("actor must be an object", field="actor")
     unknown = set(value) - _ACTOR_FIELDS
     if unknown:
-        raise HostedRoomError(f"unknown actor fields: {', '.join(sorted(unknown))}")
+        raise InvalidInputError(f"unknown actor fields: {', '.join(sorted(unknown))}", field="actor")
     actor_kind = value.get("kind")
     if not isinstance(actor_kind, str) or actor_kind not in EVENT_KINDS_BY_ACTOR:
-        raise HostedRoomError("invalid actor.kind")
+        raise InvalidInputError("invalid actor.kind", field="actor.kind")
     if kind not in EVENT_KINDS_BY_ACTOR[actor_kind]:
-        raise HostedRoomError(f"actor kind '{actor_kind}' cannot append '{kind}'")
+        raise InvalidInputError(f"actor kind '{actor_kind}' cannot append '{kind}'", field="actor.kind")
     actor = {"kind": actor_kind, "id": _actor_id(value.get("id"), "actor.id", lim)}
     for field, max_chars in _OPTIONAL_ACTOR_FIELDS:
         field_value = value.get(field)
         if field_value is None:
             continue
         if not isinstance(field_value, str):
-            raise HostedRoomError(f"actor.{field} must be a string")
+            raise InvalidInputError(f"actor.{field} must be a string", field=f"actor.{field}")
         field_value = field_value.strip()
         if len(field_value) > max_chars(lim):
-            raise HostedRoomError(f"actor.{field} is too long")
+            raise InvalidInputError(f"actor.{field} is too long", field=f"actor.{field}")
         if field_value:
             actor[field] = field_value
     return (actor, *canonical_json_sized(
-        actor, error=HostedRoomError, label="actor", max_bytes=lim.MAX_ACTOR_JSON_BYTES))
+        actor, error=InvalidInputError, label="actor", max_bytes=lim.MAX_ACTOR_JSON_BYTES))
 
 
 def _legacy_members_match(existing_json: str, proposed: list[dict[str, Any]]) -> bool:
@@ -297,10 +299,10 @@ def _validated_event(
         normalized_actor, actor_json, actor_size = memo.actor(actor, checked_kind, lim)
         gateway_id = memo.gateway_id
     if normalized_actor["kind"] == "gateway" and normalized_actor["id"] != gateway_id:
-        raise HostedRoomError("gateway actor.id must match authority_gateway_id")
+        raise InvalidInputError("gateway actor.id must match authority_gateway_id", field="actor.id")
     epoch = _epoch(authority_epoch, "authority_epoch") if memo is None else memo.epoch
     if not isinstance(payload, dict):
-        raise HostedRoomError("payload must be an object")
+        raise InvalidInputError("payload must be an object", field="payload")
     payload_json, payload_size = _payload_json_sized(payload, lim)
     # Ids and kinds are ASCII (their shapes say so): their lengths are their byte sizes.
     size = len(checked_id) + len(checked_kind) + actor_size + payload_size

@@ -35,8 +35,8 @@ from ..dialect import ROOM_EVENTS_CHANNEL
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
     AuthorityConflictError,
+    CapacityExceededError,
     EventConflictError,
-    HostedRoomError,
     RoomHistoryExpiredError,
     RoomNotFoundError,
 )
@@ -163,7 +163,7 @@ class RoomTransaction:
     def check_room_slot(self) -> None:
         """Refuse one more active room beyond MAX_ACTIVE_ROOMS (exact under :meth:`lock_room_creation`)."""
         if self.store.active_rooms(self.uow.connection) >= self.limits.MAX_ACTIVE_ROOMS:
-            raise HostedRoomError(_TOO_MANY_ROOMS)
+            raise CapacityExceededError(_TOO_MANY_ROOMS, limit="MAX_ACTIVE_ROOMS")
 
     def check_capacity(
         self, room: RowLike, events: Sequence[PreparedEvent], *, uncounted_room_bytes: int = 0
@@ -181,10 +181,10 @@ class RoomTransaction:
             count_reserve, byte_reserve = (
                 (lim.CONTROL_EVENT_COUNT_RESERVE, lim.CONTROL_EVENT_BYTE_RESERVE) if event.control else (0, 0))
             if count >= lim.MAX_EVENTS_PER_ROOM + count_reserve:
-                raise HostedRoomError(_HISTORY_FULL)
+                raise CapacityExceededError(_HISTORY_FULL, limit="MAX_EVENTS_PER_ROOM")
             size = event.size
             if room_bytes + size > lim.MAX_ROOM_EVENT_BYTES + byte_reserve:
-                raise HostedRoomError(_ROOM_FULL)
+                raise CapacityExceededError(_ROOM_FULL, limit="MAX_ROOM_EVENT_BYTES")
             count, room_bytes = count + 1, room_bytes + size
         steps = [(event.size, event.control) for event in events]
         self._check_gateway([(uncounted_room_bytes, False), *steps] if uncounted_room_bytes else steps)
@@ -208,7 +208,7 @@ class RoomTransaction:
             if self.prune_disbanded(now=None, max_gateway_event_bytes=max(0, limit - added), current_bytes=current):
                 current = self.gateway_event_bytes()
             if current + added > limit:
-                raise HostedRoomError(_GATEWAY_FULL)
+                raise CapacityExceededError(_GATEWAY_FULL, limit="MAX_GATEWAY_EVENT_BYTES")
 
     # -- writes --
 
