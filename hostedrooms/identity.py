@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .errors import HostedRoomError
+from .errors import HostedRoomError, InvalidInputError
 from .validation import identifier
 
 #: Environment variable holding this install's stable id; the gateway id is ``install:<id>``.
@@ -20,9 +20,9 @@ def local_gateway_id(explicit: Any = None) -> str:
     did (the replicas facade passes its module's ``local_authority_gateway_id`` this way).
     """
     if callable(explicit):
-        return identifier(explicit(), error=HostedRoomError, label="authority_gateway_id")
+        return identifier(explicit(), error=InvalidInputError, label="authority_gateway_id")
     if explicit is not None:
-        return identifier(explicit, error=HostedRoomError, label="authority_gateway_id")
+        return identifier(explicit, error=InvalidInputError, label="authority_gateway_id")
     install_id = os.environ.get(INSTALL_ID_ENV, "").strip()
     if not install_id:
         raise HostedRoomError("stable gateway install identity is unavailable")

@@ -259,6 +259,9 @@ def test_replica_capacity_is_a_replica_error_naming_the_limit(engine: Engine) ->
         ReplicaCapacityError, "replica event storage exhausted", "MAX_REPLICA_EVENT_BYTES")
     exc = _refusal(replicas.replica_state, engine, room_id="bad id")
     assert (type(exc), exc.field) == (InvalidInputError, "room_id")  # type: ignore[attr-defined]
+    exc = _refusal(replicas.promote_replica, engine, room_id="r1", local_gateway_id="bad id")
+    assert (type(exc), str(exc), exc.field) == (  # type: ignore[attr-defined]
+        InvalidInputError, "invalid authority_gateway_id", "authority_gateway_id")
 
 
 # --- the ledger ----------------------------------------------------------------------------------------------------
