@@ -143,8 +143,8 @@ def create_app(
 
 def from_environment() -> FastAPI:
     """``uvicorn --factory chat_service:from_environment``: the database from ``$CHAT_SERVICE_DATABASE`` (default
-    ``chat.db``), webhooks sent over HTTP."""
-    return create_app(os.environ.get("CHAT_SERVICE_DATABASE", "chat.db"), sender=http_sender())
+    ``var/chat.db``: on SQLite the ledger makes the file's folder owner-private), webhooks sent over HTTP."""
+    return create_app(os.environ.get("CHAT_SERVICE_DATABASE", "var/chat.db"), sender=http_sender())
 
 
 def http_sender(client: httpx.AsyncClient | None = None, *, timeout: float = 10.0) -> Sender:

@@ -31,7 +31,8 @@ def empty_database(hostedrooms_postgres_url: str | None, tmp_path: Path) -> Iter
 def _alembic_ini(directory: Path, url: str) -> Path:
     """The service's alembic.ini with ``sqlalchemy.url`` pointing at ``url`` (what a deploy edits)."""
     text = (SERVICE / "alembic.ini").read_text().replace("%(here)s", str(SERVICE))
-    text = text.replace("sqlalchemy.url = sqlite:///chat.db", f"sqlalchemy.url = {url.replace('%', '%%')}")
+    assert "sqlalchemy.url = sqlite:///var/chat.db" in text
+    text = text.replace("sqlalchemy.url = sqlite:///var/chat.db", f"sqlalchemy.url = {url.replace('%', '%%')}")
     path = directory / "alembic.ini"
     path.write_text(text)
     return path
