@@ -37,6 +37,7 @@ from hostedrooms.errors import (
     StorageError,
     StoreUnavailableError,
 )
+from hostedrooms.models import rooms as hosted_rooms
 from hostedrooms.records import EventRecord, OutboundRecord
 from hostedrooms.rooms import user_event_id
 from pydantic import BaseModel, Field
@@ -215,8 +216,11 @@ def _routes(app: FastAPI, service: Service) -> None:
 
 
 async def _set_webhook(engine: AsyncEngine, room_id: str, url: str) -> None:
-    """Store the room's webhook URL (a retried create sets it again; the service's own table, its own transaction)."""
+    """Store the room's webhook URL (a retried create sets it again). The room's row is locked first, in the order
+    hostedrooms' own writes take locks, so concurrent creates of one room replace the row one after the other."""
     async with AsyncUnitOfWork(engine) as uow:
+        room = sa.select(hosted_rooms.c.room_id).where(hosted_rooms.c.room_id == room_id).with_for_update()
+        await uow.execute(room)  # PostgreSQL: FOR UPDATE; SQLite's write transaction holds the database's lock
         await uow.execute(sa.delete(webhooks).where(webhooks.c.room_id == room_id))
         await uow.execute(sa.insert(webhooks).values(room_id=room_id, url=url))
         await uow.commit()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -97,3 +98,13 @@ async def test_a_room_id_hostedrooms_refuses_is_400(client: httpx.AsyncClient) -
     response = await _room(client, room_id="x" * 10_000)
     assert response.status_code == 400
     assert response.json()["field"] == "room_id"
+
+
+async def test_concurrent_retries_create_one_room_and_append_one_event(client: httpx.AsyncClient) -> None:
+    hook = {"webhook_url": "https://hooks.example/r1"}
+    created = await asyncio.gather(*(_room(client, **hook) for _ in range(8)))
+    assert sorted(response.status_code for response in created) == [200] * 7 + [201]
+    appended = await asyncio.gather(*(_say(client, "c-1", "hello") for _ in range(8)))
+    assert sorted(response.status_code for response in appended) == [200] * 7 + [201]
+    assert {response.json()["seq"] for response in appended} == {1}
+    assert (await client.get("/rooms/r1/events")).json()["latest_seq"] == 1
