@@ -2,7 +2,8 @@
 
 A filesystem path means a SQLite file (WAL, ``synchronous=FULL``, foreign keys, a busy timeout, and
 ``BEGIN IMMEDIATE`` for write transactions). A ``postgresql://`` URL uses psycopg 3. Bad targets raise
-:class:`~hostedrooms.errors.HostedRoomError` naming the target with its password masked.
+:class:`~hostedrooms.errors.HostedRoomError` naming the target with its password masked; a URL naming another
+driver (``postgresql+asyncpg://``) :class:`~hostedrooms.errors.StoreConfigurationError` naming the URL to give.
 
 SQLite creates a database file (and hostedrooms its parent folders) on first use; ``create=False`` opens only
 a file that already exists, for tools that must never leave a stray file behind a typo.
@@ -21,8 +22,8 @@ from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.base import OptionEngine
 
-from .dialect import dialect_for_url, dialect_named
-from .errors import HostedRoomError, describe_target, mask_url_text
+from .dialect import StoreDialect, dialect_for_url, dialect_named
+from .errors import HostedRoomError, MisuseError, StoreConfigurationError, describe_target, mask_url_text
 
 Target = str | os.PathLike[str] | URL | Engine
 
@@ -40,7 +41,7 @@ def reject_async(target: object) -> None:
     if isinstance(target, Engine):
         return
     if getattr(target, "sync_engine", None) is not None or type(target).__module__.startswith("sqlalchemy.ext.asyncio"):
-        raise HostedRoomError(
+        raise MisuseError(
             f"hostedrooms needs a synchronous SQLAlchemy Engine, not {type(target).__name__}; "
             "build one with hostedrooms.create_engine(url), or call hostedrooms.aio with the AsyncEngine")
 
@@ -65,7 +66,18 @@ def resolve_url(target: str | os.PathLike[str] | URL) -> URL:
         raise HostedRoomError(
             f"unsupported database dialect {url.get_backend_name()!r} in {describe_target(url)}; "
             "use sqlite or postgresql")
-    return dialect.normalise_url(url)
+    return _own_driver(dialect, dialect.normalise_url(url))
+
+
+def _own_driver(dialect: StoreDialect, url: URL) -> URL:
+    """``url`` if it names hostedrooms' driver for its backend or the asyncio one (psycopg; pysqlite, aiosqlite);
+    any other driver is refused, never swapped silently (``postgresql+asyncpg://`` ran on psycopg)."""
+    own = dialect.normalise_url(url.set(drivername=url.get_backend_name()))
+    if url.get_driver_name() in (own.get_driver_name(), dialect.async_driver):
+        return url
+    raise StoreConfigurationError(
+        f"hosted room store {describe_target(url)} names the driver {url.get_driver_name()!r}, which hostedrooms "
+        f"does not use: give {describe_target(own)} (hostedrooms.aio runs it with {dialect.async_driver})")
 
 
 def _mask_raw(text: str) -> str:
@@ -104,7 +116,7 @@ def create_engine(
 def check_synchronous(synchronous: str) -> None:
     """Refuse a SQLite ``synchronous`` mode hostedrooms does not offer."""
     if synchronous not in SYNCHRONOUS_MODES:
-        raise HostedRoomError(f"synchronous must be one of {', '.join(sorted(SYNCHRONOUS_MODES))}")
+        raise MisuseError(f"synchronous must be one of {', '.join(sorted(SYNCHRONOUS_MODES))}")
 
 
 def build_configured(

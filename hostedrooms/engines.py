@@ -10,7 +10,7 @@ from collections.abc import Callable
 from sqlalchemy import Engine
 
 from .db import reject_async
-from .errors import HostedRoomError
+from .errors import MisuseError
 
 __all__ = ["EngineCache", "EngineSource", "resolve_engine"]
 
@@ -22,13 +22,13 @@ EngineSource = Engine | Callable[[], Engine]
 def resolve_engine(source: EngineSource) -> Engine:
     """The Engine a service runs on: ``source`` itself, or what a zero-argument factory returns.
 
-    An asyncio engine passed by mistake is refused with a HostedRoomError (not a TypeError from calling it).
+    An asyncio engine passed by mistake is refused with a MisuseError (not a TypeError from calling it).
     """
     reject_async(source)
     if isinstance(source, Engine):
         return source
     if not callable(source):
-        raise HostedRoomError(f"hostedrooms needs a SQLAlchemy Engine, not {type(source).__name__}")
+        raise MisuseError(f"hostedrooms needs a SQLAlchemy Engine, not {type(source).__name__}")
     return source()
 
 

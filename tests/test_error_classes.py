@@ -41,6 +41,7 @@ from hostedrooms.errors import (
     RoomConflictError,
     RoomHistoryExpiredError,
     RoomNotFoundError,
+    StoreConfigurationError,
 )
 
 _api = use_api("rooms", "peers", "replicas")  # the tests on a database run on both APIs
@@ -337,6 +338,65 @@ def test_a_synchronous_engine_given_to_aio_is_misuse(engine: Engine) -> None:
 def test_an_option_aio_does_not_offer_is_misuse(tmp_path: Path) -> None:
     exc = _refusal(aio.create_async_engine, tmp_path / "state.db", services="processes")
     assert (type(exc), str(exc)) == (MisuseError, "services must be one of threads, awaited")
+
+
+def test_an_asyncio_engine_given_to_the_synchronous_api_is_misuse(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async_engine = aio.create_async_engine(tmp_path / "state.db")
+        try:
+            exc = _refusal(hostedrooms.rooms.room_state, async_engine, room_id="room-1")
+            assert type(exc) is MisuseError and str(exc).startswith(
+                "hostedrooms needs a synchronous SQLAlchemy Engine, not AsyncEngine")
+            assert type(_refusal(hostedrooms.create_engine, async_engine)) is MisuseError
+        finally:
+            await async_engine.dispose()
+
+    asyncio.run(scenario())
+    exc = _refusal(hostedrooms.rooms.room_state, 42, room_id="room-1")
+    assert (type(exc), str(exc)) == (MisuseError, "hostedrooms needs a SQLAlchemy Engine, not int")
+    exc = _refusal(hostedrooms.create_engine, tmp_path / "state.db", synchronous="OFF")
+    assert (type(exc), str(exc)) == (MisuseError, "synchronous must be one of EXTRA, FULL, NORMAL")
+
+
+# --- a driver hostedrooms does not use is refused, never swapped (#28 item 7) ---------------------------------------
+
+
+@pytest.mark.parametrize(("url", "instead"), [
+    ("postgresql+asyncpg://app:s3cret@db.example/rooms", "postgresql+psycopg://app:***@db.example/rooms"),
+    ("postgresql+pg8000://app:s3cret@db.example/rooms", "postgresql+psycopg://app:***@db.example/rooms"),
+    ("sqlite+pysqlcipher:////tmp/rooms.db", "sqlite:////tmp/rooms.db"),
+])
+def test_a_foreign_driver_is_refused_naming_the_url_to_give(url: str, instead: str) -> None:
+    driver = url.split("+", 1)[1].split(":", 1)[0]
+    for build in (hostedrooms.create_engine, aio.create_async_engine):
+        exc = _refusal(build, url)
+        assert type(exc) is StoreConfigurationError, (build, exc)
+        assert f"names the driver {driver!r}, which hostedrooms does not use: give {instead} " in str(exc)
+        assert "s3cret" not in str(exc)
+
+
+@pytest.mark.parametrize(("url", "sync_driver", "async_driver"), [
+    ("postgresql://db.example/rooms", "psycopg", "psycopg_async"),
+    ("postgresql+psycopg2://db.example/rooms", "psycopg", "psycopg_async"),
+    ("postgresql+psycopg_async://db.example/rooms", "psycopg_async", "psycopg_async"),
+    ("sqlite:////tmp/rooms.db", "pysqlite", "aiosqlite"),
+    ("sqlite+aiosqlite:////tmp/rooms.db", "aiosqlite", "aiosqlite"),
+])
+def test_hostedrooms_drivers_are_accepted(url: str, sync_driver: str, async_driver: str) -> None:
+    engine = hostedrooms.create_engine(url)
+    try:
+        assert engine.url.get_driver_name() == sync_driver
+    finally:
+        engine.dispose()
+
+    async def build() -> str:
+        async_engine = aio.create_async_engine(url)
+        try:
+            return async_engine.url.get_driver_name()
+        finally:
+            await async_engine.dispose()
+
+    assert asyncio.run(build()) == async_driver
 
 
 # --- the README's table -----------------------------------------------------------------------------------------

@@ -104,6 +104,8 @@ def create_async_engine(
     hostedrooms' calls run for this engine, ``"threads"`` or ``"awaited"`` (see :mod:`hostedrooms.aio.engines`).
     """
     check_synchronous(synchronous)
+    if isinstance(target, AsyncEngine):
+        resolve_url(target.url)  # refuses a driver hostedrooms does not use (asyncpg), as for a URL
     if services not in SERVICES:
         raise MisuseError(f"services must be one of {', '.join(SERVICES)}")
     if isinstance(target, AsyncEngine):
