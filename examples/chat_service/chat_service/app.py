@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -233,9 +233,9 @@ async def _webhook_url(engine: AsyncEngine, room_id: str) -> str | None:
         return url
 
 
-async def _sse(events: AsyncIterator[EventRecord]) -> AsyncIterator[str]:
+async def _sse(events: AsyncGenerator[EventRecord, None]) -> AsyncIterator[str]:
     """Frame each event for ``text/event-stream``; a room purged while followed just ends the stream."""
-    async with aclosing(events):  # type: ignore[type-var]  # follow() returns an AsyncGenerator
+    async with aclosing(events):  # a client gone: the follower unregisters at once
         try:
             async for event in events:
                 data = json.dumps(event, separators=(",", ":"))

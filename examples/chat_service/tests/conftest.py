@@ -55,6 +55,21 @@ def sender() -> FakeSender:
     return FakeSender()
 
 
+class FakeClock:
+    """The service's clock: ``now`` until a test moves it."""
+
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
 @asynccontextmanager
 async def served(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     """A client of ``app`` served by uvicorn on a loopback port, with its lifespan (startup and shutdown)."""
@@ -76,8 +91,8 @@ async def served(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @pytest.fixture
-async def client(hostedrooms_target: str, sender: FakeSender) -> AsyncIterator[httpx.AsyncClient]:
+async def client(hostedrooms_target: str, sender: FakeSender, clock: FakeClock) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the service on this test's database (the app creates its engine from the target, as in
     production)."""
-    async with served(create_app(hostedrooms_target, sender=sender, gateway_id=GATEWAY, clock=lambda: NOW)) as http:
+    async with served(create_app(hostedrooms_target, sender=sender, gateway_id=GATEWAY, clock=clock)) as http:
         yield http

@@ -10,7 +10,8 @@ from hostedrooms import aio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from chat_service import http_sender
-from conftest import FakeSender
+from chat_service.app import INTENT_LIFETIME
+from conftest import FakeClock, FakeSender
 
 pytestmark = pytest.mark.anyio
 
@@ -61,6 +62,17 @@ async def test_a_failed_call_stays_pending_and_a_retry_sends_it(
     assert sent.status_code == 201
     assert sent.json()["state"] == "committed"
     assert len(sender.calls) == 2
+
+
+async def test_an_expired_intent_is_not_sent_again(
+        client: httpx.AsyncClient, sender: FakeSender, clock: FakeClock) -> None:
+    await _room_with_webhook(client)
+    sender.failing = True
+    assert (await _call(client)).status_code == 502
+    sender.failing = False
+    clock.now += INTENT_LIFETIME
+    assert (await _call(client)).status_code == 410
+    assert len(sender.calls) == 1
 
 
 async def test_a_room_without_a_webhook_is_409(client: httpx.AsyncClient, sender: FakeSender) -> None:
