@@ -6,6 +6,8 @@
 - The database comes from ``config.attributes["connection"]`` (a Connection or an Engine, as pytest-alembic
   and host applications hand it in), else ``-x url=...``, else ``$HOSTEDROOMS_DATABASE_URL``, else
   ``sqlalchemy.url`` in alembic.ini.
+- ``-x schema=NAME`` (else ``$HOSTEDROOMS_SCHEMA``), PostgreSQL: the gateway's own schema in a shared database,
+  created when missing; its tables, its version table and its migration lock are that schema's alone.
 - The whole upgrade runs in one transaction (SQLite DDL is transactional under our ``BEGIN IMMEDIATE``), with
   ``render_as_batch`` on SQLite and an advisory lock on PostgreSQL, so a failed upgrade changes nothing and
   concurrent upgraders wait for each other.

@@ -33,6 +33,7 @@ from .display import terminal_text
 from .errors import UPGRADE_HINT, HostedRoomError, SchemaMissingError, StorageError, describe_target, translate
 from .integrity import verify
 from .limits import MAX_LOG_LIMIT
+from .migrate import SCHEMA_ENV
 from .models import deliveries, replicas, rooms
 from .records import EventRecord
 from .rooms import decode_rows
@@ -75,7 +76,7 @@ def default_url() -> str:
 @contextmanager
 def _engine(args: argparse.Namespace, *, create: bool = False) -> Iterator[Engine]:
     """The engine of ``--url``; a SQLite file must already exist unless ``create`` (upgrade only)."""
-    engine = create_engine(args.url, create=create)
+    engine = create_engine(args.url, create=create, schema=getattr(args, "schema", None) or None)
     try:
         yield engine
     finally:
@@ -569,6 +570,9 @@ def build_parser() -> argparse.ArgumentParser:
         if url:
             sub.add_argument("--url", default=default_url(),
                              help=f"database path or URL (default: ${DATABASE_URL_ENV} or ./{DEFAULT_DATABASE})")
+            sub.add_argument("--schema", default=os.environ.get(SCHEMA_ENV) or None,
+                             help=f"PostgreSQL: this gateway's schema in a shared database (default: ${SCHEMA_ENV}; "
+                                  "`upgrade` creates it)")
         sub.set_defaults(handler=handler)
         return sub
 

@@ -22,7 +22,7 @@ from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.base import OptionEngine
 
-from .dialect import StoreDialect, dialect_for_url, dialect_named
+from .dialect import StoreDialect, check_schema_name, dialect_for_url, dialect_named
 from .errors import HostedRoomError, MisuseError, StoreConfigurationError, describe_target, mask_url_text
 
 Target = str | os.PathLike[str] | URL | Engine
@@ -33,6 +33,8 @@ DEFAULT_BUSY_TIMEOUT = 10.0
 SYNCHRONOUS_MODES = frozenset({"FULL", "EXTRA", "NORMAL"})
 
 _configured: weakref.WeakSet[Engine] = weakref.WeakSet()
+#: The ``schema=`` of each engine built or adopted with one.
+_schemas: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
 _E = TypeVar("_E")
 
 
@@ -91,6 +93,7 @@ def create_engine(
     synchronous: str = "FULL",
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     create: bool = True,
+    schema: str | None = None,
     **engine_kwargs: Any,
 ) -> Engine:
     """Build (or adopt) an Engine configured for hostedrooms.
@@ -102,15 +105,46 @@ def create_engine(
     :class:`~hostedrooms.errors.StoreMissingError` and no connection of the engine ever creates one (nor
     its folder). A database server never creates a database on connect, so PostgreSQL ignores it.
 
+    ``schema`` (PostgreSQL): this gateway's namespace in a shared database. Every connection's ``search_path``
+    is that schema alone (set when it connects, with no startup parameter, and checked), its tables and version
+    table live there, and its advisory locks and wake-up channels are its own. A missing schema raises
+    :class:`~hostedrooms.errors.SchemaMissingError` naming ``hostedrooms upgrade --schema NAME``, which creates
+    it. SQLite has no schemas: ``schema=`` on a SQLite target raises
+    :class:`~hostedrooms.errors.StoreConfigurationError`, as does an engine with a ``schema_translate_map``.
+
     Secrets stay out of logs and errors on every engine built or adopted here: bound parameters are hidden and
     fetched rows are never logged, whatever the echo flag or logging level (statements still are, at INFO).
     """
     reject_async(target)
     check_synchronous(synchronous)
     if isinstance(target, Engine):
-        return _adopt_engine(target, synchronous=synchronous, busy_timeout=busy_timeout)
+        return _adopt_engine(target, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema)
     return build_configured(resolve_url(target), _sa_create_engine, synchronous=synchronous,
-                            busy_timeout=busy_timeout, create=create, **engine_kwargs)
+                            busy_timeout=busy_timeout, create=create, schema=schema, **engine_kwargs)
+
+
+def check_schema(dialect: StoreDialect, schema: object, url: URL) -> None:
+    """Refuse ``schema=`` where the backend has no schemas, or a name hostedrooms does not accept."""
+    if not dialect.has_schemas:
+        raise StoreConfigurationError(
+            f"schema={schema!r} needs a database server with schemas (PostgreSQL); {describe_target(url)} is a "
+            f"{dialect.name} database, which has none")
+    check_schema_name(schema)
+
+
+def engine_schema(engine: Engine) -> str | None:
+    """The ``schema=`` an engine was built (or adopted) with, or None."""
+    return _schemas.get(engine)
+
+
+def refuse_translate_map(engine: Engine) -> None:
+    """Refuse an engine with a ``schema_translate_map``: hostedrooms' compiled statements ignore it, so one
+    gateway would read and write in two schemas."""
+    if engine.get_execution_options().get("schema_translate_map"):
+        raise StoreConfigurationError(
+            f"hosted room store {describe_target(engine.url)}: engines with a schema_translate_map are not "
+            "supported (hostedrooms' compiled statements would ignore it); pass schema=NAME to "
+            "hostedrooms.create_engine instead")
 
 
 def check_synchronous(synchronous: str) -> None:
@@ -121,17 +155,23 @@ def check_synchronous(synchronous: str) -> None:
 
 def build_configured(
     url: URL, factory: Callable[..., _E], *, synchronous: str, busy_timeout: float, create: bool,
-    **engine_kwargs: Any,
+    schema: str | None = None, **engine_kwargs: Any,
 ) -> _E:
     """``factory(url, ...)`` (SQLAlchemy's ``create_engine`` or ``create_async_engine``) with the backend's
     defaults, its connection hooks and secrets kept out of logs; installed on the synchronous Engine (an
     AsyncEngine's ``sync_engine``), where SQLAlchemy runs them for both."""
     dialect = dialect_for_url(url)
+    if schema is not None:
+        check_schema(dialect, schema, url)
     try:
         built = dialect.build_with(factory, url, create=create, **engine_kwargs)
     except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ImportError) as exc:
         raise HostedRoomError(f"cannot use database {describe_target(url)}: {exc}") from exc
     engine = cast(Engine, getattr(built, "sync_engine", built))
+    refuse_translate_map(engine)
+    if schema is not None:  # before the other hooks: they see the schema's search_path
+        dialect.use_schema(engine, schema)
+        _schemas[engine] = schema
     dialect.configure_engine(engine, synchronous=synchronous, busy_timeout=busy_timeout)
     _keep_secrets_out_of_logs(engine)
     _configured.add(engine)
@@ -166,22 +206,32 @@ def _keep_secrets_out_of_logs(engine: Engine) -> None:
     engine._option_cls = _RowQuietOptionEngine
 
 
-def _adopt_engine(engine: Engine, *, synchronous: str, busy_timeout: float) -> Engine:
+def _adopt_engine(engine: Engine, *, synchronous: str, busy_timeout: float, schema: str | None = None) -> Engine:
     """Use a caller's Engine as given, installing our connection hooks once if it lacks them."""
-    if configure_adopted(engine, synchronous=synchronous, busy_timeout=busy_timeout):
+    if configure_adopted(engine, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema):
         engine.pool.dispose()  # pooled connections predate the hooks
     return engine
 
 
-def configure_adopted(engine: Engine, *, synchronous: str, busy_timeout: float) -> bool:
+def configure_adopted(engine: Engine, *, synchronous: str, busy_timeout: float, schema: str | None = None) -> bool:
     """Install our connection hooks on a caller's Engine (an AsyncEngine's ``sync_engine``) unless it has them;
-    whether it had to (the caller then disposes the pool: its connections predate the hooks)."""
+    whether it had to (the caller then disposes the pool: its connections predate the hooks). ``schema``: as
+    for :func:`create_engine`; an engine already configured must have been given the same one."""
     dialect = dialect_named(engine.dialect.name)
     if dialect is None:
         raise HostedRoomError(
             f"unsupported database dialect {engine.dialect.name!r} in {describe_target(engine.url)}")
+    refuse_translate_map(engine)
     if engine in _configured:
+        if schema is not None and _schemas.get(engine) != schema:
+            raise StoreConfigurationError(
+                f"this engine of {describe_target(engine.url)} was built with schema={_schemas.get(engine)!r}; "
+                f"build another one for schema={schema!r}")
         return False
+    if schema is not None:
+        check_schema(dialect, schema, engine.url)
+        dialect.use_schema(engine, schema)
+        _schemas[engine] = schema
     dialect.configure_engine(engine, synchronous=synchronous, busy_timeout=busy_timeout)
     _keep_secrets_out_of_logs(engine)
     _configured.add(engine)

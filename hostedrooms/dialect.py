@@ -9,8 +9,12 @@ non-blocking probes, and the engine and URL defaults of each backend (driver, fi
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
+import threading
 import urllib.parse
+import weakref
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -25,6 +29,7 @@ from sqlalchemy import (
     NullPool,
     Select,
     Table,
+    Text,
     bindparam,
     cast,
     column,
@@ -35,9 +40,10 @@ from sqlalchemy import (
 )
 from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Dialect
 from sqlalchemy.pool import StaticPool
 
-from .errors import StoreConfigurationError, StoreMissingError
+from .errors import SchemaMissingError, StoreConfigurationError, StoreMissingError, describe_target
 from .files import PRIVATE_FILE_MODE, SQLITE_SIDECARS, restrict_file
 from .statements import HotStatement
 
@@ -51,6 +57,15 @@ LEDGER_WORK_CHANNEL = "hostedrooms_ledger_work"
 
 #: A stable 64-bit key for advisory locks that serialise schema migrations on PostgreSQL.
 MIGRATION_LOCK_KEY = 0x686F737465640001  # "hosted" + 1
+
+#: The schema whose advisory keys and channels are the fixed ones above, as earlier versions used them (so a
+#: gateway in ``public`` and an older version of it running alongside still exclude each other); every other
+#: schema gets keys and channels of its own (:func:`scoped_key`, :func:`scoped_channel`).
+LEGACY_SCHEMA = "public"
+
+#: A schema name hostedrooms accepts for ``schema=``: an unquoted-style identifier of at most 63 bytes.
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MAX_IDENTIFIER_BYTES = 63
 
 _S = TypeVar("_S", bound=Select[Any])
 _T = TypeVar("_T")
@@ -131,11 +146,15 @@ class StoreDialect:
         return how many transactions hold it shared now, this one included (1 where writers are serialised)."""
         return 1
 
-    def lock_shared_and_count(self, key: int) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
-        """Two columns for a RETURNING clause of a statement that locks one row: the first takes ``key`` shared
-        (after the row lock, so the documented lock order holds), the second then counts its holders, this
-        transaction included; what :meth:`serialize_shared` does in two round trips. Only where writers run
-        concurrently."""
+    def lock_shared_and_count(self) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+        """Two columns for a RETURNING clause of a statement that locks one row: the first takes the key bound as
+        ``budget_key`` shared (after the row lock, so the documented lock order holds), the second then counts
+        its holders, this transaction included; what :meth:`serialize_shared` does in two round trips. Only
+        where writers run concurrently; :meth:`hot_params` gives the parameters."""
+        raise NotImplementedError
+
+    def hot_params(self, connection: Connection, budget_key: int, channel: str) -> dict[str, Any]:
+        """The parameters of :meth:`lock_shared_and_count` and :meth:`notify_column` for ``connection``."""
         raise NotImplementedError
 
     def byte_length(self, expr: ColumnElement[Any]) -> ColumnElement[Any]:
@@ -220,10 +239,32 @@ class StoreDialect:
         extra round trip."""
         raise NotImplementedError
 
-    def listen_statement(self, channel: str) -> str:
-        """The statement that makes a connection receive ``channel``'s notifications (one of hostedrooms' fixed
-        channel names, never input)."""
+    def listen_statement(self, channel: str, namespace: str | None = None) -> str:
+        """The statement that makes a connection receive ``channel``'s notifications in ``namespace`` (one of
+        hostedrooms' fixed channel names, never input)."""
         raise NotImplementedError
+
+    # --- namespaces (one schema of a shared database per gateway) ------------------------------------------------
+
+    #: Whether the backend has schemas (namespaces inside one database) for ``schema=``.
+    has_schemas = False
+
+    def use_schema(self, engine: Engine, schema: str) -> None:
+        """Make every connection of ``engine`` use ``schema`` alone (its ``search_path``), checked at connect."""
+        raise NotImplementedError
+
+    def namespace(self, connection: Connection) -> str | None:
+        """The namespace of ``connection``'s engine (None: the legacy one); only where locks and channels are
+        shared by several schemas of a database."""
+        return None
+
+    def raw_namespace(self, sa_dialect: Dialect, dbapi_connection: Any, url: URL) -> str | None:
+        """:meth:`namespace` from a DBAPI connection outside any pool checkout (the shared waiter's)."""
+        return None
+
+    def check_search_path(self, connection: Connection) -> None:
+        """Refuse a ``search_path`` under which hostedrooms' tables resolve to more than one schema, or to a
+        schema other than the one new tables would be created in."""
 
 
 class SQLiteDialect(StoreDialect):
@@ -361,18 +402,78 @@ class PostgreSQLDialect(StoreDialect):
     name = "postgresql"
     async_driver = "psycopg_async"
     notifies = True
+    has_schemas = True
+
+    def configure_engine(self, engine: Engine, *, synchronous: str, busy_timeout: float) -> None:
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            if engine.dialect not in _namespaces:
+                _first_connect(engine, dbapi_connection)
 
     def notify(self, connection: Connection, channel: str, payload: str) -> None:
-        _NOTIFY.first(connection, {"channel": channel, "payload": payload})
+        _NOTIFY.first(connection, {"channel": scoped_channel(self.namespace(connection), channel),
+                                   "payload": payload})
 
-    def listen_statement(self, channel: str) -> str:
+    def listen_statement(self, channel: str, namespace: str | None = None) -> str:
         if channel not in (ROOM_EVENTS_CHANNEL, LEDGER_WORK_CHANNEL):
             raise ValueError(f"unknown wake-up channel {channel!r}")
-        return f"LISTEN {channel}"
+        return f"LISTEN {scoped_channel(namespace, channel)}"
 
     def notify_column(self, channel: str, payload: Any) -> ColumnElement[Any]:
-        """A column for a RETURNING clause that sends :meth:`notify` at no extra round trip."""
-        return func.pg_notify(channel, payload).label("notified")
+        """A column for a RETURNING clause that sends :meth:`notify` at no extra round trip; the channel is bound
+        at each call as ``notify_channel`` (:meth:`hot_params`), so one compiled statement serves every
+        namespace."""
+        return func.pg_notify(bindparam("notify_channel", type_=Text), payload).label("notified")
+
+    def hot_params(self, connection: Connection, budget_key: int, channel: str) -> dict[str, Any]:
+        """The parameters :meth:`lock_shared_and_count` and :meth:`notify_column` bind, for ``connection``'s
+        namespace (built once per namespace)."""
+        namespace = self.namespace(connection)
+        cache_key = (namespace, budget_key, channel)
+        params = _HOT_PARAMS.get(cache_key)
+        if params is None:
+            key = scoped_key(namespace, budget_key)
+            params = _HOT_PARAMS[cache_key] = {
+                "budget_key": key, "budget_high": (key >> 32) & 0xFFFFFFFF, "budget_low": key & 0xFFFFFFFF,
+                "notify_channel": scoped_channel(namespace, channel)}
+        return params
+
+    # --- namespaces -------------------------------------------------------------------------------------------
+
+    def use_schema(self, engine: Engine, schema: str) -> None:
+        check_schema_name(schema)
+        statement = f"SET search_path TO {_quote(schema)}"
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            _set_schema(engine, dbapi_connection, schema, statement)
+
+    def namespace(self, connection: Connection) -> str | None:
+        sa_dialect = connection.dialect
+        try:
+            return _namespaces[sa_dialect]
+        except KeyError:
+            pass
+        database, schema = connection.exec_driver_sql("SELECT current_database(), current_schema()").one()
+        return remember_namespace(sa_dialect, database, schema, connection.engine.url)
+
+    def raw_namespace(self, sa_dialect: Dialect, dbapi_connection: Any, url: URL) -> str | None:
+        """:meth:`namespace` from a DBAPI connection outside any pool checkout (the shared waiter's)."""
+        try:
+            return _namespaces[sa_dialect]
+        except KeyError:
+            pass
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SELECT current_database(), current_schema()")
+            database, schema = cursor.fetchone()
+        finally:
+            cursor.close()
+        return remember_namespace(sa_dialect, database, schema, url)
+
+    def check_search_path(self, connection: Connection) -> None:
+        current, found = connection.exec_driver_sql(_TABLE_SCHEMAS).one()
+        _refuse_split_path(current, list(found or ()), connection.engine.url)
 
     def insert(self, table: Table) -> UpsertInsert:
         return postgresql.insert(table)  # type: ignore[return-value]
@@ -389,22 +490,26 @@ class PostgreSQLDialect(StoreDialect):
         return func.greatest(*values)
 
     def lock_migrations(self, connection: Connection) -> None:
-        connection.execute(func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY).select())
+        self.serialize(connection, MIGRATION_LOCK_KEY)
 
     def serialize(self, connection: Connection, key: int) -> None:
-        connection.execute(func.pg_advisory_xact_lock(key).select())
+        # Advisory keys are per database: each namespace (schema) takes keys of its own.
+        _LOCK.first(connection, {"key": scoped_key(self.namespace(connection), key)})
 
     def serialize_shared(self, connection: Connection, key: int) -> int:
-        # Two statements: the count must see the lock this transaction was just granted.
+        # Two statements: the count must see the lock this transaction was just granted. Counting the holders of
+        # this namespace's key counts this namespace's writers only.
+        key = scoped_key(self.namespace(connection), key)
         _LOCK_SHARED.first(connection, {"key": key})
         holders = _HOLDERS.first(connection, {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF})
         return int(holders[0]) if holders is not None else 0
 
-    def lock_shared_and_count(self, key: int) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+    def lock_shared_and_count(self) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
         # PostgreSQL evaluates a target list in order, and an uncorrelated subquery only when its value is first
-        # needed: the count runs after the lock call (a test checks a lone writer counts itself).
-        return (func.pg_advisory_xact_lock_shared(key).label("budget_locked"),
-                _holders(key).scalar_subquery().label("budget_holders"))
+        # needed: the count runs after the lock call (a test checks a lone writer counts itself). The key is
+        # bound per call (hot_params): one compiled statement serves every namespace.
+        return (func.pg_advisory_xact_lock_shared(bindparam("budget_key", type_=BigInteger)).label("budget_locked"),
+                _holders("budget_high", "budget_low").scalar_subquery().label("budget_holders"))
 
     def byte_length(self, expr: ColumnElement[Any]) -> ColumnElement[Any]:
         return func.octet_length(expr)
@@ -478,11 +583,12 @@ _pg_locks = table(
 _pg_database = table("pg_database", column("oid"), column("datname"))
 
 
-def _holders(key: int | None = None) -> Select[Any]:
-    """How many transactions hold advisory ``key`` shared (binds ``high``/``low`` when ``key`` is None)."""
+def _holders(high_name: str = "high", low_name: str = "low") -> Select[Any]:
+    """How many transactions of this database hold an advisory key shared (its halves bound as ``high_name`` and
+    ``low_name``)."""
     # A bigint advisory key shows in pg_locks as classid (high 32 bits), objid (low 32 bits), objsubid 1.
-    high: Any = bindparam("high", type_=BigInteger) if key is None else (key >> 32) & 0xFFFFFFFF
-    low: Any = bindparam("low", type_=BigInteger) if key is None else key & 0xFFFFFFFF
+    high: Any = bindparam(high_name, type_=BigInteger)
+    low: Any = bindparam(low_name, type_=BigInteger)
     return select(func.count()).select_from(_pg_locks).where(
         _pg_locks.c.locktype == "advisory",
         _pg_locks.c.database == select(_pg_database.c.oid).where(
@@ -492,7 +598,155 @@ def _holders(key: int | None = None) -> Select[Any]:
 
 
 _HOLDERS = HotStatement(_holders())
+_LOCK = HotStatement(select(func.pg_advisory_xact_lock(bindparam("key", type_=BigInteger))))
 _NOTIFY = HotStatement(select(func.pg_notify(bindparam("channel"), bindparam("payload"))))
+
+# --- namespaces ------------------------------------------------------------------------------------------------
+
+#: Per engine (its SQLAlchemy dialect object, shared by the engines ``execution_options()`` derives): the
+#: namespace read at its first connection (None: the legacy schema's fixed keys and channels).
+_namespaces: weakref.WeakKeyDictionary[Dialect, str | None] = weakref.WeakKeyDictionary()
+#: (namespace, budget key, channel) -> the hot append's lock and channel parameters.
+_HOT_PARAMS: dict[tuple[str | None, int, str], dict[str, Any]] = {}
+
+#: The current schema, and the schemas of the search path holding a hostedrooms table (rooms or version table).
+_TABLE_SCHEMAS = (
+    "SELECT current_schema(), ARRAY(SELECT DISTINCT table_schema::text FROM information_schema.tables "
+    "WHERE table_name IN ('hosted_rooms', 'hostedrooms_alembic_version') "
+    "AND table_schema = ANY(current_schemas(false)) ORDER BY 1)")
+#: The same, after the database's name (an engine's first connection).
+_FIRST_CONNECT = (
+    "SELECT current_database(), current_schema(), ARRAY(SELECT DISTINCT table_schema::text "
+    "FROM information_schema.tables WHERE table_name IN ('hosted_rooms', 'hostedrooms_alembic_version') "
+    "AND table_schema = ANY(current_schemas(false)) ORDER BY 1)")
+
+
+def check_schema_name(schema: object) -> str:
+    """``schema`` if it is a name hostedrooms accepts (letters, digits and underscores, not starting with a
+    digit or ``pg_``, at most 63 bytes); a StoreConfigurationError otherwise."""
+    if (not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema)
+            or len(schema.encode()) > _MAX_IDENTIFIER_BYTES or schema.lower().startswith("pg_")):
+        raise StoreConfigurationError(
+            f"schema must be letters, digits and underscores (not starting with a digit or pg_), at most "
+            f"{_MAX_IDENTIFIER_BYTES} bytes; got {schema!r}")
+    return schema
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def namespace_of(database: str, schema: str) -> str | None:
+    """The namespace of ``schema`` in ``database`` (None for :data:`LEGACY_SCHEMA`: the fixed keys)."""
+    return None if schema == LEGACY_SCHEMA else f"{database}\x00{schema}"
+
+
+def remember_namespace(sa_dialect: Dialect, database: str, schema: str | None, url: URL) -> str | None:
+    """Record (and return) the namespace of an engine from its first connection's database and schema."""
+    if schema is None:
+        raise SchemaMissingError(
+            f"the search_path of hosted room store {_describe(url)} names no existing schema; create the schema "
+            "(`hostedrooms upgrade --schema NAME` does), or point search_path at an existing one")
+    namespace = _namespaces[sa_dialect] = namespace_of(database, schema)
+    return namespace
+
+
+def scoped_key(namespace: str | None, key: int) -> int:
+    """The 64-bit advisory key standing for ``key`` in ``namespace`` (``key`` itself in the legacy schema)."""
+    if namespace is None:
+        return key
+    digest = hashlib.blake2b(f"{namespace}\x00{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def scoped_channel(namespace: str | None, channel: str) -> str:
+    """The ``NOTIFY`` channel standing for ``channel`` in ``namespace`` (an identifier: ``channel`` plus a short
+    hash of the namespace; ``channel`` itself in the legacy schema)."""
+    if namespace is None:
+        return channel
+    return f"{channel}_{hashlib.blake2b(namespace.encode(), digest_size=6).hexdigest()}"
+
+
+def _describe(url: URL) -> str:
+    return describe_target(url)
+
+
+#: Set by ``hostedrooms.migrate.upgrade`` while it runs: a missing schema is created rather than refused.
+_creating_schemas = threading.local()
+
+
+@contextlib.contextmanager
+def creating_schemas() -> Iterator[None]:
+    """Inside the block (this thread), a connection to a missing ``schema=`` creates it (``upgrade``)."""
+    previous = getattr(_creating_schemas, "on", False)
+    _creating_schemas.on = True
+    try:
+        yield
+    finally:
+        _creating_schemas.on = previous
+
+
+def _set_schema(engine: Engine, dbapi_connection: Any, schema: str, statement: str) -> None:
+    """A new connection's search_path: ``schema`` alone, checked; a missing schema created inside ``upgrade``."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(statement)
+        database, current = _current(cursor)
+        if current is None and getattr(_creating_schemas, "on", False):
+            _create_schema(engine, dbapi_connection, cursor, schema)
+            database, current = _current(cursor)
+    finally:
+        cursor.close()
+    dbapi_connection.commit()  # a SET inside a transaction that rolls back would be undone
+    if current != schema:
+        raise SchemaMissingError(
+            f"schema {schema} does not exist in hosted room store {_describe(engine.url)}; run "
+            f"`hostedrooms upgrade --schema {schema}` (it creates the schema and its tables)")
+    if engine.dialect not in _namespaces:
+        _namespaces[engine.dialect] = namespace_of(database, schema)
+
+
+def _first_connect(engine: Engine, dbapi_connection: Any) -> None:
+    """An engine's first connection: its namespace, and a search_path that names one hostedrooms schema."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(_FIRST_CONNECT)
+        database, current, found = cursor.fetchone()
+    finally:
+        cursor.close()
+    dbapi_connection.rollback()
+    _refuse_split_path(current, list(found or ()), engine.url)
+    if current is not None:  # none: refused at the first namespaced statement (or created by upgrade)
+        _namespaces[engine.dialect] = namespace_of(str(database), current)
+
+
+def _current(cursor: Any) -> tuple[str, str | None]:
+    cursor.execute("SELECT current_database(), current_schema()")
+    database, current = cursor.fetchone()
+    return str(database), current
+
+
+def _create_schema(engine: Engine, dbapi_connection: Any, cursor: Any, schema: str) -> None:
+    try:
+        cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote(schema)}")
+    except engine.dialect.loaded_dbapi.Error as exc:
+        dbapi_connection.rollback()
+        if getattr(exc, "sqlstate", None) == "42501":  # insufficient_privilege
+            raise StoreConfigurationError(
+                f"cannot create schema {schema} in hosted room store {_describe(engine.url)}: permission denied; "
+                f"ask the database owner to CREATE SCHEMA {schema} (and grant this role USAGE and CREATE on it), "
+                "then run the upgrade again") from exc
+        raise
+
+
+def _refuse_split_path(current: str | None, found: list[str], url: URL) -> None:
+    """Refuse a search_path under which hostedrooms' tables would resolve to several schemas, or to one other
+    than ``current`` (where an upgrade creates tables)."""
+    if len(found) > 1 or (found and found[0] != current):
+        raise StoreConfigurationError(
+            f"the search_path of hosted room store {_describe(url)} resolves hostedrooms tables to schema(s) "
+            f"{', '.join(found)} while new tables go to {current}; one gateway needs one schema: pass "
+            "schema=NAME (or --schema NAME), or set search_path to that schema alone")
 
 
 def dialect_for(bind: Engine | Connection) -> StoreDialect:

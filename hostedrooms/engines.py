@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 
-from .db import reject_async
+from .db import refuse_translate_map, reject_async
 from .errors import MisuseError
 
 __all__ = ["EngineCache", "EngineSource", "resolve_engine"]
@@ -22,14 +22,19 @@ EngineSource = Engine | Callable[[], Engine]
 def resolve_engine(source: EngineSource) -> Engine:
     """The Engine a service runs on: ``source`` itself, or what a zero-argument factory returns.
 
-    An asyncio engine passed by mistake is refused with a MisuseError (not a TypeError from calling it).
+    An asyncio engine passed by mistake is refused with a MisuseError (not a TypeError from calling it); an
+    engine with a ``schema_translate_map`` with a StoreConfigurationError (hostedrooms' compiled statements would
+    ignore it: use ``create_engine(..., schema=...)``).
     """
     reject_async(source)
     if isinstance(source, Engine):
+        refuse_translate_map(source)
         return source
     if not callable(source):
         raise MisuseError(f"hostedrooms needs a SQLAlchemy Engine, not {type(source).__name__}")
-    return source()
+    engine = source()
+    refuse_translate_map(engine)
+    return engine
 
 
 class EngineCache:

@@ -162,6 +162,12 @@ class SchemaMissingError(StoreConfigurationError):
     """The database has no hostedrooms schema, or an older one: run ``hostedrooms upgrade``."""
 
 
+class StoreReadOnlyError(StoreConfigurationError):
+    """The server accepts reads only (a hot standby, a read-only transaction default): writes and ``follow()``'s
+    ``LISTEN`` fail. Not transient for the caller: the target must be pointed at the primary (a multi-host URL
+    with ``target_session_attrs=read-write`` finds it after a failover)."""
+
+
 #: How to install or update the schema; every SchemaMissingError says so.
 UPGRADE_HINT = "run `hostedrooms upgrade`"
 
@@ -237,6 +243,7 @@ _PG_AUTHENTICATION_CLASSES = frozenset({"28"})  # invalid authorization specific
 _PG_MISSING = frozenset({"3D000"})  # invalid_catalog_name: no such database
 _PG_SCHEMA = frozenset({"42P01", "42703", "3F000"})  # undefined table / column, invalid schema name
 _PG_CONFIGURATION = frozenset({"42501"})  # insufficient_privilege
+_PG_READ_ONLY = frozenset({"25006"})  # read_only_sql_transaction (a hot standby: writes, LISTEN)
 
 # SQLite primary result codes (the low byte of an extended code).
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_FULL = 5, 6, 13
@@ -251,11 +258,18 @@ _HOST_TEXT = ("could not translate host name", "failed to resolve host")
 _HOST_PERMANENT_TEXT = ("name or service not known", "no address associated", "nodename nor servname",
                         "non-recoverable failure", "host not found")
 _SCHEMA_TEXT = ("no such table", "no such column")
+# A connection pooler refusing what the client asked at startup (PgBouncer: ``options=``): a configuration error,
+# though the pooler reports it as a protocol violation (class 08, otherwise transient).
+_POOLER_CONFIGURATION_TEXT = ("unsupported startup parameter",)
+_READ_ONLY_TEXT = ("during recovery", "read-only transaction")
 
 
 def _classify(exc: sa_exc.SQLAlchemyError) -> type[StorageError] | None:
     """The class a driver error belongs to, or None to fall back on the SQLAlchemy exception's kind."""
     original = getattr(exc, "orig", None)
+    text = str(original if original is not None else exc).lower()
+    if any(marker in text for marker in _POOLER_CONFIGURATION_TEXT):
+        return StoreConfigurationError
     sqlstate = getattr(original, "sqlstate", None)
     if isinstance(sqlstate, str) and len(sqlstate) == 5:
         return _classify_sqlstate(sqlstate)
@@ -279,6 +293,8 @@ def _classify_sqlstate(sqlstate: str) -> type[StorageError] | None:
         return SchemaMissingError
     if sqlstate in _PG_CONFIGURATION:
         return StoreConfigurationError
+    if sqlstate in _PG_READ_ONLY:
+        return StoreReadOnlyError
     return None
 
 
@@ -294,6 +310,8 @@ def _classify_sqlite(extended: int) -> type[StorageError] | None:
 def _classify_text(text: str) -> type[StorageError] | None:
     if any(marker in text for marker in _SCHEMA_TEXT):
         return SchemaMissingError
+    if "cannot execute" in text and any(marker in text for marker in _READ_ONLY_TEXT):
+        return StoreReadOnlyError
     if any(marker in text for marker in _AUTHENTICATION_TEXT) or ("role" in text and "does not exist" in text):
         return StoreAuthenticationError
     if "database" in text and "does not exist" in text:
@@ -311,6 +329,8 @@ _MESSAGES: dict[type[StorageError], str] = {
     StoreHostNotFoundError: "hosted room store {where} names a host that does not resolve: {detail}",
     SchemaMissingError: "hosted room store {where} has no hostedrooms schema or an outdated one ({detail}); "
                         + UPGRADE_HINT,
+    StoreReadOnlyError: "hosted room store {where} accepts reads only (a standby, or read-only transactions): "
+                        "{detail}; point the target at the primary",
 }
 
 

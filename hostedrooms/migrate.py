@@ -15,7 +15,7 @@ import importlib.util
 import logging.config
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,14 +26,17 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
-from .db import DATABASE_URL_ENV, Target, create_engine, resolve_url
-from .dialect import dialect_for
-from .errors import HostedRoomError, translate
+from .db import DATABASE_URL_ENV, Target, create_engine, engine_schema, resolve_url
+from .dialect import creating_schemas, dialect_for
+from .errors import HostedRoomError, SchemaMissingError, StoreConfigurationError, describe_target, translate
 from .models import metadata
 
 if TYPE_CHECKING:
     from alembic.runtime.environment import NameFilterParentNames, NameFilterType
     from sqlalchemy.sql.schema import SchemaItem
+
+#: Environment variable naming this gateway's schema (the CLI's ``--schema``, Alembic's ``-x schema=``).
+SCHEMA_ENV = "HOSTEDROOMS_SCHEMA"
 
 #: hostedrooms' own Alembic version table (a host application keeps ``alembic_version``).
 VERSION_TABLE = "hostedrooms_alembic_version"
@@ -72,35 +75,67 @@ MIGRATION_BUSY_TIMEOUT = 600.0
 
 
 @contextmanager
-def _bound(target: Target | Connection) -> Iterator[Engine | Connection]:
-    """An engine (or the given connection) for one migration call; driver errors leave as HostedRoomErrors."""
+def _bound(target: Target | Connection, schema: str | None = None, *, upgrading: bool = False,
+           ) -> Iterator[Engine | Connection]:
+    """An engine (or the given connection) for one migration call; driver errors leave as HostedRoomErrors.
+
+    ``schema``: the engine built here uses it (a given Engine or Connection must already: see
+    :func:`_given_schema`). ``upgrading``: a missing schema is created, and a missing table or schema is never
+    answered with advice to run the upgrade that just failed."""
     # A given Engine keeps its own settings; one built here waits long for a concurrent upgrader.
-    engine = target if isinstance(target, Connection) else create_engine(target, busy_timeout=MIGRATION_BUSY_TIMEOUT)
+    if isinstance(target, (Engine, Connection)):
+        _given_schema(target, schema)
+        engine: Engine | Connection = target
+    else:
+        engine = create_engine(target, busy_timeout=MIGRATION_BUSY_TIMEOUT, schema=schema)
     try:
-        yield engine
+        with creating_schemas() if upgrading else nullcontext():
+            yield engine
     except sa_exc.SQLAlchemyError as exc:
-        raise translate(exc, engine.engine.url) from exc
+        translated = translate(exc, engine.engine.url)
+        if upgrading and isinstance(translated, SchemaMissingError):
+            translated = SchemaMissingError(
+                f"upgrading hosted room store {describe_target(engine.engine.url)} failed: "
+                f"{str(getattr(exc, 'orig', None) or exc).strip().splitlines()[0]}; if its search_path names a "
+                "schema that does not exist, pass --schema NAME (schema=NAME) to create it, or ask the database "
+                "owner to CREATE SCHEMA NAME")
+        raise translated from exc
     finally:
         if not isinstance(target, (Engine, Connection)):
             engine.engine.dispose()
 
 
-def upgrade(target: Target | Connection, revision: str = "head") -> None:
+def _given_schema(target: Engine | Connection, schema: str | None) -> None:
+    """A given Engine or Connection carries its schema already: ``schema`` must be None or that one."""
+    if schema is None:
+        return
+    if isinstance(target, Connection) or engine_schema(target) != schema:
+        raise StoreConfigurationError(
+            f"schema={schema!r} applies to a target URL or path; for an Engine, build it with "
+            f"hostedrooms.create_engine(url, schema={schema!r})")
+
+
+def upgrade(target: Target | Connection, revision: str = "head", *, schema: str | None = None) -> None:
     """Upgrade the hostedrooms schema in ``target`` to ``revision`` in one transaction.
 
     ``target`` may be the Connection a host application's ``env.py`` holds: the migrations then run on it
     (inside the host's transaction if one is open, else in one of their own) without starting a nested
     Alembic command.
+
+    ``schema`` (PostgreSQL): the gateway's own schema (see :func:`hostedrooms.create_engine`); it is created
+    when missing (``CREATE SCHEMA IF NOT EXISTS``; without the privilege, the error says what to ask the
+    database owner), and the tables and the version table go there. The migration lock is that schema's own.
     """
-    _run(target, revision, lambda script, heads: script._upgrade_revs(revision, heads))
+    _run(target, revision, lambda script, heads: script._upgrade_revs(revision, heads), schema, upgrading=True)
 
 
-def downgrade(target: Target | Connection, revision: str) -> None:
-    """Downgrade the hostedrooms schema in ``target`` to ``revision``."""
-    _run(target, revision, lambda script, heads: script._downgrade_revs(revision, heads))
+def downgrade(target: Target | Connection, revision: str, *, schema: str | None = None) -> None:
+    """Downgrade the hostedrooms schema in ``target`` (in ``schema``) to ``revision``."""
+    _run(target, revision, lambda script, heads: script._downgrade_revs(revision, heads), schema)
 
 
-def _run(target: Target | Connection, revision: str, steps: Callable[[ScriptDirectory, Any], Any]) -> None:
+def _run(target: Target | Connection, revision: str, steps: Callable[[ScriptDirectory, Any], Any],
+         schema: str | None = None, *, upgrading: bool = False) -> None:
     """Run hostedrooms' migration context on ``target`` directly.
 
     ``alembic.command`` would install its ``alembic.context`` proxy and remove it on exit, which breaks a host
@@ -111,7 +146,7 @@ def _run(target: Target | Connection, revision: str, steps: Callable[[ScriptDire
     script = ScriptDirectory.from_config(config)
     environment = EnvironmentContext(
         config, script, fn=lambda heads, _context: steps(script, heads), destination_rev=revision)
-    with _bound(target) as bind:
+    with _bound(target, schema, upgrading=upgrading) as bind:
         if isinstance(bind, Connection):
             _run_on(environment, bind)
             return
@@ -124,9 +159,9 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
-def current_revision(target: Target | Connection) -> str | None:
-    """The revision recorded in ``target`` (None when hostedrooms was never installed there)."""
-    with _bound(target) as bind:
+def current_revision(target: Target | Connection, *, schema: str | None = None) -> str | None:
+    """The revision recorded in ``target`` (in ``schema``; None when hostedrooms was never installed there)."""
+    with _bound(target, schema) as bind:
         if isinstance(bind, Connection):
             return _current(bind)
         with bind.connect() as connection:
@@ -138,9 +173,9 @@ def _current(connection: Connection) -> str | None:
     return context.get_current_revision()
 
 
-def is_at_head(target: Target | Connection) -> bool:
-    """True when ``target`` carries the newest shipped revision."""
-    return current_revision(target) == head_revision()
+def is_at_head(target: Target | Connection, *, schema: str | None = None) -> bool:
+    """True when ``target`` (in ``schema``) carries the newest shipped revision."""
+    return current_revision(target, schema=schema) == head_revision()
 
 
 # --- hooks for a host application's own env.py ----------------------------------------------------------
@@ -291,11 +326,12 @@ def _connectable(context: EnvironmentContext) -> Engine | Connection:
         return given
     if isinstance(given, Engine):
         return create_engine(given)  # installs our SQLite transaction hooks if missing
-    url = context.get_x_argument(as_dictionary=True).get("url") or os.environ.get(DATABASE_URL_ENV)
+    arguments = context.get_x_argument(as_dictionary=True)
+    url = arguments.get("url") or os.environ.get(DATABASE_URL_ENV)
     url = url or config.get_main_option("sqlalchemy.url")
     if not url:
         raise HostedRoomError(f"no database given: pass -x url=..., set {DATABASE_URL_ENV}, or set sqlalchemy.url")
-    return create_engine(url)
+    return create_engine(url, schema=arguments.get("schema") or os.environ.get(SCHEMA_ENV) or None)
 
 
 def _configure(context: EnvironmentContext, connection: Connection) -> None:
@@ -317,7 +353,9 @@ def _configure(context: EnvironmentContext, connection: Connection) -> None:
 def _run_on(context: EnvironmentContext, connection: Connection) -> None:
     _configure(context, connection)
     with context.begin_transaction():
-        dialect_for(connection).lock_migrations(connection)
+        dialect = dialect_for(connection)
+        dialect.lock_migrations(connection)  # the namespace's own lock: other schemas migrate meanwhile
+        dialect.check_search_path(connection)  # tables and version table in current_schema() alone
         context.run_migrations()
 
 
@@ -352,7 +390,8 @@ def run_alembic_env(context: EnvironmentContext) -> None:
         _run_on(context, connectable)
         return
     try:
-        with connectable.connect() as connection:
+        # `alembic -x schema=NAME upgrade head` creates a missing schema, as `hostedrooms upgrade --schema` does.
+        with creating_schemas(), connectable.connect() as connection:
             _run_on(context, connection)
     finally:
         if context.config.attributes.get("connection") is None:

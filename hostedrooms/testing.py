@@ -23,6 +23,11 @@ callable taking the template's Engine::
     def hostedrooms_host_setup():
         return hostedrooms.testing.host_alembic("alembic.ini")   # or myapp.models.metadata
 
+A fleet of gateways shares one PostgreSQL database, a schema each: pass ``--hostedrooms-schema=NAME`` (or set
+``HOSTEDROOMS_TEST_SCHEMA``) and the template is migrated into that schema (``migrate.upgrade(url, schema=NAME)``);
+``hostedrooms_target`` then carries it as the URL's ``search_path`` and ``hostedrooms_engine`` is built with
+``schema=NAME``.
+
 An asyncio application asks for ``hostedrooms_async_engine`` (a :func:`hostedrooms.aio.create_async_engine` on
 the same per-test database, disposed afterwards; it needs the ``async`` extra).
 
@@ -55,6 +60,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 POSTGRES_URL_ENV = "HOSTEDROOMS_TEST_POSTGRES_URL"
+SCHEMA_ENV = "HOSTEDROOMS_TEST_SCHEMA"
 
 #: What ``hostedrooms_host_setup`` may return: the host's tables, or a callable given the template's Engine.
 HostSetup = sa.MetaData | Callable[[sa.Engine], object] | None
@@ -65,6 +71,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--hostedrooms-postgres-url", default=None,
         help=f"admin URL of a PostgreSQL server for hostedrooms fixtures (or ${POSTGRES_URL_ENV})")
+    group.addoption(
+        "--hostedrooms-schema", default=None,
+        help=f"with PostgreSQL: the schema hostedrooms fixtures use in each test database (or ${SCHEMA_ENV})")
 
 
 def _admin(admin_url: str) -> sa.Engine:
@@ -106,6 +115,13 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:10]}"
 
 
+def with_search_path(url: str, schema: str) -> str:
+    """``url`` whose connections use ``schema`` alone (a ``search_path`` startup option: for a target string,
+    where no ``schema=`` can be passed)."""
+    with_path = resolve_url(url).update_query_dict({"options": f"-csearch_path={schema}"})
+    return with_path.render_as_string(hide_password=False)
+
+
 def postgres_admin_url(config: pytest.Config) -> str | None:
     """The admin URL given by ``--hostedrooms-postgres-url`` or ``$HOSTEDROOMS_TEST_POSTGRES_URL``, or None (the
     option is read only where this plugin is loaded)."""
@@ -124,12 +140,14 @@ def postgres_database(admin_url: str, name: str, *, template: str | None = None)
         drop_database(admin_url, name)
 
 
-def prepare_template(target: str, host_setup: HostSetup = None) -> None:
-    """Migrate the database ``target`` to head, then add the host's tables (see ``hostedrooms_host_setup``)."""
-    migrate.upgrade(target)
+def prepare_template(target: str, host_setup: HostSetup = None, *, schema: str | None = None) -> None:
+    """Migrate the database ``target`` (in ``schema``) to head, then add the host's tables (see
+    ``hostedrooms_host_setup``; in ``schema`` too)."""
+    migrate.upgrade(target, schema=schema)
     if host_setup is None:
         return
-    with open_engine(target) as engine:  # disposed: PostgreSQL clones a template only when nobody is connected
+    # Disposed: PostgreSQL clones a template only when nobody is connected.
+    with open_engine(target, schema=schema) as engine:
         if isinstance(host_setup, sa.MetaData):
             host_setup.create_all(engine)
         else:
@@ -168,9 +186,9 @@ def copy_template(template: str | os.PathLike[str], path: Path) -> str:
 
 
 @contextlib.contextmanager
-def open_engine(target: str) -> Iterator[sa.Engine]:
-    """A hostedrooms Engine on ``target`` for the ``with`` block, disposed afterwards."""
-    engine = create_engine(target)
+def open_engine(target: str, *, schema: str | None = None) -> Iterator[sa.Engine]:
+    """A hostedrooms Engine on ``target`` (in ``schema``) for the ``with`` block, disposed afterwards."""
+    engine = create_engine(target, schema=schema)
     try:
         yield engine
     finally:
@@ -187,6 +205,15 @@ def hostedrooms_postgres_url(request: pytest.FixtureRequest) -> str | None:
 
 
 @pytest.fixture(scope="session")
+def hostedrooms_schema(request: pytest.FixtureRequest, hostedrooms_postgres_url: str | None) -> str | None:
+    """The schema given by ``--hostedrooms-schema`` or ``$HOSTEDROOMS_TEST_SCHEMA`` (PostgreSQL only), or None."""
+    given = request.config.getoption("--hostedrooms-schema", default=None) or os.environ.get(SCHEMA_ENV)
+    if given and hostedrooms_postgres_url is None:
+        raise pytest.UsageError("--hostedrooms-schema needs PostgreSQL (--hostedrooms-postgres-url)")
+    return str(given) if given else None
+
+
+@pytest.fixture(scope="session")
 def hostedrooms_host_setup() -> HostSetup:
     """Override in the application's ``conftest.py`` to add its own tables to every test database: return a
     ``MetaData`` (``create_all`` runs on the template) or a callable taking the template's Engine (to run the
@@ -196,7 +223,8 @@ def hostedrooms_host_setup() -> HostSetup:
 
 @pytest.fixture(scope="session")
 def _hostedrooms_template(
-    hostedrooms_postgres_url: str | None, hostedrooms_host_setup: HostSetup, tmp_path_factory: pytest.TempPathFactory
+    hostedrooms_postgres_url: str | None, hostedrooms_host_setup: HostSetup, tmp_path_factory: pytest.TempPathFactory,
+    hostedrooms_schema: str | None,
 ) -> Iterator[str]:
     """A database migrated to head once per session (with the host's tables): a SQLite file path, or a
     PostgreSQL database name."""
@@ -205,13 +233,13 @@ def _hostedrooms_template(
         return
     name = unique_name("hostedrooms_template")
     with postgres_database(hostedrooms_postgres_url, name) as url:
-        prepare_template(url, hostedrooms_host_setup)
+        prepare_template(url, hostedrooms_host_setup, schema=hostedrooms_schema)
         yield name
 
 
 @pytest.fixture
 def hostedrooms_target(
-    hostedrooms_postgres_url: str | None, _hostedrooms_template: str, tmp_path: Path
+    hostedrooms_postgres_url: str | None, _hostedrooms_template: str, tmp_path: Path, hostedrooms_schema: str | None,
 ) -> Iterator[str]:
     """A migrated hostedrooms database of this test alone, as a path or URL string."""
     if hostedrooms_postgres_url is None:
@@ -219,24 +247,24 @@ def hostedrooms_target(
         return
     name = unique_name("hostedrooms_test")
     with postgres_database(hostedrooms_postgres_url, name, template=_hostedrooms_template) as url:
-        yield url
+        yield url if hostedrooms_schema is None else with_search_path(url, hostedrooms_schema)
 
 
 @pytest.fixture
-def hostedrooms_engine(hostedrooms_target: str) -> Iterator[sa.Engine]:
+def hostedrooms_engine(hostedrooms_target: str, hostedrooms_schema: str | None) -> Iterator[sa.Engine]:
     """An Engine on this test's migrated hostedrooms database (disposed afterwards)."""
-    with open_engine(hostedrooms_target) as engine:
+    with open_engine(hostedrooms_target, schema=hostedrooms_schema) as engine:
         yield engine
 
 
 @pytest.fixture
-def hostedrooms_async_engine(hostedrooms_target: str) -> Iterator[AsyncEngine]:
+def hostedrooms_async_engine(hostedrooms_target: str, hostedrooms_schema: str | None) -> Iterator[AsyncEngine]:
     """An AsyncEngine (:func:`hostedrooms.aio.create_async_engine`) on this test's migrated hostedrooms database,
     for the asyncio API. A plain fixture, so it serves pytest-asyncio, anyio and ``asyncio.run`` tests alike; it is
     disposed after the test, on an event loop of its own (the test's loop is gone by then)."""
     from .aio import create_async_engine
 
-    engine = create_async_engine(hostedrooms_target)
+    engine = create_async_engine(hostedrooms_target, schema=hostedrooms_schema)
     try:
         yield engine
     finally:

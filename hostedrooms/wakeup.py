@@ -41,7 +41,7 @@ from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import Pool, PoolProxiedConnection, SingletonThreadPool, StaticPool
 
-from .dialect import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, StoreDialect, dialect_for
+from .dialect import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, StoreDialect, dialect_for, scoped_channel
 from .errors import translate
 
 __all__ = [
@@ -93,6 +93,7 @@ class SharedWaiter:
 
     def __init__(self, engine: Engine) -> None:
         self.dialect: StoreDialect = dialect_for(engine)
+        self._sa_dialect, self._url = engine.dialect, engine.url  # the engine's namespace: its channels' names
         self._pool: Pool = engine.pool.recreate()  # the same connect hooks; none of the services' slots
         self._cond = threading.Condition()
         self._subscriptions: dict[str, dict[str | None, set[Subscription]]] = {}
@@ -173,6 +174,9 @@ class SharedWaiter:
         driver: Any = raw.driver_connection
         driver.rollback()
         driver.autocommit = True
+        # Channels are named per namespace (schema): this engine's only, never another schema's writes.
+        namespace = self.dialect.raw_namespace(self._sa_dialect, driver, self._url)
+        names: dict[str, str] = {}  # the namespace's channel name -> hostedrooms' channel
         with selectors.DefaultSelector() as selector:  # not select(): a process may have descriptors past 1024
             selector.register(driver.fileno(), selectors.EVENT_READ)
             selector.register(self._wake_r, selectors.EVENT_READ)
@@ -182,11 +186,14 @@ class SharedWaiter:
                         return
                     new = set(self._subscriptions) - self._effective
                 for channel in new:
-                    driver.execute(self.dialect.listen_statement(channel))
+                    names[scoped_channel(namespace, channel)] = channel
+                    driver.execute(self.dialect.listen_statement(channel, namespace))
                 if new:
                     self._now_effective(new)
                 for notification in driver.notifies(timeout=0):  # those read meanwhile, and any received
-                    self._dispatch(notification.channel, notification.payload)
+                    ours = names.get(notification.channel)
+                    if ours is not None:
+                        self._dispatch(ours, notification.payload)
                 selector.select()
                 self._drain_pokes()
 

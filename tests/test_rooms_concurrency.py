@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 from hostedrooms import models, rooms
 from hostedrooms.compat import _engine as compat_engine
 from hostedrooms.compat import hosted_rooms as hr
+from hostedrooms.dialect import ROOM_EVENTS_CHANNEL
 from hostedrooms.errors import AuthorityConflictError, HostedRoomError
 from hostedrooms.uow import UnitOfWork
 
@@ -159,8 +160,8 @@ def test_postgres_returning_takes_the_budget_lock_before_counting_its_holders(en
 
     def touch(uow: UnitOfWork, room_id: str) -> int:
         stmt = (sa.update(models.rooms).where(models.rooms.c.room_id == room_id)
-                .values(revision=models.rooms.c.revision).returning(*uow.dialect.lock_shared_and_count(key)))
-        return int(uow.execute(stmt).one()[1])
+                .values(revision=models.rooms.c.revision).returning(*uow.dialect.lock_shared_and_count()))
+        return int(uow.execute(stmt, uow.dialect.hot_params(uow.connection, key, ROOM_EVENTS_CHANNEL)).one()[1])
 
     make_room(engine, "room-2")
     with UnitOfWork(engine) as alone:

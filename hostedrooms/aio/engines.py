@@ -78,6 +78,7 @@ class _Options:
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT
     create: bool = True
     services: str = "threads"
+    schema: str | None = None
 
 
 #: What create_async_engine was told, per engine (adopted engines get the defaults).
@@ -92,6 +93,7 @@ def create_async_engine(
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     create: bool = True,
     services: str = "threads",
+    schema: str | None = None,
     **engine_kwargs: Any,
 ) -> AsyncEngine:
     """:func:`hostedrooms.create_engine` for asyncio: an AsyncEngine configured for hostedrooms.
@@ -102,6 +104,7 @@ def create_async_engine(
     Bad targets raise :class:`~hostedrooms.errors.HostedRoomError` as ``create_engine`` does; a synchronous
     Engine, or an option it does not offer, :class:`~hostedrooms.errors.MisuseError`. ``services``: how
     hostedrooms' calls run for this engine, ``"threads"`` or ``"awaited"`` (see :mod:`hostedrooms.aio.engines`).
+    ``schema``: the gateway's PostgreSQL schema, as for :func:`hostedrooms.create_engine` (the twin uses it too).
     """
     check_synchronous(synchronous)
     if isinstance(target, AsyncEngine):
@@ -109,8 +112,8 @@ def create_async_engine(
     if services not in SERVICES:
         raise MisuseError(f"services must be one of {', '.join(SERVICES)}")
     if isinstance(target, AsyncEngine):
-        configure_adopted(target.sync_engine, synchronous=synchronous, busy_timeout=busy_timeout)
-        _options[target.sync_engine] = _Options(synchronous, busy_timeout, True, services)
+        configure_adopted(target.sync_engine, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema)
+        _options[target.sync_engine] = _Options(synchronous, busy_timeout, True, services, schema)
         return target
     if isinstance(target, Engine):
         raise MisuseError(
@@ -118,8 +121,8 @@ def create_async_engine(
             "Engine; give its URL instead")
     url = resolve_url(target)
     built = build_configured(dialect_for_url(url).async_url(url), _sa_create_async_engine, synchronous=synchronous,
-                             busy_timeout=busy_timeout, create=create, **engine_kwargs)
-    _options[built.sync_engine] = _Options(synchronous, busy_timeout, create, services)
+                             busy_timeout=busy_timeout, create=create, schema=schema, **engine_kwargs)
+    _options[built.sync_engine] = _Options(synchronous, busy_timeout, create, services, schema)
     return built
 
 
@@ -364,7 +367,8 @@ async def runner_for(engine: object) -> Runner:
         return _runners.setdefault(sync_engine, _Awaited(async_engine))
     threaded = _Threaded(create_engine(
         twin_target, synchronous=options.synchronous, busy_timeout=options.busy_timeout, create=options.create,
-        pool_size=THREAD_WORKERS, max_overflow=THREAD_WORKERS))  # the overflow: callers' own threads
+        schema=options.schema, pool_size=THREAD_WORKERS,
+        max_overflow=THREAD_WORKERS))  # the overflow: callers' own threads
     runner = _runners.setdefault(sync_engine, threaded)
     if runner is threaded:
         event.listen(sync_engine, "engine_disposed", lambda _engine: threaded.dispose())

@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import NullPool
 
-from ..db import create_engine
+from ..db import create_engine, engine_schema
 from ..dialect import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, dialect_for, dialect_for_url
 from ..wakeup import DEFAULT_POLL_INTERVAL, SharedWaiter, Subscription, driver_error, join_waiter
 from .engines import require_async_engine, runner_for
@@ -45,7 +45,7 @@ async def waiter_engine(engine: AsyncEngine) -> Engine | None:
         target = dialect_for_url(engine.url).twin_target(engine.url)
         # NullPool: the waiter takes its one connection from a private copy of this pool; nothing else idles.
         _waiter_engines[sync_engine] = None if target is None else create_engine(
-            target, create=False, poolclass=NullPool)
+            target, create=False, poolclass=NullPool, schema=engine_schema(sync_engine))  # its channels
     return _waiter_engines[sync_engine]
 
 

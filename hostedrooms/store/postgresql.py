@@ -58,7 +58,7 @@ class PostgreSQLRoomStore(RoomStore):
         super().__init__(dialect)
         # The RETURNING clause also queues the followers' NOTIFY (delivered on commit): no extra round trip.
         self._advance = HotStatement(FAST_ADVANCE_ROOM.where(*FAST_GUARDS).returning(
-            *dialect.lock_shared_and_count(GATEWAY_BYTES_LOCK_KEY),
+            *dialect.lock_shared_and_count(),
             dialect.notify_column(ROOM_EVENTS_CHANNEL, bindparam("fast_room_id"))))
         self._budgeted_insert = HotStatement(insert(_events).from_select(
             [column.name for column in _events.c],
@@ -127,6 +127,8 @@ class PostgreSQLRoomStore(RoomStore):
     ) -> tuple[Any, ...] | None:
         if params["fast_size"] > per_writer:
             return None  # a sharer may add only what the other sharers' slack assumed
+        # The budget key and the followers' channel of this engine's namespace (schema).
+        params.update(self.dialect.hot_params(connection, GATEWAY_BYTES_LOCK_KEY, ROOM_EVENTS_CHANNEL))
         return self._advance.first(connection, params)
 
     def _fast_insert(
