@@ -411,7 +411,7 @@ def public_error_classes() -> list[str]:
 
 def readme_error_rows() -> dict[str, list[str]]:
     """The rows of the table under README's "### Errors" heading: class name -> the other cells."""
-    text = README.read_text(encoding="utf-8")
+    text = re.sub(r"^```.*?^```", "", README.read_text(encoding="utf-8"), flags=re.MULTILINE | re.DOTALL)
     section = re.search(r"^### Errors\s*$(.*?)(?=^#{1,3} )", text + "\n# end", re.MULTILINE | re.DOTALL)
     assert section is not None, 'README has no "### Errors" section'
     rows: dict[str, list[str]] = {}
@@ -430,3 +430,19 @@ def test_the_readme_table_lists_every_error_class_with_retry_and_status() -> Non
     for name, cells in rows.items():
         assert len(cells) >= 3 and all(cells[:3]), (name, cells)  # meaning, retry, HTTP status
         assert re.search(r"\b[45]\d\d\b", cells[2]), (name, cells)
+
+
+def test_the_readme_status_lookup_takes_the_most_specific_class() -> None:
+    """The README's ``status_of`` (a ``py`` block, outside the library walk-through) runs as written."""
+    blocks = re.findall(r"```py\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.DOTALL)
+    (block,) = [block for block in blocks if "def status_of" in block]
+    namespace: dict[str, Any] = {}
+    exec(compile(block, "README status_of", "exec"), namespace)
+    status_of = namespace["status_of"]
+    assert status_of(InvalidInputError("invalid room_id", field="room_id")) == 400
+    assert status_of(LedgerInputError("secure peer delivery role is invalid")) == 400
+    assert status_of(RoomHistoryExpiredError("Group Chat history expired")) == 410
+    assert status_of(RoomNotFoundError("hosted room not found")) == 404
+    assert status_of(LedgerCapacityError("secure peer delivery capacity is full")) == 503
+    assert status_of(ReplicaCapacityError("replica room capacity exhausted")) == 507
+    assert status_of(MisuseError("wrong")) == 500
