@@ -318,6 +318,10 @@ def test_an_unsafe_ledger_file_is_a_ledger_permission_error(tmp_path: Path) -> N
     exc = _refusal(facade.SecurePeerDeliveryLedger, link)
     assert (type(exc), str(exc)) == (LedgerPermissionError, "secure peer delivery ledger must not be a symlink")
     assert isinstance(exc, PermissionError) and isinstance(exc, HostedRoomError)
+    linked_folder = tmp_path / "linked"
+    linked_folder.symlink_to(tmp_path / "private")
+    exc = _refusal(facade.SecurePeerDeliveryLedger, linked_folder / "ledger.db")
+    assert (type(exc), str(exc)) == (LedgerPermissionError, f"private directory must not be a symlink: {linked_folder}")
 
 
 # --- misuse ---------------------------------------------------------------------------------------------------------

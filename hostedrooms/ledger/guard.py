@@ -60,19 +60,35 @@ def secure_ledger_file(
     return identity
 
 
+def _inside_hierarchy(exc: PermissionError) -> LedgerPermissionError:
+    """``exc`` as a LedgerPermissionError with the same text, errno and file names (a refused ledger folder)."""
+    refusal = LedgerPermissionError(str(exc))  # (its constructor is BaseException's: the text as it is)
+    for name in ("errno", "strerror", "filename", "filename2"):
+        value = getattr(exc, name)
+        if value is not None:  # (an attribute set, even to None, changes how OSError prints)
+            setattr(refusal, name, value)
+    return refusal
+
+
 def prepare_ledger_file(
     path: str | os.PathLike[str], *, prepare_directory: Callable[[Path], Any] = ensure_private_directory
 ) -> FileIdentity:
     """Make the ledger's files private once, before the first connection; return the file's identity.
 
-    The directory becomes ``0700`` through ``prepare_directory`` (a shared one is refused), the file is created
+    The directory becomes ``0700`` through ``prepare_directory`` (a shared one is refused: its PermissionError
+    becomes a :class:`~hostedrooms.errors.LedgerPermissionError` with the same text), the file is created
     ``0600`` or checked (and its mode repaired) by :func:`secure_ledger_file`, and existing
     ``-wal``/``-shm``/``-journal`` files become ``0600`` (a symlink, or one that is not ours, is refused as
     unsafe). SQLite gives the sidecars it creates later the database file's mode. Nothing here opens a
     descriptor that could release a SQLite lock.
     """
     file = Path(path)
-    prepare_directory(file.parent)
+    try:
+        prepare_directory(file.parent)
+    except PermissionError as exc:
+        if type(exc) is not PermissionError:  # already ours, or a caller's own class (a patched preparer's)
+            raise
+        raise _inside_hierarchy(exc) from exc
     identity = secure_ledger_file(file, create=True)
     for suffix in SQLITE_SIDECARS:
         try:
