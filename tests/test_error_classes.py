@@ -129,6 +129,35 @@ def test_bad_room_input_is_invalid_input_naming_the_field(
     assert (type(exc), str(exc), exc.field) == (InvalidInputError, message, field)  # type: ignore[attr-defined]
 
 
+#: Calls that check another argument before ``room_id`` (the reference's order), and which.
+_CHECKED_FIRST = {"request_room_stop": "cancel_id"}
+
+
+@pytest.mark.parametrize("module_name", ["rooms", "peers", "replicas"])
+def test_every_public_call_taking_a_room_id_refuses_a_bad_one_naming_it(engine: Engine, module_name: str) -> None:
+    """Every public call with a ``room_id`` (its other required arguments None): InvalidInputError naming the
+    field, and the database unchanged."""
+    make_room(engine, gateway=GATEWAY)
+    before = factories.snapshot(engine)
+    sync_module, module = getattr(hostedrooms, module_name), globals()[module_name]
+    called = []
+    for name in sync_module.__all__:
+        function = getattr(sync_module, name)
+        if not inspect.isfunction(function) or "room_id" not in inspect.signature(function).parameters:
+            continue
+        first, *rest = inspect.signature(function).parameters.values()
+        source = engine if first.name == "engine" else engine.url.render_as_string(hide_password=False)
+        kwargs = {parameter.name: 42 if parameter.name == "room_id" else None for parameter in rest
+                  if parameter.name == "room_id" or parameter.default is inspect.Parameter.empty}
+        exc = _refusal(getattr(module, name), source, **kwargs)
+        field = _CHECKED_FIRST.get(name, "room_id")
+        assert (type(exc), str(exc), exc.field) == (  # type: ignore[attr-defined]
+            InvalidInputError, f"{field} must be a string", field), name
+        called.append(name)
+    assert len(called) >= {"rooms": 10, "peers": 6, "replicas": 5}[module_name], called
+    assert factories.snapshot(engine) == before
+
+
 def _append(engine: Engine, event_id: str, **kwargs: Any) -> Any:
     return rooms.append_event(engine, room_id="room-1", event_id=event_id, kind="message.user", actor=USER,
                               payload={"text": "hello"}, authority_gateway_id=GATEWAY, authority_epoch=1, **kwargs)
