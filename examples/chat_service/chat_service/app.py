@@ -28,10 +28,12 @@ from hostedrooms.errors import (
     EventConflictError,
     HostedRoomError,
     InvalidInputError,
+    LedgerCapacityError,
     LedgerPermissionError,
     LedgerStateError,
     MisuseError,
     RoomConflictError,
+    RoomHistoryExpiredError,
     RoomNotFoundError,
     RoomProbeUnavailableError,
     StorageError,
@@ -56,8 +58,10 @@ INTENT_LIFETIME = 24 * 3600
 
 #: hostedrooms' errors by HTTP status, the first class that matches wins (subclasses before their bases).
 STATUS_BY_ERROR: tuple[tuple[type[HostedRoomError], int], ...] = (
-    (RoomNotFoundError, 404),  # also RoomHistoryExpiredError (a purged room)
-    (CapacityExceededError, 507),  # a limit of this host (rooms, bytes, in-flight deliveries): nothing written
+    (RoomHistoryExpiredError, 410),  # a disbanded room purged: its history is gone for good
+    (RoomNotFoundError, 404),
+    (LedgerCapacityError, 503),  # too many unfinished deliveries: retry once they finish
+    (CapacityExceededError, 507),  # a limit of this host (active rooms, bytes): nothing written
     (RoomConflictError, 409),  # an id reused for other content...
     (EventConflictError, 409),
     (LedgerStateError, 409),  # ...a ledger request id too

@@ -17,13 +17,14 @@ REQUEST = Request({"type": "http", "method": "POST", "path": "/rooms", "headers"
 
 @pytest.mark.parametrize(("error", "status"), [
     (errors.RoomNotFoundError("hosted room not found"), 404),
-    (errors.RoomHistoryExpiredError("hosted room history expired"), 404),
+    (errors.RoomHistoryExpiredError("hosted room history expired"), 410),
     (errors.RoomConflictError("room_id belongs to a disbanded room"), 409),
     (errors.EventConflictError("event_id reused"), 409),
     (errors.AuthoritySupersededError("superseded"), 409),
     (errors.LedgerStateError("secure peer outbound intent changed"), 409),
     (errors.CapacityExceededError("too many active rooms", limit="MAX_ACTIVE_ROOMS"), 507),
-    (errors.LedgerCapacityError("too many deliveries"), 507),
+    (errors.ReplicaCapacityError("replica room capacity exhausted"), 507),
+    (errors.LedgerCapacityError("too many deliveries"), 503),
     (errors.InvalidInputError("limit is invalid", field="limit"), 400),
     (errors.ReplicaGapError("gap"), 400),
     (errors.StoreUnavailableError("database is locked"), 503),
