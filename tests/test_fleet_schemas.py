@@ -32,6 +32,8 @@ from hostedrooms.ledger.claims import PREPARE_LOCK_KEY
 from hostedrooms.uow import UnitOfWork
 from hostedrooms.wakeup import Wakeup
 
+pytest_plugins = ["pytester"]
+
 GATEWAY = "install:gw-fleet"
 SCHEMAS = ("gw_a", "gw_b", "gw_c")
 #: What a write of another schema may add to an append at most: far below the 2 s the other schema holds its locks.
@@ -390,3 +392,32 @@ def test_async_engines_take_a_schema(fleet: dict[str, Engine], fleet_url: str) -
             await engine.dispose()
 
     assert asyncio.run(main()) == "in C"
+
+
+# --- the pytest plugin --------------------------------------------------------------------------------------------
+
+SCHEMA_APP_TESTS = '''
+from hostedrooms import create_engine, migrate, rooms
+
+def test_the_fixtures_use_the_schema(hostedrooms_engine, hostedrooms_target, hostedrooms_schema):
+    assert hostedrooms_schema == "gw_plugin"
+    assert migrate.is_at_head(hostedrooms_engine)
+    with hostedrooms_engine.connect() as connection:
+        assert connection.exec_driver_sql("SELECT current_schema()").scalar() == "gw_plugin"
+        assert connection.exec_driver_sql(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' "
+            "AND table_name = 'hosted_rooms'").scalar() == 0
+    by_target = create_engine(hostedrooms_target)  # what a facade builds from the target string: same schema
+    try:
+        rooms.create_room(by_target, room_id="r1", name="T", members=[], authority_gateway_id="install:g")
+    finally:
+        by_target.dispose()
+    assert rooms.room_state(hostedrooms_engine, room_id="r1")["name"] == "T"
+'''
+
+
+def test_the_plugin_runs_in_a_schema(pytester: pytest.Pytester, pg_admin_url: str) -> None:
+    pytester.makepyfile(SCHEMA_APP_TESTS)
+    result = pytester.runpytest_subprocess(
+        f"--hostedrooms-postgres-url={pg_admin_url}", "--hostedrooms-schema=gw_plugin", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
