@@ -21,7 +21,7 @@ from sqlalchemy import URL, ColumnElement, Engine, Select, delete, exists, func,
 from sqlalchemy import exc as sa_exc
 
 from . import models
-from .db import Target, resolve_url
+from .db import Target, engine_schema, resolve_url
 from .dialect import dialect_for_url
 from .engines import EngineCache, EngineSource, resolve_engine
 from .errors import (
@@ -31,6 +31,7 @@ from .errors import (
     InvalidInputError,
     RoomConflictError,
     RoomProbeUnavailableError,
+    SchemaMissingError,
     StorageError,
 )
 from .limits import Limits, in_force
@@ -535,15 +536,22 @@ def remote_run_receipt(engine: EngineSource, *, record: RemoteRunIdentity) -> Re
 _probe_engines = EngineCache()
 
 
-def _probe_url(target: Target) -> URL:
-    return target.url if isinstance(target, Engine) else resolve_url(target)
+def _probe_url(target: Target) -> tuple[URL, str | None]:
+    """The store a probe reads: its URL, and the ``schema=`` of an Engine built with one."""
+    return (target.url, engine_schema(target)) if isinstance(target, Engine) else (resolve_url(target), None)
 
 
-def _probe_engine(url: URL) -> Engine:
-    """A cached, hook-free, never-migrating engine per store (never the compat facade's engine)."""
-    return _probe_engines.get(
-        url.render_as_string(hide_password=False),
-        lambda: dialect_for_url(url).probe_engine(url, PROBE_TIMEOUT_SECONDS))
+def _probe_engine(url: URL, schema: str | None) -> Engine:
+    """A cached, hook-free (but for the schema's search_path), never-migrating engine per store (never the compat
+    facade's engine)."""
+
+    def build() -> Engine:
+        engine = dialect_for_url(url).probe_engine(url, PROBE_TIMEOUT_SECONDS)
+        if schema is not None:
+            dialect_for_url(url).use_schema(engine, schema)
+        return engine
+
+    return _probe_engines.get(f"{url.render_as_string(hide_password=False)}#schema={schema or ''}", build)
 
 
 def forget_probe_engines() -> None:
@@ -557,12 +565,14 @@ def _probe(target: Target, table_name: str, stmt: Select[Any], unavailable: str)
     A missing store or table answers False. Any store failure, including a lock held past
     :data:`PROBE_TIMEOUT_SECONDS`, raises ``RoomProbeUnavailableError(unavailable)``.
     """
-    url = _probe_url(target)
+    url, schema = _probe_url(target)
     dialect = dialect_for_url(url)
     if dialect.store_absent(url):
         return False
     try:
-        connection = _probe_engine(url).connect()
+        connection = _probe_engine(url, schema).connect()
+    except SchemaMissingError:  # the gateway's schema does not exist: it hosts nothing
+        return False
     except sa_exc.SQLAlchemyError as exc:
         if dialect.is_missing_store(exc):
             return False

@@ -421,3 +421,15 @@ def test_the_plugin_runs_in_a_schema(pytester: pytest.Pytester, pg_admin_url: st
     result = pytester.runpytest_subprocess(
         f"--hostedrooms-postgres-url={pg_admin_url}", "--hostedrooms-schema=gw_plugin", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_ownership_probes_read_the_engines_schema(fleet: dict[str, Engine], fleet_url: str) -> None:
+    make_room(fleet["gw_b"], "only-in-b")
+    assert peers.probe_hosted_room(fleet["gw_b"], room_id="only-in-b")
+    assert not peers.probe_hosted_room(fleet["gw_a"], room_id="only-in-b")
+    assert peers.probe_hosted_room(with_search_path(fleet_url, "gw_b"), room_id="only-in-b")
+    nowhere = hostedrooms.create_engine(fleet_url, schema="gw_nowhere")
+    try:
+        assert not peers.probe_hosted_room(nowhere, room_id="only-in-b")
+    finally:
+        nowhere.dispose()
