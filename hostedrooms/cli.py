@@ -403,7 +403,7 @@ def cmd_replicate(args: argparse.Namespace, out: TextIO) -> int:
     poll = _seconds(args.poll if args.poll is not None else 0.5 if http_source else 0.01, "--poll")
     source = open_source(args.source)
     try:
-        with _engine(argparse.Namespace(url=args.target)) as target:
+        with _engine(argparse.Namespace(url=args.target, schema=args.schema)) as target:
             _require_schema(target)
             display = _ReplicateDisplay(out, terminal_text(source.describe()))
             replicator = Replicator(source, target, local_gateway_id=args.gateway, on_page=display.on_page,
@@ -458,7 +458,7 @@ def cmd_failover(args: argparse.Namespace, out: TextIO) -> int:
     # Every message names the source as describe_target masks it: the URL may carry a password.
     named = describe_target(args.catch_up_from) if args.catch_up_from else ""
     try:
-        with _engine(argparse.Namespace(url=args.target)) as target:
+        with _engine(argparse.Namespace(url=args.target, schema=args.schema)) as target:
             _require_schema(target)
             source = open_source(args.catch_up_from) if args.catch_up_from else None
             try:
@@ -528,6 +528,7 @@ def _add_replicate(sub: argparse.ArgumentParser) -> None:
                      help="the authority: its database (path or URL) or its page endpoint (http(s)://...)")
     sub.add_argument("--to", dest="target", default=default_url(),
                      help=f"this gateway's database (default: ${DATABASE_URL_ENV} or ./{DEFAULT_DATABASE})")
+    _add_target_schema(sub)
     sub.add_argument("--follow", action="store_true", help="keep replicating until interrupted")
     sub.add_argument("--interval", type=float, default=1.0,
                      help="with --follow: seconds between passes at most (default 1)")
@@ -547,10 +548,17 @@ def _add_replicate(sub: argparse.ArgumentParser) -> None:
                      "its replica slot (default: keep them)")
 
 
+def _add_target_schema(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--schema", default=os.environ.get(SCHEMA_ENV) or None,
+                     help=f"PostgreSQL: this gateway's schema in --to's database (default: ${SCHEMA_ENV}); a "
+                     "PostgreSQL source in a schema names it in its URL (?options=-csearch_path%%3DNAME)")
+
+
 def _add_failover(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--from-gateway", required=True, help="the silent authority's gateway id (install:...)")
     sub.add_argument("--to", dest="target", default=default_url(),
                      help=f"this gateway's database (default: ${DATABASE_URL_ENV} or ./{DEFAULT_DATABASE})")
+    _add_target_schema(sub)
     sub.add_argument("--dry-run", action="store_true", help="report what would be promoted; write nothing")
     sub.add_argument("--gateway", help="this gateway's id (default: install:$HOSTEDROOMS_INSTALL_ID)")
     sub.add_argument("--catch-up-from", metavar="SOURCE",

@@ -433,3 +433,17 @@ def test_ownership_probes_read_the_engines_schema(fleet: dict[str, Engine], flee
         assert not peers.probe_hosted_room(nowhere, room_id="only-in-b")
     finally:
         nowhere.dispose()
+
+
+def test_replicate_between_two_schemas_from_the_command_line(
+    fleet: dict[str, Engine], fleet_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_room(fleet["gw_a"], "r1")
+    say(fleet["gw_a"], "r1", "a-1")
+    code, _, err = run_cli(capsys, "replicate", "--from", with_search_path(fleet_url, "gw_a"), "--to", fleet_url,
+                           "--schema", "gw_b", "--gateway", "install:gw-b")
+    assert code == 0, err
+    for schema, expected in (("gw_b", 1), ("gw_a", 0), ("gw_c", 0)):
+        with fleet[schema].connect() as connection:
+            count = connection.execute(sa.select(sa.func.count()).select_from(models.replicas)).scalar_one()
+        assert count == expected, schema
