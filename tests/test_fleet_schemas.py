@@ -377,21 +377,31 @@ def test_a_poolers_startup_parameter_refusal_is_a_configuration_error() -> None:
     assert not isinstance(error, StoreUnavailableError)
 
 
-def test_async_engines_take_a_schema(fleet: dict[str, Engine], fleet_url: str) -> None:
+@pytest.mark.parametrize("services", ["threads", "awaited"])
+def test_async_engines_take_a_schema(fleet: dict[str, Engine], fleet_url: str, services: str) -> None:
     import asyncio
 
     from hostedrooms import aio
 
     make_room(fleet["gw_c"], "r1", "in C")
+    make_room(fleet["gw_a"], "r1", "in A")
 
-    async def main() -> str:
-        engine = aio.create_async_engine(fleet_url, schema="gw_c")
+    async def main() -> tuple[str, list[str]]:
+        engine = aio.create_async_engine(fleet_url, schema="gw_c", services=services)
         try:
-            return str((await aio.rooms.room_state(engine, room_id="r1"))["name"])
+            name = str((await aio.rooms.room_state(engine, room_id="r1"))["name"])
+            events = aio.follow(engine, "r1", fallback_interval=120.0)
+            waiting = asyncio.ensure_future(events.__anext__())
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(say, fleet["gw_a"], "r1", "a-1")  # another schema: not followed
+            await asyncio.to_thread(say, fleet["gw_c"], "r1", "c-1")
+            first = await asyncio.wait_for(waiting, 30)
+            await events.aclose()
+            return name, [str(first["event_id"])]
         finally:
             await engine.dispose()
 
-    assert asyncio.run(main()) == "in C"
+    assert asyncio.run(main()) == ("in C", ["c-1"])
 
 
 # --- the pytest plugin --------------------------------------------------------------------------------------------
