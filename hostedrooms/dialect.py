@@ -4,6 +4,12 @@ Nothing else tests ``dialect.name``; callers ask :func:`dialect_for` (or :func:`
 :func:`dialect_named`) for a :class:`StoreDialect` and call it: transaction start (SQLite ``BEGIN IMMEDIATE``
 versus PostgreSQL ``BEGIN`` plus row locks), upserts, scalar maximum, advisory locks, the short timeouts of
 non-blocking probes, and the engine and URL defaults of each backend (driver, file checks, Alembic batch mode).
+
+Namespaces (PostgreSQL): several gateways may share one database, a schema each (``schema=``, or a
+``search_path`` in the URL). Advisory locks, ``pg_locks`` and ``NOTIFY`` channels are per database, so every
+advisory key and channel name is derived from the engine's namespace (its database and ``current_schema()``, read
+once at its first connection): two schemas never share a lock, a budget sharer count or a wake-up. The
+``public`` schema keeps the fixed keys and channels earlier versions used.
 """
 
 from __future__ import annotations
