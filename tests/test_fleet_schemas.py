@@ -457,3 +457,19 @@ def test_replicate_between_two_schemas_from_the_command_line(
         with fleet[schema].connect() as connection:
             count = connection.execute(sa.select(sa.func.count()).select_from(models.replicas)).scalar_one()
         assert count == expected, schema
+
+
+def test_upgrade_never_advises_itself(fleet_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoSchemaSelected(Exception):
+        sqlstate = "3F000"  # invalid_schema_name: what CREATE TABLE says when the search_path names no schema
+
+    def fail(*_args: Any) -> None:
+        raise sa.exc.ProgrammingError("CREATE TABLE", {}, NoSchemaSelected("no schema has been selected to create in"))
+
+    monkeypatch.setattr(migrate, "_run_on", fail)
+    with pytest.raises(SchemaMissingError) as raised:
+        migrate.upgrade(fleet_url, schema="gw_a")
+    assert "run `hostedrooms upgrade`" not in str(raised.value)
+    assert "CREATE SCHEMA" in str(raised.value)
+    with pytest.raises(SchemaMissingError, match="run `hostedrooms upgrade --schema gw_nowhere`"):  # elsewhere: say it
+        migrate.current_revision(fleet_url, schema="gw_nowhere")
