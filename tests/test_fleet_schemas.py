@@ -473,3 +473,19 @@ def test_upgrade_never_advises_itself(fleet_url: str, monkeypatch: pytest.Monkey
     assert "CREATE SCHEMA" in str(raised.value)
     with pytest.raises(SchemaMissingError, match="run `hostedrooms upgrade --schema gw_nowhere`"):  # elsewhere: say it
         migrate.current_revision(fleet_url, schema="gw_nowhere")
+
+
+def test_several_processes_upgrade_their_own_schemas_at_once(fleet_url: str, fleet: dict[str, Engine]) -> None:
+    import subprocess
+    import sys
+
+    schemas = [f"gw_proc_{index}" for index in range(4)]
+    children = [subprocess.Popen(
+        [sys.executable, "-m", "hostedrooms.cli", "upgrade", "--url", fleet_url, "--schema", schema],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for schema in schemas]
+    for child in children:
+        _, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err
+    for schema in schemas:
+        assert migrate.is_at_head(fleet_url, schema=schema)
+        assert {"hosted_rooms", migrate.VERSION_TABLE} <= tables_in(fleet["gw_a"], schema)
