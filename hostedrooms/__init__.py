@@ -36,6 +36,7 @@ from .errors import (
     StoreHostNotFoundError,
     StoreIntegrityError,
     StoreMissingError,
+    StoreReadOnlyError,
     StoreUnavailableError,
 )
 from .uow import UnitOfWork
@@ -72,6 +73,7 @@ __all__ = [
     "StoreHostNotFoundError",
     "StoreIntegrityError",
     "StoreMissingError",
+    "StoreReadOnlyError",
     "StoreUnavailableError",
     "UnitOfWork",
     "Violation",
