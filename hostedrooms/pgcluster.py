@@ -4,13 +4,18 @@
 ``createdb ADMIN_URL NAME`` creates a database on it and prints its URL. The server
 refuses to run as root, so as root it runs as the ``postgres`` user. Durability stays on (``fsync=on``,
 ``synchronous_commit=on``): tests and benchmarks see the commit costs users see.
+
+:func:`start_pgbouncer` puts Debian's ``pgbouncer`` (when installed) in front of such a cluster, in transaction
+pooling mode, for the pooler tests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -74,6 +79,90 @@ class Cluster:
                              "-w", "stop"]),
             check=False, capture_output=True)
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def find_pgbouncer() -> Path | None:
+    """The ``pgbouncer`` executable (Debian's package installs it in /usr/sbin), or None."""
+    found = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin:/usr/local/sbin")
+    return Path(found) if found else None
+
+
+@dataclass
+class Bouncer:
+    """A running PgBouncer in front of a PostgreSQL server."""
+
+    directory: Path
+    port: int
+    server_url: str
+
+    def url(self, database: str) -> str:
+        """The URL of ``database`` through the pooler (every database of the server is reachable)."""
+        from sqlalchemy import make_url
+
+        return make_url(self.server_url).set(host="127.0.0.1", port=self.port, database=database).render_as_string(
+            hide_password=False)
+
+    def stop(self) -> None:
+        """Stop PgBouncer (the pid in its pidfile) and delete its files."""
+        pidfile = self.directory / "pgbouncer.pid"
+        deadline = time.monotonic() + 10
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            pid = int(pidfile.read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+            while time.monotonic() < deadline:
+                os.kill(pid, 0)  # ProcessLookupError once it is gone
+                time.sleep(0.05)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def start_pgbouncer(server_url: str, *, pool_mode: str = "transaction", default_pool_size: int = 4,
+                    executable: Path | None = None) -> Bouncer:
+    """Start PgBouncer on 127.0.0.1 and a free port before the server of ``server_url`` (a cluster's
+    :attr:`Cluster.url`, or any URL with a host, port, role and password): ``pool_mode`` (transaction pooling by
+    default), ``default_pool_size`` server connections per database and role, scram-sha-256 for the URL's role.
+    Runs as the ``postgres`` user when root (as the server does)."""
+    from sqlalchemy import make_url
+
+    executable = executable or find_pgbouncer()
+    if executable is None:
+        raise RuntimeError("pgbouncer not found (apt-get install pgbouncer)")
+    server = make_url(server_url)
+    directory = Path(tempfile.mkdtemp(prefix="hostedrooms-pgbouncer-", dir="/tmp"))
+    os.chmod(directory, 0o755)
+    port = _free_port()
+    (directory / "users.txt").write_text(f"{_auth_quote(server.username)} {_auth_quote(server.password)}\n")
+    os.chmod(directory / "users.txt", 0o600)
+    (directory / "pgbouncer.ini").write_text("\n".join([
+        "[databases]", f"* = host={server.host or '127.0.0.1'} port={server.port or 5432}", "",
+        "[pgbouncer]", "listen_addr = 127.0.0.1", f"listen_port = {port}", "unix_socket_dir =",
+        "auth_type = scram-sha-256", f"auth_file = {directory / 'users.txt'}", f"pool_mode = {pool_mode}",
+        f"default_pool_size = {default_pool_size}", "max_client_conn = 1000", "server_reset_query =",
+        "ignore_startup_parameters = extra_float_digits", f"logfile = {directory / 'pgbouncer.log'}",
+        f"pidfile = {directory / 'pgbouncer.pid'}", ""]))
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        for path in (directory, directory / "users.txt", directory / "pgbouncer.ini"):
+            shutil.chown(path, "postgres")
+    _run([str(executable), "-d", str(directory / "pgbouncer.ini")])
+    bouncer = Bouncer(directory=directory, port=port, server_url=server_url)
+    _wait_listening(bouncer)
+    return bouncer
+
+
+def _auth_quote(text: object) -> str:
+    """A value as PgBouncer's auth_file quotes it (double quotes, doubled inside)."""
+    return '"' + str(text).replace('"', '""') + '"'
+
+
+def _wait_listening(bouncer: Bouncer, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", bouncer.port), timeout=1):
+            return
+        time.sleep(0.05)
+    log = bouncer.directory / "pgbouncer.log"
+    detail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    bouncer.stop()
+    raise RuntimeError(f"PgBouncer did not start listening: {detail}")
 
 
 def start(directory: Path | None = None, *, bin_dir: Path | None = None) -> Cluster:

@@ -7,6 +7,9 @@ Fixtures
 - ``target``: the same database as a string the seed-compatible facade accepts (a SQLite path or a URL).
 - ``empty_target``: a brand-new empty database (never migrated) for migration tests.
 - ``pg_admin_url``: an admin URL of the PostgreSQL server (skips when there is none).
+- ``pgbouncer_url`` / ``pgbouncer_direct_url``: a migrated database of its own reached through Debian's
+  ``pgbouncer`` in transaction pooling mode (started for the session), and the same database directly; skips
+  when pgbouncer is not installed, fails instead under ``HOSTEDROOMS_REQUIRE_POSTGRES=1``.
 - ``api``: "sync" or "async": the public API a contract test calls (``tests/apis.py``; a module opts in with
   ``_api = use_api("rooms", ...)``, and each of its tests then runs against both APIs, on both backends).
 
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, make_url
 
 from hostedrooms import pgcluster, testing
 from hostedrooms.models import metadata
@@ -86,6 +89,39 @@ def pg_worker_url(pg_admin_url: str) -> Iterator[str]:
     with testing.postgres_database(pg_admin_url, f"hostedrooms_test_{_worker()}_{os.getpid()}") as url:
         testing.prepare_template(url)
         yield url
+
+
+# --- PgBouncer (transaction pooling) before this server ----------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _pgbouncer_database(pg_admin_url: str) -> Iterator[tuple[str, str]]:
+    """(URL through PgBouncer, direct URL) of a migrated database of its own; PgBouncer stops before the
+    database is dropped (it holds server connections to it)."""
+    if pgcluster.find_pgbouncer() is None:
+        problem = "PgBouncer tests need `apt-get install pgbouncer` (the harness starts one before PostgreSQL)"
+        if os.environ.get(REQUIRE_PG_ENV) == "1":
+            pytest.fail(f"PgBouncer is required ({REQUIRE_PG_ENV}=1) but not installed: {problem}")
+        pytest.skip(problem)
+    with testing.postgres_database(pg_admin_url, f"hostedrooms_pooled_{_worker()}_{os.getpid()}") as url:
+        testing.prepare_template(url)
+        bouncer = pgcluster.start_pgbouncer(pg_admin_url)
+        try:
+            yield bouncer.url(str(make_url(url).database)), url
+        finally:
+            bouncer.stop()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_url(_pgbouncer_database: tuple[str, str]) -> str:
+    """A migrated database through PgBouncer in transaction pooling mode (tests empty it before use)."""
+    return _pgbouncer_database[0]
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_direct_url(_pgbouncer_database: tuple[str, str]) -> str:
+    """The database of ``pgbouncer_url``, connected to directly (bypassing PgBouncer)."""
+    return _pgbouncer_database[1]
 
 
 # --- SQLite template ---------------------------------------------------------------------------------------
