@@ -42,6 +42,9 @@ from .uow import UnitOfWork
 from .validation import INT64_MAX, stored_json
 
 DEFAULT_DATABASE = "state.db"
+#: Environment variables for ``--pooler`` and ``--listen-url`` (see ``hostedrooms.create_engine``).
+POOLER_ENV = "HOSTEDROOMS_POOLER"
+LISTEN_URL_ENV = "HOSTEDROOMS_LISTEN_URL"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: Where a replay row holds its seq, actor and payload texts.
 _SEQ, _ACTOR, _PAYLOAD = (REPLAY_COLUMNS.index(name) for name in ("seq", "actor_json", "payload_json"))
@@ -76,7 +79,9 @@ def default_url() -> str:
 @contextmanager
 def _engine(args: argparse.Namespace, *, create: bool = False) -> Iterator[Engine]:
     """The engine of ``--url``; a SQLite file must already exist unless ``create`` (upgrade only)."""
-    engine = create_engine(args.url, create=create, schema=getattr(args, "schema", None) or None)
+    engine = create_engine(args.url, create=create, schema=getattr(args, "schema", None) or None,
+                           pooler=getattr(args, "pooler", None) or None,
+                           listen_url=getattr(args, "listen_url", None) or None)
     try:
         yield engine
     finally:
@@ -581,6 +586,13 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--schema", default=os.environ.get(SCHEMA_ENV) or None,
                              help=f"PostgreSQL: this gateway's schema in a shared database (default: ${SCHEMA_ENV}; "
                                   "`upgrade` creates it)")
+            sub.add_argument("--pooler", choices=("session", "transaction"),
+                             default=os.environ.get(POOLER_ENV) or None,
+                             help=f"PostgreSQL: --url goes through a pooler in this mode (default: ${POOLER_ENV}); "
+                                  "transaction: PgBouncer's pool_mode = transaction")
+            sub.add_argument("--listen-url", default=os.environ.get(LISTEN_URL_ENV) or None,
+                             help=f"PostgreSQL: a direct URL of the same database for LISTEN, bypassing the pooler "
+                                  f"(default: ${LISTEN_URL_ENV})")
         sub.set_defaults(handler=handler)
         return sub
 

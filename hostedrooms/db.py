@@ -22,7 +22,16 @@ from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.base import OptionEngine
 
-from .dialect import StoreDialect, check_schema_name, dialect_for_url, dialect_named
+from .dialect import (
+    POOLERS,
+    Pooler,
+    StoreDialect,
+    check_schema_name,
+    dialect_for_url,
+    dialect_named,
+    pooler_of,
+    use_pooler,
+)
 from .errors import HostedRoomError, MisuseError, StoreConfigurationError, describe_target, mask_url_text
 
 Target = str | os.PathLike[str] | URL | Engine
@@ -94,6 +103,8 @@ def create_engine(
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     create: bool = True,
     schema: str | None = None,
+    pooler: str | None = None,
+    listen_url: str | URL | None = None,
     **engine_kwargs: Any,
 ) -> Engine:
     """Build (or adopt) an Engine configured for hostedrooms.
@@ -112,15 +123,56 @@ def create_engine(
     it. SQLite has no schemas: ``schema=`` on a SQLite target raises
     :class:`~hostedrooms.errors.StoreConfigurationError`, as does an engine with a ``schema_translate_map``.
 
+    ``pooler`` (PostgreSQL): what stands between the engine and the server. None or ``"session"``: nothing
+    changes. ``"transaction"`` (PgBouncer's ``pool_mode = transaction``, where each transaction may run on another
+    server connection): no statement is ever prepared on the server (psycopg's ``prepare_threshold=None``),
+    hostedrooms keeps no session state (its advisory locks are all transaction-scoped), and ``schema=`` is refused
+    (a ``search_path`` is session state: give each gateway a database of its own, or use session pooling).
+    ``listen_url``: a direct connection to the same database, bypassing the pooler, for the engine's one waiting
+    connection (``LISTEN`` through a transaction pooler is lost); without it, with ``pooler="transaction"``,
+    ``follow()`` and ledger wake-ups raise :class:`~hostedrooms.errors.StoreConfigurationError`.
+
     Secrets stay out of logs and errors on every engine built or adopted here: bound parameters are hidden and
     fetched rows are never logged, whatever the echo flag or logging level (statements still are, at INFO).
     """
     reject_async(target)
     check_synchronous(synchronous)
     if isinstance(target, Engine):
-        return _adopt_engine(target, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema)
+        return _adopt_engine(target, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema,
+                             pooler=pooler, listen_url=listen_url)
     return build_configured(resolve_url(target), _sa_create_engine, synchronous=synchronous,
-                            busy_timeout=busy_timeout, create=create, schema=schema, **engine_kwargs)
+                            busy_timeout=busy_timeout, create=create, schema=schema, pooler=pooler,
+                            listen_url=listen_url, **engine_kwargs)
+
+
+def check_pooler(dialect: StoreDialect, url: URL, schema: str | None, pooler: object,
+                 listen_url: object) -> Pooler | None:
+    """What ``pooler=`` and ``listen_url=`` ask for (None: neither given); a StoreConfigurationError for a value
+    hostedrooms does not offer, a backend without poolers, or ``schema=`` under transaction pooling."""
+    if pooler is None and listen_url is None:
+        return None
+    if pooler not in POOLERS:
+        raise StoreConfigurationError(
+            f"pooler must be None, 'session' or 'transaction'; got {pooler!r}")
+    if not dialect.has_poolers:
+        raise StoreConfigurationError(
+            f"pooler= and listen_url= apply to PostgreSQL; {describe_target(url)} is a {dialect.name} database")
+    if pooler == "transaction" and schema is not None:
+        raise StoreConfigurationError(
+            f"schema={schema!r} cannot be kept through a transaction pooler (a search_path is session state, and "
+            "each transaction may run on another server connection): give each gateway a database of its own, "
+            "or use session pooling")
+    listen = None
+    if listen_url is not None:
+        if not isinstance(listen_url, str | URL):
+            raise StoreConfigurationError(f"listen_url must be a PostgreSQL URL, not {type(listen_url).__name__}")
+        listen = resolve_url(listen_url)
+        if listen.get_backend_name() != url.get_backend_name():
+            raise StoreConfigurationError(
+                f"listen_url {describe_target(listen)} must name the same {dialect.name} database as "
+                f"{describe_target(url)}, directly")
+        listen = dialect.normalise_url(listen.set(drivername=listen.get_backend_name()))  # the waiter is synchronous
+    return Pooler(pooler if isinstance(pooler, str) else None, listen)
 
 
 def check_schema(dialect: StoreDialect, schema: object, url: URL) -> None:
@@ -155,7 +207,8 @@ def check_synchronous(synchronous: str) -> None:
 
 def build_configured(
     url: URL, factory: Callable[..., _E], *, synchronous: str, busy_timeout: float, create: bool,
-    schema: str | None = None, **engine_kwargs: Any,
+    schema: str | None = None, pooler: str | None = None, listen_url: str | URL | None = None,
+    **engine_kwargs: Any,
 ) -> _E:
     """``factory(url, ...)`` (SQLAlchemy's ``create_engine`` or ``create_async_engine``) with the backend's
     defaults, its connection hooks and secrets kept out of logs; installed on the synchronous Engine (an
@@ -163,12 +216,15 @@ def build_configured(
     dialect = dialect_for_url(url)
     if schema is not None:
         check_schema(dialect, schema, url)
+    pooled = check_pooler(dialect, url, schema, pooler, listen_url)
     try:
         built = dialect.build_with(factory, url, create=create, **engine_kwargs)
     except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ImportError) as exc:
         raise HostedRoomError(f"cannot use database {describe_target(url)}: {exc}") from exc
     engine = cast(Engine, getattr(built, "sync_engine", built))
     refuse_translate_map(engine)
+    if pooled is not None:
+        use_pooler(engine, pooled)
     if schema is not None:  # before the other hooks: they see the schema's search_path
         dialect.use_schema(engine, schema)
         _schemas[engine] = schema
@@ -206,14 +262,17 @@ def _keep_secrets_out_of_logs(engine: Engine) -> None:
     engine._option_cls = _RowQuietOptionEngine
 
 
-def _adopt_engine(engine: Engine, *, synchronous: str, busy_timeout: float, schema: str | None = None) -> Engine:
+def _adopt_engine(engine: Engine, *, synchronous: str, busy_timeout: float, schema: str | None = None,
+                  pooler: str | None = None, listen_url: str | URL | None = None) -> Engine:
     """Use a caller's Engine as given, installing our connection hooks once if it lacks them."""
-    if configure_adopted(engine, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema):
+    if configure_adopted(engine, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema, pooler=pooler,
+                         listen_url=listen_url):
         engine.pool.dispose()  # pooled connections predate the hooks
     return engine
 
 
-def configure_adopted(engine: Engine, *, synchronous: str, busy_timeout: float, schema: str | None = None) -> bool:
+def configure_adopted(engine: Engine, *, synchronous: str, busy_timeout: float, schema: str | None = None,
+                      pooler: str | None = None, listen_url: str | URL | None = None) -> bool:
     """Install our connection hooks on a caller's Engine (an AsyncEngine's ``sync_engine``) unless it has them;
     whether it had to (the caller then disposes the pool: its connections predate the hooks). ``schema``: as
     for :func:`create_engine`; an engine already configured must have been given the same one."""
@@ -222,12 +281,20 @@ def configure_adopted(engine: Engine, *, synchronous: str, busy_timeout: float, 
         raise HostedRoomError(
             f"unsupported database dialect {engine.dialect.name!r} in {describe_target(engine.url)}")
     refuse_translate_map(engine)
+    pooled = check_pooler(dialect, engine.url, schema if schema is not None else _schemas.get(engine), pooler,
+                          listen_url)
     if engine in _configured:
         if schema is not None and _schemas.get(engine) != schema:
             raise StoreConfigurationError(
                 f"this engine of {describe_target(engine.url)} was built with schema={_schemas.get(engine)!r}; "
                 f"build another one for schema={schema!r}")
+        if pooled is not None and pooler_of(engine) != pooled:
+            raise StoreConfigurationError(
+                f"this engine of {describe_target(engine.url)} was built with another pooler= or listen_url=; "
+                "build another one")
         return False
+    if pooled is not None:
+        use_pooler(engine, pooled)
     if schema is not None:
         check_schema(dialect, schema, engine.url)
         dialect.use_schema(engine, schema)

@@ -22,6 +22,7 @@ import threading
 import urllib.parse
 import weakref
 from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -72,6 +73,11 @@ LEGACY_SCHEMA = "public"
 #: A schema name hostedrooms accepts for ``schema=``: an unquoted-style identifier of at most 63 bytes.
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MAX_IDENTIFIER_BYTES = 63
+
+#: The ``pooler=`` values :func:`hostedrooms.create_engine` accepts: None or "session" (a direct connection, or a
+#: pooler that keeps one server connection per client session: nothing changes), "transaction" (PgBouncer's
+#: ``pool_mode = transaction``: no server-side prepared statements, no session state, LISTEN on ``listen_url``).
+POOLERS = (None, "session", "transaction")
 
 _S = TypeVar("_S", bound=Select[Any])
 _T = TypeVar("_T")
@@ -254,6 +260,8 @@ class StoreDialect:
 
     #: Whether the backend has schemas (namespaces inside one database) for ``schema=``.
     has_schemas = False
+    #: Whether the backend is reached through connection poolers (``pooler=``: PgBouncer before PostgreSQL).
+    has_poolers = False
 
     def use_schema(self, engine: Engine, schema: str) -> None:
         """Make every connection of ``engine`` use ``schema`` alone (its ``search_path``), checked at connect."""
@@ -409,8 +417,15 @@ class PostgreSQLDialect(StoreDialect):
     async_driver = "psycopg_async"
     notifies = True
     has_schemas = True
+    has_poolers = True
 
     def configure_engine(self, engine: Engine, *, synchronous: str, busy_timeout: float) -> None:
+        # Before the connect hooks (the schema's search_path among them): first_connect runs first, once per pool
+        # (again after a failure), so an unsupported engine is refused before anything else is asked of it.
+        @event.listens_for(engine, "first_connect")
+        def _on_first_connect(dbapi_connection: Any, _record: Any) -> None:
+            refuse_engine(engine, dbapi_connection)
+
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_connection: Any, _record: Any) -> None:
             if engine.dialect not in _namespaces:
@@ -625,6 +640,89 @@ _FIRST_CONNECT = (
     "SELECT current_database(), current_schema(), ARRAY(SELECT DISTINCT table_schema::text "
     "FROM information_schema.tables WHERE table_name IN ('hosted_rooms', 'hostedrooms_alembic_version') "
     "AND table_schema = ANY(current_schemas(false)) ORDER BY 1)")
+
+
+@dataclass(frozen=True, slots=True)
+class Pooler:
+    """How an engine reaches PostgreSQL: through a pooler in ``mode`` ("session", "transaction"), and the URL of a
+    direct connection its shared waiter ``LISTEN``\\ s on (None: the engine's own URL)."""
+
+    mode: str | None
+    listen_url: URL | None
+
+
+#: Per engine (its SQLAlchemy dialect object, shared by the engines ``execution_options()`` derives): its pooler.
+_poolers: weakref.WeakKeyDictionary[Dialect, Pooler] = weakref.WeakKeyDictionary()
+
+
+def use_pooler(engine: Engine, pooler: Pooler) -> None:
+    """Record ``engine``'s pooler; under transaction pooling its connections never prepare statements on the
+    server (a prepared statement lives on one server connection, and the next transaction may run on another)."""
+    _poolers[engine.dialect] = pooler
+    if pooler.mode != "transaction":
+        return
+
+    @event.listens_for(engine, "do_connect")
+    def _no_server_prepares(_dialect: Any, _record: Any, _cargs: list[Any], cparams: dict[str, Any]) -> None:
+        cparams["prepare_threshold"] = None  # psycopg 3: never PREPARE, whatever the connect_args said
+
+
+def pooler_of(engine: Engine) -> Pooler | None:
+    """The pooler ``engine`` was built with (None: a direct connection, as far as hostedrooms was told)."""
+    return _poolers.get(engine.dialect)
+
+
+def check_listen_through(engine: Engine) -> URL | None:
+    """The URL a waiter of ``engine`` must ``LISTEN`` on (None: the engine's own pool); a StoreConfigurationError
+    where notifications would be lost (a transaction pooler and no ``listen_url``)."""
+    pooler = pooler_of(engine)
+    if pooler is None:
+        return None
+    if pooler.mode == "transaction" and pooler.listen_url is None:
+        raise StoreConfigurationError(
+            f"LISTEN through a transaction pooler is lost: hosted room store {_describe(engine.url)} was built "
+            "with pooler='transaction'; give listen_url=... (a direct connection to PostgreSQL, bypassing the "
+            "pooler) for follow() and ledger wake-ups")
+    return pooler.listen_url
+
+
+#: What hostedrooms relies on that these PostgreSQL-compatible engines lack (see :func:`refuse_engine`).
+_UNSUPPORTED_ENGINES = {
+    "CockroachDB": "advisory locks listed in pg_locks (the gateway budget protocol) and LISTEN/NOTIFY "
+                   "(wake-ups)",
+    "YugabyteDB": "advisory locks listed in pg_locks (the gateway budget protocol) and LISTEN/NOTIFY (wake-ups)",
+    "Citus": "subqueries in INSERT on distributed tables (the budgeted append) and cluster-wide advisory "
+             "locks in pg_locks (the gateway budget protocol)",
+}
+_ENGINE_IDENTITY = "SELECT version(), EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+
+
+def _server_identity(dbapi_connection: Any) -> tuple[str, bool]:
+    """The server's ``version()`` and whether the Citus extension is installed in the database."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(_ENGINE_IDENTITY)
+        version, citus = cursor.fetchone()
+    finally:
+        cursor.close()
+    dbapi_connection.rollback()
+    return str(version), bool(citus)
+
+
+def refuse_engine(engine: Engine, dbapi_connection: Any) -> None:
+    """Refuse a PostgreSQL-compatible engine hostedrooms does not support yet (CockroachDB, YugabyteDB, a Citus
+    database), naming what it lacks: a StoreConfigurationError at the engine's first connection."""
+    version, citus = _server_identity(dbapi_connection)
+    # YugabyteDB's version() reads "PostgreSQL 11.2-YB-2.18..." (its name only in yb_version()).
+    found = "CockroachDB" if "CockroachDB" in version else None
+    if "YugabyteDB" in version or "-YB-" in version:
+        found = "YugabyteDB"
+    if found is None and citus:
+        found = "Citus"
+    if found is not None:
+        raise StoreConfigurationError(
+            f"hosted room store {_describe(engine.url)} runs on {found}, which hostedrooms does not support yet: "
+            f"it lacks {_UNSUPPORTED_ENGINES[found]}; use PostgreSQL")
 
 
 def check_schema_name(schema: object) -> str:

@@ -22,7 +22,7 @@ from sqlalchemy import exc as sa_exc
 
 from . import models
 from .db import Target, engine_schema, resolve_url
-from .dialect import dialect_for_url
+from .dialect import Pooler, dialect_for_url, pooler_of, use_pooler
 from .engines import EngineCache, EngineSource, resolve_engine
 from .errors import (
     AuthorityConflictError,
@@ -536,22 +536,28 @@ def remote_run_receipt(engine: EngineSource, *, record: RemoteRunIdentity) -> Re
 _probe_engines = EngineCache()
 
 
-def _probe_url(target: Target) -> tuple[URL, str | None]:
-    """The store a probe reads: its URL, and the ``schema=`` of an Engine built with one."""
-    return (target.url, engine_schema(target)) if isinstance(target, Engine) else (resolve_url(target), None)
+def _probe_url(target: Target) -> tuple[URL, str | None, Pooler | None]:
+    """The store a probe reads: its URL, and the ``schema=`` and ``pooler=`` of an Engine built with them."""
+    if isinstance(target, Engine):
+        return target.url, engine_schema(target), pooler_of(target)
+    return resolve_url(target), None, None
 
 
-def _probe_engine(url: URL, schema: str | None) -> Engine:
-    """A cached, hook-free (but for the schema's search_path), never-migrating engine per store (never the compat
-    facade's engine)."""
+def _probe_engine(url: URL, schema: str | None, pooler: Pooler | None = None) -> Engine:
+    """A cached, hook-free (but for the schema's search_path, and no server-side prepares behind a transaction
+    pooler), never-migrating engine per store (never the compat facade's engine)."""
 
     def build() -> Engine:
         engine = dialect_for_url(url).probe_engine(url, PROBE_TIMEOUT_SECONDS)
+        if pooler is not None:
+            use_pooler(engine, pooler)
         if schema is not None:
             dialect_for_url(url).use_schema(engine, schema)
         return engine
 
-    return _probe_engines.get(f"{url.render_as_string(hide_password=False)}#schema={schema or ''}", build)
+    mode = pooler.mode if pooler is not None else ""
+    return _probe_engines.get(
+        f"{url.render_as_string(hide_password=False)}#schema={schema or ''}#pooler={mode or ''}", build)
 
 
 def forget_probe_engines() -> None:
@@ -565,12 +571,12 @@ def _probe(target: Target, table_name: str, stmt: Select[Any], unavailable: str)
     A missing store or table answers False. Any store failure, including a lock held past
     :data:`PROBE_TIMEOUT_SECONDS`, raises ``RoomProbeUnavailableError(unavailable)``.
     """
-    url, schema = _probe_url(target)
+    url, schema, pooler = _probe_url(target)
     dialect = dialect_for_url(url)
     if dialect.store_absent(url):
         return False
     try:
-        connection = _probe_engine(url, schema).connect()
+        connection = _probe_engine(url, schema, pooler).connect()
     except SchemaMissingError:  # the gateway's schema does not exist: it hosts nothing
         return False
     except sa_exc.SQLAlchemyError as exc:

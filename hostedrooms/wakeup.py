@@ -23,6 +23,10 @@ read only), and a timeout (the polling fallback on PostgreSQL) re-reads too. Ent
 from then on a commit wakes it, so a commit between the read and the wait is not missed. A wake-up that arrives
 while its waiter is reading is kept for its next wait (a spurious re-read at worst). Leaving the ``with`` block
 only unregisters; nothing of the services' pool is held at any time.
+
+Behind a transaction pooler (``create_engine(..., pooler="transaction")``) a ``LISTEN`` would hold for one
+transaction of some server connection and then be lost: the waiter connects to ``listen_url`` instead (a direct
+connection), and without one every wait is refused with a StoreConfigurationError rather than silently polling.
 """
 
 from __future__ import annotations
@@ -38,15 +42,23 @@ from types import TracebackType
 from typing import Any, Self
 
 from sqlalchemy import Engine
+from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.pool import Pool, PoolProxiedConnection, SingletonThreadPool, StaticPool
+from sqlalchemy.pool import NullPool, Pool, PoolProxiedConnection, SingletonThreadPool, StaticPool
 
-from .dialect import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, StoreDialect, dialect_for, scoped_channel
+from .dialect import (
+    LEDGER_WORK_CHANNEL,
+    ROOM_EVENTS_CHANNEL,
+    StoreDialect,
+    check_listen_through,
+    dialect_for,
+    scoped_channel,
+)
 from .errors import translate
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL", "LEDGER_WORK_CHANNEL", "ROOM_EVENTS_CHANNEL", "SharedWaiter", "Subscription", "Wakeup",
-    "driver_error", "join_waiter",
+    "check_waitable", "driver_error", "join_waiter",
 ]
 
 #: How often a SQLite waiter looks for a commit (seconds); PostgreSQL waiters re-read this often without a
@@ -94,7 +106,7 @@ class SharedWaiter:
     def __init__(self, engine: Engine) -> None:
         self.dialect: StoreDialect = dialect_for(engine)
         self._sa_dialect, self._url = engine.dialect, engine.url  # the engine's namespace: its channels' names
-        self._pool: Pool = engine.pool.recreate()  # the same connect hooks; none of the services' slots
+        self._pool: Pool = _waiting_pool(engine)
         self._cond = threading.Condition()
         self._subscriptions: dict[str, dict[str | None, set[Subscription]]] = {}
         self._count = 0
@@ -273,6 +285,23 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
     os.register_at_fork(after_in_child=_forget_waiters)
 
 
+def _waiting_pool(engine: Engine) -> Pool:
+    """Where the waiter's one connection comes from: a private copy of ``engine``'s pool (the same connect hooks,
+    none of the services' slots), or, given ``listen_url`` (a transaction pooler would lose the ``LISTEN``), a
+    plain pool of that direct connection."""
+    listen_url = check_listen_through(engine) if dialect_for(engine).notifies else None
+    if listen_url is None:
+        return engine.pool.recreate()
+    return _sa_create_engine(listen_url, poolclass=NullPool).pool
+
+
+def check_waitable(engine: Engine) -> None:
+    """Refuse (StoreConfigurationError) waits on ``engine`` whose notifications a transaction pooler would lose:
+    ``pooler="transaction"`` without ``listen_url``."""
+    if dialect_for(engine).notifies:
+        check_listen_through(engine)
+
+
 def has_separate_connections(engine: Engine) -> bool:
     """Whether a connection of a private copy of ``engine``'s pool sees the database the services use: not where
     the pool hands out one connection (an in-memory SQLite database; a copy would open a new, empty one)."""
@@ -286,6 +315,7 @@ def join_waiter(engine: Engine | None, subscription: Subscription) -> SharedWait
     if engine is None or not has_separate_connections(engine):
         subscription.mark_ready()
         return None
+    check_waitable(engine)  # a transaction pooler without listen_url: refused, never silently polled
     with _waiters_lock:
         waiter = _waiters.get(engine)
         if waiter is not None and waiter.add(subscription):
@@ -336,6 +366,7 @@ class Wakeup:
         self.dialect: StoreDialect = dialect_for(engine)
         if self.dialect.notifies:
             self.dialect.listen_statement(channel)  # one of hostedrooms' channels (a programming error otherwise)
+            check_waitable(engine)  # a transaction pooler without listen_url: refused here, at once
         self.channel, self.key = channel, key
         self.poll_interval = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
         self._subscription: _ThreadSubscription | None = None

@@ -79,6 +79,8 @@ class _Options:
     create: bool = True
     services: str = "threads"
     schema: str | None = None
+    pooler: str | None = None
+    listen_url: str | URL | None = None
 
 
 #: What create_async_engine was told, per engine (adopted engines get the defaults).
@@ -94,6 +96,8 @@ def create_async_engine(
     create: bool = True,
     services: str = "threads",
     schema: str | None = None,
+    pooler: str | None = None,
+    listen_url: str | URL | None = None,
     **engine_kwargs: Any,
 ) -> AsyncEngine:
     """:func:`hostedrooms.create_engine` for asyncio: an AsyncEngine configured for hostedrooms.
@@ -104,7 +108,9 @@ def create_async_engine(
     Bad targets raise :class:`~hostedrooms.errors.HostedRoomError` as ``create_engine`` does; a synchronous
     Engine, or an option it does not offer, :class:`~hostedrooms.errors.MisuseError`. ``services``: how
     hostedrooms' calls run for this engine, ``"threads"`` or ``"awaited"`` (see :mod:`hostedrooms.aio.engines`).
-    ``schema``: the gateway's PostgreSQL schema, as for :func:`hostedrooms.create_engine` (the twin uses it too).
+    ``schema``: the gateway's PostgreSQL schema, as for :func:`hostedrooms.create_engine` (the twin uses it too);
+    ``pooler`` and ``listen_url`` too: under ``pooler="transaction"`` neither the AsyncEngine nor its twin prepares
+    statements on the server, and wake-ups ``LISTEN`` on ``listen_url``.
     """
     check_synchronous(synchronous)
     if isinstance(target, AsyncEngine):
@@ -112,8 +118,9 @@ def create_async_engine(
     if services not in SERVICES:
         raise MisuseError(f"services must be one of {', '.join(SERVICES)}")
     if isinstance(target, AsyncEngine):
-        configure_adopted(target.sync_engine, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema)
-        _options[target.sync_engine] = _Options(synchronous, busy_timeout, True, services, schema)
+        configure_adopted(target.sync_engine, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema,
+                          pooler=pooler, listen_url=listen_url)
+        _options[target.sync_engine] = _Options(synchronous, busy_timeout, True, services, schema, pooler, listen_url)
         return target
     if isinstance(target, Engine):
         raise MisuseError(
@@ -121,8 +128,9 @@ def create_async_engine(
             "Engine; give its URL instead")
     url = resolve_url(target)
     built = build_configured(dialect_for_url(url).async_url(url), _sa_create_async_engine, synchronous=synchronous,
-                             busy_timeout=busy_timeout, create=create, schema=schema, **engine_kwargs)
-    _options[built.sync_engine] = _Options(synchronous, busy_timeout, create, services, schema)
+                             busy_timeout=busy_timeout, create=create, schema=schema, pooler=pooler,
+                             listen_url=listen_url, **engine_kwargs)
+    _options[built.sync_engine] = _Options(synchronous, busy_timeout, create, services, schema, pooler, listen_url)
     return built
 
 
@@ -367,7 +375,7 @@ async def runner_for(engine: object) -> Runner:
         return _runners.setdefault(sync_engine, _Awaited(async_engine))
     threaded = _Threaded(create_engine(
         twin_target, synchronous=options.synchronous, busy_timeout=options.busy_timeout, create=options.create,
-        schema=options.schema, pool_size=THREAD_WORKERS,
+        schema=options.schema, pooler=options.pooler, listen_url=options.listen_url, pool_size=THREAD_WORKERS,
         max_overflow=THREAD_WORKERS))  # the overflow: callers' own threads
     runner = _runners.setdefault(sync_engine, threaded)
     if runner is threaded:

@@ -17,7 +17,7 @@ from .. import rooms as _rooms
 from ..limits import Limits
 from ..records import EventRecord
 from ..rooms.follow import FollowCursor
-from ..wakeup import FALLBACK_INTERVAL
+from ..wakeup import FALLBACK_INTERVAL, check_waitable
 from .derive import service
 from .engines import require_async_engine
 from .wakeup import room_wakeup
@@ -37,7 +37,9 @@ def follow(
     waits it holds no connection (the engine's one shared waiter wakes it); close the iterator
     (``contextlib.aclosing``), cancel its task or its anyio cancel scope to unregister it."""
     cursor = FollowCursor.start(room_id, since_seq, limit, limits)
-    return _follow(require_async_engine(engine), cursor, poll_interval, fallback_interval, limits)
+    checked = require_async_engine(engine)
+    check_waitable(checked.sync_engine)  # behind a transaction pooler without listen_url: refused now
+    return _follow(checked, cursor, poll_interval, fallback_interval, limits)
 
 
 async def open_follow(
@@ -50,6 +52,7 @@ async def open_follow(
     room_id, since)``, then answer and ``async for event in events``; nothing is held until it is iterated."""
     cursor = FollowCursor.start(room_id, since_seq, limit, limits)
     checked = require_async_engine(engine)
+    check_waitable(checked.sync_engine)
     cursor.check_room(await _room_state(checked, room_id=cursor.room_id, include_disbanded=True, limits=limits))
     return _follow(checked, cursor, poll_interval, fallback_interval, limits)
 

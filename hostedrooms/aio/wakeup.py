@@ -23,8 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import NullPool
 
 from ..db import create_engine, engine_schema
-from ..dialect import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, dialect_for, dialect_for_url
-from ..wakeup import DEFAULT_POLL_INTERVAL, SharedWaiter, Subscription, driver_error, join_waiter
+from ..dialect import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, dialect_for, dialect_for_url, pooler_of
+from ..wakeup import DEFAULT_POLL_INTERVAL, SharedWaiter, Subscription, check_waitable, driver_error, join_waiter
 from .engines import require_async_engine, runner_for
 
 __all__ = ["AsyncWakeup", "ledger_wakeup"]
@@ -43,9 +43,11 @@ async def waiter_engine(engine: AsyncEngine) -> Engine | None:
     sync_engine = engine.sync_engine
     if sync_engine not in _waiter_engines:
         target = dialect_for_url(engine.url).twin_target(engine.url)
+        pooler = pooler_of(sync_engine)
         # NullPool: the waiter takes its one connection from a private copy of this pool; nothing else idles.
         _waiter_engines[sync_engine] = None if target is None else create_engine(
-            target, create=False, poolclass=NullPool, schema=engine_schema(sync_engine))  # its channels
+            target, create=False, poolclass=NullPool, schema=engine_schema(sync_engine),  # its channels
+            pooler=None if pooler is None else pooler.mode, listen_url=None if pooler is None else pooler.listen_url)
     return _waiter_engines[sync_engine]
 
 
@@ -104,6 +106,7 @@ class AsyncWakeup:
         dialect = dialect_for(self.engine.sync_engine)
         if dialect.notifies:
             dialect.listen_statement(channel)  # one of hostedrooms' channels (a programming error otherwise)
+        check_waitable(self.engine.sync_engine)  # a transaction pooler without listen_url: refused at once
         self.channel, self.key = channel, key
         self.poll_interval = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
         self._subscription: _LoopSubscription | None = None

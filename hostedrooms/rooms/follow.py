@@ -34,7 +34,7 @@ from ..engines import EngineSource, resolve_engine
 from ..errors import InvalidInputError
 from ..limits import Limits, in_force
 from ..records import EventPage, EventRecord
-from ..wakeup import FALLBACK_INTERVAL, ROOM_EVENTS_CHANNEL, Wakeup
+from ..wakeup import FALLBACK_INTERVAL, ROOM_EVENTS_CHANNEL, Wakeup, check_waitable
 from .events import read_events
 from .lifecycle import room_state
 from .rules import _bounded_limit, _non_negative, _room_id
@@ -119,6 +119,7 @@ def follow(
     (one read; nothing stays open)."""
     cursor = FollowCursor.start(room_id, since_seq, limit, limits)
     source = resolve_engine(engine)
+    check_waitable(source)  # behind a transaction pooler without listen_url: refused now, not at the first wait
     cursor.check_room(room_state(source, room_id=cursor.room_id, include_disbanded=True, limits=limits))
     return _follow(source, cursor, poll_interval, fallback_interval, limits)
 
