@@ -585,9 +585,9 @@ class RawOwnStatements(RawDriver):
         from sqlalchemy import create_engine as sa_create_engine
 
         from hostedrooms import limits, models
-        from hostedrooms.dialect import dialect_named
+        from hostedrooms.dialect import ROOM_EVENTS_CHANNEL, dialect_named
         from hostedrooms.rooms.rules import max_event_bytes
-        from hostedrooms.store import room_store
+        from hostedrooms.store import GATEWAY_BYTES_LOCK_KEY, room_store
 
         raise_limits()
         super().open(round_index)
@@ -603,6 +603,10 @@ class RawOwnStatements(RawDriver):
         self.fixed = {"fast_room_id": self.room_id, "fast_gateway_id": GATEWAY, "fast_epoch": 1,
                       "fast_max_room_bytes": limits.MAX_ROOM_EVENT_BYTES,
                       "fast_max_gateway_bytes": limits.MAX_GATEWAY_EVENT_BYTES}
+        if self.ctx.postgres:  # the budget key and follower channel the advance binds (the public schema's)
+            key = GATEWAY_BYTES_LOCK_KEY
+            self.fixed |= {"budget_key": key, "budget_high": (key >> 32) & 0xFFFFFFFF, "budget_low": key & 0xFFFFFFFF,
+                           "notify_channel": ROOM_EVENTS_CHANNEL}
         self.max_events = limits.MAX_EVENTS_PER_ROOM
         self.per_writer = max_event_bytes()
         self.event_bytes = len((KIND + ACTOR_JSON + PAYLOAD_JSON).encode())  # and the id's (ASCII) length
