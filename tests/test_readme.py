@@ -14,6 +14,7 @@ A ```sh block is checked with ``bash -n``; the CI blocks (``<!-- ci: NAME -->``)
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import textwrap
@@ -138,6 +139,18 @@ def test_asyncio_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert "<!-- tested: asyncio" in README.read_text(encoding="utf-8")
     exec(compile(block, "README asyncio", "exec"), {"__name__": "readme"})  # its asserts check the follower
     assert (tmp_path / "state-async.db").exists()
+
+
+def test_the_fast_subset_is_sqlite_and_the_synchronous_api_only() -> None:
+    command = marked_block("fast-subset").replace("python -m pytest -n 2", "python -m pytest --collect-only -q", 1)
+    assert command != marked_block("fast-subset")
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=ROOT, capture_output=True, text=True,
+                            check=False, env={**os.environ, "PYTEST_ADDOPTS": "-p no:cacheprovider"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    selected = [line for line in result.stdout.splitlines() if "::" in line]
+    assert len(selected) > 500  # a subset, not a typo that selects nothing
+    assert not [test for test in selected if re.search(r"postgresql|async|awaited|threads", test)]
+    assert not [test for test in selected if "test_wheel.py" in test or "test_reliability" in test]
 
 
 def test_the_readme_links_to_pages_that_exist() -> None:
