@@ -71,7 +71,7 @@ class ReplicaEpochRegressionError(ReplicaError):
 
 # --- the caller's mistakes, limits and the ledger (#28) --------------------------------------------------------
 # Each is a subclass of what the reference raised for the same case, with its exact message: only the class
-# tells more. A web service can map them without reading messages (README, "Errors").
+# tells more. A web service can map them without reading messages (docs/errors.md).
 
 
 class InvalidInputError(HostedRoomError):

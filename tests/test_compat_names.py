@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from factories import prepare, replica_page
+from test_readme import documents
 
 from hostedrooms import migrate
 from hostedrooms.compat import _engine
@@ -148,8 +149,8 @@ def test_name_is_present(module: str, name: str) -> None:
 @pytest.mark.parametrize(("module", "name"), _cases(ABSENT))
 def test_name_is_deliberately_absent_and_documented(module: str, name: str) -> None:
     assert not hasattr(FACADES[module], name)
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    assert f"`{name}`" in readme
+    documented = "".join(path.read_text(encoding="utf-8") for path in documents())  # README.md and docs/
+    assert f"`{name}`" in documented
 
 
 @pytest.mark.parametrize(("module", "name"), _cases(STANDARD))

@@ -5,7 +5,7 @@ Bad input is :class:`InvalidInputError` (naming the field), a capacity limit :cl
 that keep the reference's ``ValueError``/``RuntimeError``/``PermissionError`` bases. Messages are the reference's:
 only the class says more. Each public call is walked with bad input, over capacity and misused, on both APIs and
 both backends; ``follow()`` refuses an unknown room when called; an asyncio driver hostedrooms does not use is
-refused by name; and README's "Errors" table lists every class.
+refused by name; and the "Errors" table (docs/errors.md) lists every class.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from apis import use_api
 from factories import LOCAL as GATEWAY
 from factories import lowered, make_room, outbound, outbound_snapshot, prepare, replica_page
 from sqlalchemy import Engine
+from test_readme import readme_block
 
 import hostedrooms
 from hostedrooms import aio, errors, peers, replicas, rooms
@@ -46,7 +47,7 @@ from hostedrooms.errors import (
 
 _api = use_api("rooms", "peers", "replicas")  # the tests on a database run on both APIs
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ERRORS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "errors.md"  # the full table (README: a short one)
 USER = {"kind": "user", "id": "u1"}
 
 
@@ -432,7 +433,7 @@ def test_hostedrooms_drivers_are_accepted(url: str, sync_driver: str, async_driv
     assert asyncio.run(build()) == async_driver
 
 
-# --- the README's table -----------------------------------------------------------------------------------------
+# --- the errors table ------------------------------------------------------------------------------------------
 
 
 def public_error_classes() -> list[str]:
@@ -443,10 +444,10 @@ def public_error_classes() -> list[str]:
 
 
 def readme_error_rows() -> dict[str, list[str]]:
-    """The rows of the table under README's "### Errors" heading: class name -> the other cells."""
-    text = re.sub(r"^```.*?^```", "", README.read_text(encoding="utf-8"), flags=re.MULTILINE | re.DOTALL)
-    section = re.search(r"^### Errors\s*$(.*?)(?=^#{1,3} )", text + "\n# end", re.MULTILINE | re.DOTALL)
-    assert section is not None, 'README has no "### Errors" section'
+    """The rows of the table under docs/errors.md's "# Errors" heading: class name -> the other cells."""
+    text = re.sub(r"^```.*?^```", "", ERRORS_PAGE.read_text(encoding="utf-8"), flags=re.MULTILINE | re.DOTALL)
+    section = re.search(r"^# Errors\s*$(.*?)(?=^#{1,3} )", text + "\n# end", re.MULTILINE | re.DOTALL)
+    assert section is not None, 'docs/errors.md has no "# Errors" section'
     rows: dict[str, list[str]] = {}
     for line in section.group(1).splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
@@ -466,11 +467,10 @@ def test_the_readme_table_lists_every_error_class_with_retry_and_status() -> Non
 
 
 def test_the_readme_status_lookup_takes_the_most_specific_class() -> None:
-    """The README's ``status_of`` (a ``py`` block, outside the library walk-through) runs as written."""
-    blocks = re.findall(r"```py\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.DOTALL)
-    (block,) = [block for block in blocks if "def status_of" in block]
+    """The errors page's ``status_of`` (a ``py`` block marked tested: status-of) runs as written."""
+    block = readme_block("def status_of", "py")
     namespace: dict[str, Any] = {}
-    exec(compile(block, "README status_of", "exec"), namespace)
+    exec(compile(block, "docs/errors.md status_of", "exec"), namespace)
     status_of = namespace["status_of"]
     assert status_of(InvalidInputError("invalid room_id", field="room_id")) == 400
     assert status_of(LedgerInputError("secure peer delivery role is invalid")) == 400

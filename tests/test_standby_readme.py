@@ -1,21 +1,18 @@
-"""The README's standby example runs as written and prints what its comments say (a ```py block: the library
-walk-through in tests/test_readme.py counts its own ```python blocks)."""
+"""The standby example (docs/standby.md, a ```py block marked tested: standby) runs as written and prints what
+its comments say."""
 
 from __future__ import annotations
 
 import contextlib
 import io
-import re
 from pathlib import Path
 
 import pytest
-
-README = Path(__file__).resolve().parent.parent / "README.md"
+from test_readme import readme_block
 
 
 def test_the_standby_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    blocks = re.findall(r"```py\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
-    (block,) = [block for block in blocks if "Replicator(" in block]
+    block = readme_block("Replicator(", "py")
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

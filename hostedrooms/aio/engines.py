@@ -16,9 +16,9 @@ runs it without blocking the event loop, in one of two ways (``create_async_engi
   about twice the client CPU of the synchronous driver). Used where no twin can open the same database (an
   in-memory SQLite database, a SQLite URI).
 
-Why threads by default (README, "asyncio", has the measurements): an awaited append costs the loop every driver
-call, so with many tasks it gets less done and the loop answers other tasks late; in a thread the loop only
-hands the call over and takes the outcome back (one hop, the least any design that keeps the blocking commit
+Why threads by default (docs/benchmarks.md, "asyncio", has the measurements): an awaited append costs the loop
+every driver call, so with many tasks it gets less done and the loop answers other tasks late; in a thread the
+loop only hands the call over and takes the outcome back (one hop, the least any design that keeps the blocking commit
 off the loop can pay).
 
 Either way a cancelled call runs to its end before the CancelledError reaches the caller (see :meth:`Runner.run`):
@@ -67,7 +67,7 @@ AsyncTarget = str | os.PathLike[str] | URL | AsyncEngine
 
 #: Worker threads per twin at most (calls beyond wait for one); the twin's pool holds as many connections. Sized
 #: as ``asyncio.to_thread``'s default executor is, for the same blocking calls: a fixed 8 on 2 cores lagged the
-#: loop more than ``asyncio.to_thread`` did, for no more throughput (README, "asyncio").
+#: loop more than ``asyncio.to_thread`` did, for no more throughput (docs/benchmarks.md, "asyncio").
 THREAD_WORKERS = min(32, (os.cpu_count() or 1) + 4)
 SERVICES = ("threads", "awaited")
 

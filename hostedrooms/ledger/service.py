@@ -21,9 +21,9 @@ class DeliveryLedger(Deliveries, ResponseIntents, OutboundIntents, Retention):
     ``response`` decoded (typed :class:`~hostedrooms.records.DeliveryRecord` and
     :class:`~hostedrooms.records.OutboundRecord`), or None.
 
-    Stored values follow the store's rules (README, "Limits on stored values"): text with a NUL character or a
-    lone surrogate is refused with ``LedgerInputError``, a ``ValueError`` (a caller's error text is recorded
-    escaped instead), and snapshots and responses nest at most MAX_JSON_DEPTH deep. A row whose stored JSON
+    Stored values follow the store's rules (docs/reliability.md, "Limits on stored values"): text with a NUL
+    character or a lone surrogate is refused with ``LedgerInputError``, a ``ValueError`` (a caller's error text is
+    recorded escaped instead), and snapshots and responses nest at most MAX_JSON_DEPTH deep. A row whose stored JSON
     cannot be decoded (left by the reference) is skipped by the listings and raises ``StorageError`` in a call
     about that row.
     """
