@@ -68,3 +68,23 @@ def test_a_plain_host_key_refuses_the_purge_whole(engine: Engine, host_tables: s
         rooms.prune_disbanded_rooms(engine, now=100.0 + 10**9)
     assert _orders(engine, orders) == [(1, "r1")]
     assert rooms.room_state(engine, room_id="r1", include_disbanded=True)["disbanded_at"] == 100.0
+
+
+def test_a_string_key_in_a_target_metadata_holding_hostedrooms_tables(engine: Engine) -> None:
+    """A host whose ``target_metadata`` holds hostedrooms' tables (copied in, as the host Alembic docs show for
+    declaring such keys) names the key by string; ``create_all`` of its own table and pruning work as above, and
+    hostedrooms' tables are neither created nor changed by it."""
+    metadata = sa.MetaData()
+    for table in models.metadata.sorted_tables:
+        table.to_metadata(metadata)
+    orders = sa.Table(
+        "host_orders", metadata,
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("room_id", sa.Text, sa.ForeignKey("hosted_rooms.room_id", ondelete="CASCADE"), nullable=True))
+    orders.create(engine)
+    try:
+        _disbanded_room_with_an_order(engine, orders)
+        assert rooms.prune_disbanded_rooms(engine, now=100.0 + 10**9) == 1
+        assert _orders(engine, orders) == []
+    finally:
+        orders.drop(engine)
