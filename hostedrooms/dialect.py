@@ -246,9 +246,9 @@ class StoreDialect:
         """Where readers poll: a number that changes whenever another connection commits."""
         raise NotImplementedError
 
-    def notify_column(self, channel: str, payload: Any) -> ColumnElement[Any]:
+    def notify_column(self, payload: Any) -> ColumnElement[Any]:
         """Where committed writes wake readers: a column for a RETURNING clause that queues :meth:`notify` at no
-        extra round trip."""
+        extra round trip, on the channel bound as ``notify_channel`` (:meth:`hot_params` gives it)."""
         raise NotImplementedError
 
     def listen_statement(self, channel: str, namespace: str | None = None) -> str:
@@ -440,7 +440,7 @@ class PostgreSQLDialect(StoreDialect):
             raise ValueError(f"unknown wake-up channel {channel!r}")
         return f"LISTEN {scoped_channel(namespace, channel)}"
 
-    def notify_column(self, channel: str, payload: Any) -> ColumnElement[Any]:
+    def notify_column(self, payload: Any) -> ColumnElement[Any]:
         """A column for a RETURNING clause that sends :meth:`notify` at no extra round trip; the channel is bound
         at each call as ``notify_channel`` (:meth:`hot_params`), so one compiled statement serves every
         namespace."""

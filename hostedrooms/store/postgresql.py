@@ -59,7 +59,7 @@ class PostgreSQLRoomStore(RoomStore):
         # The RETURNING clause also queues the followers' NOTIFY (delivered on commit): no extra round trip.
         self._advance = HotStatement(FAST_ADVANCE_ROOM.where(*FAST_GUARDS).returning(
             *dialect.lock_shared_and_count(),
-            dialect.notify_column(ROOM_EVENTS_CHANNEL, bindparam("fast_room_id"))))
+            dialect.notify_column(bindparam("fast_room_id"))))
         self._budgeted_insert = HotStatement(insert(_events).from_select(
             [column.name for column in _events.c],
             select(*(bindparam(column.name, type_=column.type) for column in _events.c)).where(
