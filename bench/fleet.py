@@ -13,7 +13,10 @@ Three layouts of the same gateways:
   state), so each gateway gets a PgBouncer database alias of its own whose ``connect_query`` sets its schema:
   every server connection of that alias's pool stays in that schema, and the engine (``pooler="transaction"``,
   ``listen_url`` direct) takes its namespace from the first connection's ``current_schema()``;
-- **database, direct**: a database per gateway (the contrast the targets are set against).
+- **database, direct**: a database per gateway (the contrast the targets are set against);
+- **schema, direct, unprepared**: the first layout with psycopg's ``prepare_threshold=None``, as under transaction
+  pooling: PgBouncer over this one is the cost of the pooler's hop alone, this one over the first the cost of
+  parsing and planning every statement again.
 
 Every writer is its own process (as gateways are), with a pool of one connection, appending to a room of its own
 (single appends, or ``--batch`` events per ``append_events``). Every round runs each layout once, in an order
@@ -37,10 +40,11 @@ from typing import Any
 
 from bench.common import ACTOR, GATEWAY, KIND, PAYLOAD, postgres_connect
 
-LAYOUTS = ("schema-direct", "schema-pgbouncer", "database-direct")
+LAYOUTS = ("schema-direct", "schema-pgbouncer", "database-direct", "schema-direct-unprepared")
 LABELS = {"schema-direct": "schema per gateway, direct",
           "schema-pgbouncer": "schema per gateway, PgBouncer (transaction)",
-          "database-direct": "database per gateway, direct"}
+          "database-direct": "database per gateway, direct",
+          "schema-direct-unprepared": "schema per gateway, direct, no server-side prepares"}
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,8 @@ def prepare(admin_url: str, gateways: int, bouncer: Any) -> dict[str, list[Gatew
     for name in names:
         migrate.upgrade(shared, schema=name)
         layouts["schema-direct"].append(Gateway(name, shared, (("schema", name),)))
+        layouts["schema-direct-unprepared"].append(Gateway(name, shared, (
+            ("schema", name), ("connect_args", {"prepare_threshold": None}))))
         aliases[f"{shared_name}_{name}"] = (shared_name, name)
         own = create_database(admin_url, f"bench_fleet_{suffix}_{name}")
         migrate.upgrade(own)
@@ -290,11 +296,15 @@ def report(samples: dict[str, list[Sample]], settings: dict[str, str], *, gatewa
     schema_db = ratios("schema-direct", "database-direct")
     bouncer_direct = ratios("schema-pgbouncer", "schema-direct")
     bouncer_db = ratios("schema-pgbouncer", "database-direct")
+    hop = ratios("schema-pgbouncer", "schema-direct-unprepared")
+    unprepared = ratios("schema-direct-unprepared", "schema-direct")
     out.write("\n" + _render([
         ("ratio (per round, then median and min-max)", "measured", "target"),
         ("schema per gateway / database per gateway (direct)", _median_range(schema_db, ".2f", "x"), ">= 0.9x"),
         ("PgBouncer / direct (schema per gateway)", _median_range(bouncer_direct, ".2f", "x"), ">= 0.8x"),
         ("PgBouncer schemas / database per gateway direct", _median_range(bouncer_db, ".2f", "x"), ""),
+        ("PgBouncer / direct without server prepares (the hop)", _median_range(hop, ".2f", "x"), ""),
+        ("direct without / with server prepares", _median_range(unprepared, ".2f", "x"), ""),
     ]) + "\n")
 
 

@@ -710,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
                              "comma-separated workloads (read, append, batch100, catch-up, or all); "
                              "see bench/compare.py")
     parser.add_argument("--rounds", type=int, default=None, help="comparison and fleet rounds (default 5; "
-                                                                  "--fleet --quick: 2)")
+                                                                  "--fleet: 4, with --quick 2)")
     parser.add_argument("--scale", action="store_true",
                         help="scale curves (events per room, rooms, payload sizes, follow, standby lag); with "
                              "--postgres or --url on PostgreSQL; see bench/scale.py")
@@ -732,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare and args.workloads:
         parser.error("--workloads picks bench/run.py's workloads; --compare names comparison workloads")
     if args.rounds is None:
-        args.rounds = 2 if args.fleet and args.quick else 5
+        args.rounds = (2 if args.quick else 4) if args.fleet else 5  # fleet: each layout takes each place
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.fleet:
