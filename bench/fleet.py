@@ -174,8 +174,9 @@ def _alias_bouncer(bouncer: Any, aliases: dict[str, tuple[str, str]]) -> None:
     time.sleep(1.0)  # the reload is asynchronous; a connection before it would reach the wildcard entry
 
 
-def prepare(admin_url: str, gateways: int, bouncer: Any) -> dict[str, list[Gateway]]:
-    """Create and migrate every layout's stores; return each layout's gateways."""
+def prepare(admin_url: str, gateways: int, bouncer: Any, created: list[str]) -> dict[str, list[Gateway]]:
+    """Create and migrate every layout's stores (their database names appended to ``created``); return each
+    layout's gateways."""
     from hostedrooms import migrate
     from hostedrooms.testing import create_database
 
@@ -187,6 +188,7 @@ def prepare(admin_url: str, gateways: int, bouncer: Any) -> dict[str, list[Gatew
     from sqlalchemy import make_url
 
     shared_name = str(make_url(shared).database)
+    created.append(shared_name)
     for name in names:
         migrate.upgrade(shared, schema=name)
         layouts["schema-direct"].append(Gateway(name, shared, (("schema", name),)))
@@ -194,6 +196,7 @@ def prepare(admin_url: str, gateways: int, bouncer: Any) -> dict[str, list[Gatew
             ("schema", name), ("connect_args", {"prepare_threshold": None}))))
         aliases[f"{shared_name}_{name}"] = (shared_name, name)
         own = create_database(admin_url, f"bench_fleet_{suffix}_{name}")
+        created.append(str(make_url(own).database))
         migrate.upgrade(own)
         layouts["database-direct"].append(Gateway(name, own))
     _alias_bouncer(bouncer, aliases)
@@ -240,9 +243,11 @@ def _median_range(values: list[float], digits: str, unit: str = "") -> str:
 def run_fleet(admin_url: str | None, *, gateways: int, writers: int, calls: int, batch: int, rounds: int,
               pool_size: int | None, quick: bool, out: Any = sys.stdout) -> int:
     from hostedrooms import pgcluster
+    from hostedrooms.testing import drop_database
 
     cluster = None
     bouncer = None
+    created: list[str] = []
     try:
         if admin_url is None:
             cluster = pgcluster.start()
@@ -250,7 +255,7 @@ def run_fleet(admin_url: str | None, *, gateways: int, writers: int, calls: int,
         server_pool = pool_size or writers
         bouncer = pgcluster.start_pgbouncer(admin_url, pool_mode="transaction", default_pool_size=server_pool)
         _log(f"fleet: preparing {gateways} gateways in {len(LAYOUTS)} layouts")
-        layouts = prepare(admin_url, gateways, bouncer)
+        layouts = prepare(admin_url, gateways, bouncer, created)
         _check_schemas(layouts)
         samples: dict[str, list[Sample]] = {layout: [] for layout in LAYOUTS}
         for round_index in range(rounds):
@@ -266,6 +271,9 @@ def run_fleet(admin_url: str | None, *, gateways: int, writers: int, calls: int,
             bouncer.stop()
         if cluster is not None:
             cluster.stop()
+        elif admin_url is not None:  # the caller's server: leave nothing behind
+            for name in created:
+                drop_database(admin_url, name)
     return 0
 
 
