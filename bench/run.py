@@ -6,6 +6,9 @@
     python bench/run.py --postgres            # start a throwaway PostgreSQL cluster for the run
     python bench/run.py --quick               # smaller counts (a smoke run)
     python bench/run.py --compare read        # hostedrooms beside its peers, alternating rounds (bench/compare.py)
+    python bench/run.py --fleet               # N gateways x W writers on one PostgreSQL: schema/database per
+                                              # gateway, direct and through PgBouncer (bench/fleet.py)
+    python bench/run.py --scale [--postgres]  # latency curves as logs, rooms and payloads grow (bench/scale.py)
 
 Prints a table: workload, dialect, synchronous mode, batch size, operations, rate, p50/p99 latency, peak
 memory (the worker process's max RSS), and the ratio to the raw-driver baseline where it applies. Absolute
@@ -706,14 +709,40 @@ def main(argv: list[str] | None = None) -> int:
                         help="comparison mode: hostedrooms beside its peers in alternating rounds, for these "
                              "comma-separated workloads (read, append, batch100, catch-up, or all); "
                              "see bench/compare.py")
-    parser.add_argument("--rounds", type=int, default=5, help="comparison rounds (default 5)")
+    parser.add_argument("--rounds", type=int, default=None, help="comparison and fleet rounds (default 5; "
+                                                                  "--fleet: 4, with --quick 2)")
+    parser.add_argument("--scale", action="store_true",
+                        help="scale curves (events per room, rooms, payload sizes, follow, standby lag); with "
+                             "--postgres or --url on PostgreSQL; see bench/scale.py")
+    parser.add_argument("--max-events", type=int, default=100_000,
+                        help="--scale: largest room in events (default 100,000; 1,000,000 for the documented run)")
+    parser.add_argument("--fleet", action="store_true",
+                        help="fleet comparison on PostgreSQL (--url, else a throwaway cluster); see bench/fleet.py")
+    parser.add_argument("--gateways", type=int, default=None, help="--fleet: gateways (default 4, --quick 2)")
+    parser.add_argument("--writers", type=int, default=None,
+                        help="--fleet: writer processes per gateway (default 2)")
+    parser.add_argument("--appends", type=int, default=None,
+                        help="--fleet: calls per writer per round (default 200, --quick 40)")
+    parser.add_argument("--batch", type=int, default=1, help="--fleet: events per call (default 1: append_event)")
+    parser.add_argument("--pool-size", type=int, default=None,
+                        help="--fleet: PgBouncer server connections per gateway (default: --writers)")
     parser.add_argument("--contenders", help="comparison contenders besides hostedrooms, comma-separated "
                                              "(default: all that apply; see bench/contenders.py)")
     args = parser.parse_args(argv)
     if args.compare and args.workloads:
         parser.error("--workloads picks bench/run.py's workloads; --compare names comparison workloads")
+    if args.rounds is None:
+        args.rounds = (2 if args.quick else 4) if args.fleet else 5  # fleet: each layout takes each place
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.fleet:
+        from bench.fleet import run_fleet
+
+        if args.postgres or args.compare or args.workloads:
+            parser.error("--fleet runs on its own (on --url, else on a throwaway cluster it starts)")
+        return run_fleet(args.url, gateways=args.gateways or (2 if args.quick else 4), writers=args.writers or 2,
+                         calls=args.appends or (40 if args.quick else 200), batch=args.batch, rounds=args.rounds,
+                         pool_size=args.pool_size, quick=args.quick)
     cluster = None
     url = args.url
     if args.postgres:
@@ -723,6 +752,8 @@ def main(argv: list[str] | None = None) -> int:
         url = cluster.url
     if args.compare:
         return _compare(args, url, cluster)
+    if args.scale:
+        return _scale(args, url, cluster)
     names = [name for name in WORKLOADS if not url or name not in SQLITE_ONLY]
     names += list(POSTGRES_WORKLOADS) if url else []
     if args.workloads:
@@ -741,6 +772,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# hostedrooms benchmark, {time.strftime('%Y-%m-%d')}, {dialect}, {os.cpu_count()} cores")
     _print(results, dialect, args.synchronous)
     return 0
+
+
+def _scale(args: argparse.Namespace, url: str | None, cluster: Any) -> int:
+    from bench.common import Context
+    from bench.scale import run_scale
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="hostedrooms-scale-") as folder:
+            context = Context(url=url, folder=folder, synchronous=args.synchronous, quick=args.quick)
+            return run_scale(context, max_events=args.max_events)
+    finally:
+        if cluster is not None:
+            cluster.stop()
 
 
 def _compare(args: argparse.Namespace, url: str | None, cluster: Any) -> int:
