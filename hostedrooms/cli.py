@@ -53,6 +53,8 @@ EXIT_STATUS_UNKNOWN = 3
 #: The long-running commands, which take ``--log-format`` and ``--log-level``.
 LOGGING_COMMANDS = ("replicate", "log", "failover")
 _log = logging.getLogger(__name__)
+#: Where ``status`` reads the time, once per run (tests replace it).
+status_clock: Callable[[], float] = time.time
 #: Where a replay row holds its seq, actor and payload texts.
 _SEQ, _ACTOR, _PAYLOAD = (REPLAY_COLUMNS.index(name) for name in ("seq", "actor_json", "payload_json"))
 
@@ -384,7 +386,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
             warn_backlog_age=args.warn_backlog_age, critical_backlog_age=args.critical_backlog_age,
             warn_lag=args.warn_lag, critical_lag=args.critical_lag, schema_behind=args.schema_behind)
         with _engine(args) as engine:
-            status = store_status(engine, now=time.time(), top=args.top)
+            status = store_status(engine, now=status_clock(), top=args.top)
     except (HostedRoomError, OSError, sa.exc.SQLAlchemyError) as exc:
         error = terminal_text(translate(exc, args.url) if isinstance(exc, sa.exc.SQLAlchemyError) else exc)
         if args.json:
@@ -677,9 +679,18 @@ def _limit_seconds(text: str) -> float:
     return value
 
 
+def _top(text: str) -> int:
+    from .status import MAX_TOP
+
+    value = int(text)
+    if not 0 <= value <= MAX_TOP:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_TOP}")
+    return value
+
+
 def _add_status(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--json", action="store_true", help="one JSON object instead of the screen")
-    sub.add_argument("--top", type=_non_negative_int, default=10,
+    sub.add_argument("--top", type=_top, default=10,
                      help="rooms and replicas listed (the fullest, the most behind; default 10, at most 500)")
     sub.add_argument("--warn-percent", type=_percent, default=80.0,
                      help="warn (exit 1) when any limit is used to this percent (default 80)")
