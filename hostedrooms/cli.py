@@ -52,7 +52,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_STATUS_UNKNOWN = 3
 #: The long-running commands, which take ``--log-format`` and ``--log-level``.
 LOGGING_COMMANDS = ("replicate", "log", "failover")
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("hostedrooms.cli")  # not __name__: run as a script it is __main__
 #: Where ``status`` reads the time, once per run (tests replace it).
 status_clock: Callable[[], float] = time.time
 #: Where a replay row holds its seq, actor and payload texts.
