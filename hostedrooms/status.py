@@ -278,7 +278,7 @@ def _crossed(check: str, value: float, warn: float | None, critical: float | Non
              describe: str) -> Finding | None:
     for state, threshold in ((CRITICAL, critical), (WARNING, warn)):
         if threshold is not None and value >= threshold:
-            return {"check": check, "state": state, "value": value, "threshold": threshold,
+            return {"check": check, "state": state, "value": float(value), "threshold": float(threshold),
                     "message": f"{describe} (>= {threshold:g})"}
     return None
 
@@ -304,7 +304,7 @@ def assess(status: StoreStatus, thresholds: Thresholds | None = None) -> Assessm
     findings += [found] if found else []
     schema = status["schema"]
     if not schema["at_head"] and rules.schema_behind != OK:
-        findings.append({"check": "schema", "state": rules.schema_behind, "value": 0, "threshold": 0,
+        findings.append({"check": "schema", "state": rules.schema_behind, "value": 0.0, "threshold": 0.0,
                          "message": f"the schema is at {schema['revision']}, not this installation's head "
                                     f"{schema['head']}"})
     findings.sort(key=lambda item: item["state"] != CRITICAL)

@@ -19,7 +19,7 @@ from hostedrooms import UnitOfWork, cli, migrate, testing
 from hostedrooms.errors import InvalidInputError, SchemaMissingError
 from hostedrooms.ledger import DeliveryLedger
 from hostedrooms.models import replicas, rooms
-from hostedrooms.status import Thresholds, assess, store_status
+from hostedrooms.status import Assessment, Thresholds, assess, store_status
 
 NOW = 10_000
 A, B = "install:gw-a", "install:gw-b"
@@ -320,3 +320,14 @@ def test_a_store_that_cannot_be_read_is_unknown(empty_target: str, backend: str,
     assert code == 3 and document["state"] == "unknown" and document["exit_code"] == 3
     assert "no hostedrooms schema" in document["error"] and "no hostedrooms schema" in err
 
+
+
+def test_the_result_follows_its_type(known: Engine) -> None:
+    """What a type checker and pydantic (a FastAPI response model) are told is what a status holds."""
+    import pydantic
+    from test_records import Checked
+
+    Checked()(store_status, known, now=NOW, limits=lowered(**LIMITS))
+    verdict = assess(store_status(known, now=NOW, limits=lowered(**LIMITS)), Thresholds(warn_lag=3))
+    assert len(verdict["findings"]) == 4
+    pydantic.TypeAdapter(Assessment).validate_python(verdict, strict=True)
