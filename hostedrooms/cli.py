@@ -34,7 +34,7 @@ from .display import terminal_text
 from .errors import UPGRADE_HINT, HostedRoomError, SchemaMissingError, StorageError, describe_target, translate
 from .integrity import verify
 from .limits import MAX_LOG_LIMIT
-from .logs import FORMATS, LEVELS, logging_to
+from .logs import FORMATS, LEVELS, logging_to, logs_enabled
 from .migrate import SCHEMA_ENV
 from .models import deliveries, replicas, rooms
 from .records import EventRecord
@@ -60,11 +60,12 @@ _SEQ, _ACTOR, _PAYLOAD = (REPLAY_COLUMNS.index(name) for name in ("seq", "actor_
 
 
 class Progress:
-    """One self-overwriting status line on a terminal; silent when stderr is piped."""
+    """One self-overwriting status line on a terminal; silent when stderr is piped or takes log lines."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty()
+        # Log lines (--log-format) go to stderr too: a line overwriting itself would garble them.
+        self.enabled = self.stream.isatty() and not logs_enabled()
         self._width = 0
 
     def __call__(self, message: str) -> None:

@@ -7,8 +7,8 @@ long-running commands install :func:`logging_to`'s handler on the ``hostedrooms`
 
 Every record the library emits carries an ``event`` name (``replicate.pass``, ``room.refused``, ...) and, where
 it concerns one, the ``room`` and ``gateway`` (plus fields such as ``epoch``, ``lag``, ``attempts``: see
-docs/cli.md), passed with ``extra=``. Records never hold a message body, a grant, a lease token or a password.
-"""
+docs/cli.md), passed with ``extra=``. Records never hold a message body, a grant, a lease token or a password (a
+replicator's ``reason`` may quote what the source answered, as the console script's output does)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from typing import Any, TextIO
 
 from .display import terminal_text
 
-__all__ = ["FORMATS", "LEVELS", "REQUIRED_FIELDS", "JsonFormatter", "TextFormatter", "logging_to"]
+__all__ = ["FORMATS", "LEVELS", "REQUIRED_FIELDS", "JsonFormatter", "TextFormatter", "fields", "logging_to",
+           "logs_enabled"]
 
 #: ``--log-format`` choices and ``--log-level`` choices.
 FORMATS = ("json", "text")
@@ -74,6 +75,15 @@ class TextFormatter(logging.Formatter):
         return terminal_text(f"{head} {rest}".rstrip())
 
 
+def logs_enabled() -> bool:
+    """Whether :func:`logging_to` has a handler installed now."""
+    return any(isinstance(handler, _Installed) for handler in logging.getLogger("hostedrooms").handlers)
+
+
+class _Installed(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler :func:`logging_to` installs (told apart from an application's own)."""
+
+
 @contextmanager
 def logging_to(stream: TextIO, *, log_format: str | None, level: str | None) -> Iterator[None]:
     """While the block runs, hostedrooms' records at ``level`` (default ``info``) and above go to ``stream`` in
@@ -82,7 +92,7 @@ def logging_to(stream: TextIO, *, log_format: str | None, level: str | None) -> 
     if log_format is None and level is None:
         yield
         return
-    handler = logging.StreamHandler(stream)
+    handler = _Installed(stream)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     logger = logging.getLogger("hostedrooms")
     previous = logger.level

@@ -45,8 +45,7 @@ def test_no_handler_is_installed_on_import_and_use(tmp_path: Path) -> None:
         import importlib, logging, pkgutil
         import hostedrooms
         for module in pkgutil.walk_packages(hostedrooms.__path__, "hostedrooms."):
-            if module.name not in ("hostedrooms.testing", "hostedrooms.demo"):
-                importlib.import_module(module.name)
+            importlib.import_module(module.name)
         from hostedrooms import create_engine, migrate, rooms, status
         from hostedrooms.errors import CapacityExceededError
         from hostedrooms.limits import LimitValues
@@ -207,3 +206,24 @@ def test_text_logs_and_levels(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit) as refused:
         _run(capsys, "replicate", "--from", source, "--to", standby, "--log-format", "xml")
     assert refused.value.code == 2 and "argument --log-format: invalid choice: 'xml'" in capsys.readouterr().err
+
+
+def test_no_progress_line_among_log_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal, a progress line overwrites itself: with logs on stderr it would garble them, so it is off."""
+    import io
+
+    from hostedrooms.cli import main
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    source, standby = _store(tmp_path / "a.db"), _store(tmp_path / "b.db")
+    engine = create_engine(source)
+    host(engine, "r1", 3)
+    engine.dispose()
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["replicate", "--from", source, "--to", standby, "--log-format", "json"], out=io.StringIO()) == 0
+    assert "\r" not in terminal.getvalue()
+    assert [line["event"] for line in _json_lines(terminal.getvalue())] == ["replicate.pass"]
