@@ -336,11 +336,12 @@ def _seconds_text(age: float | None) -> str:
     return "-" if age is None else f"{age:,.0f} s"
 
 
-def _status_screen(target: str, status: Any, verdict: Any, out: TextIO) -> None:
-    """``hostedrooms status`` as text: the verdict line first (what a monitoring system shows), then the store."""
+def _status_screen(target: str, status: Any, verdict: Any, perf: str, out: TextIO) -> None:
+    """``hostedrooms status`` as text: the verdict line first (what a monitoring system shows, with its performance
+    data after ``|``), then the store."""
     findings = "; ".join(f"{item['check']}: {item['message']}" for item in verdict["findings"])
     out.write(terminal_text(f"{verdict['state'].upper()}: {findings or 'every limit and age within thresholds'}")
-              + "\n")
+              + f" | {perf}\n")
     schema, room_status, replica_status, ledger = (status[key] for key in ("schema", "rooms", "replicas", "ledger"))
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(status["now"]))
     head = "at head" if schema["at_head"] else f"head is {schema['head']}"
@@ -378,7 +379,7 @@ def _status_screen(target: str, status: Any, verdict: Any, out: TextIO) -> None:
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     """``hostedrooms status``: exit 0 ok, 1 warning, 2 critical, 3 unknown (the store could not be read, or an
     option is invalid); the error of an unknown goes to stderr too."""
-    from .status import EXIT_CODES, UNKNOWN, Thresholds, assess, store_status
+    from .status import EXIT_CODES, UNKNOWN, Thresholds, assess, perfdata, store_status
 
     target = describe_target(args.url)
     try:
@@ -401,7 +402,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         out.write(json.dumps({**verdict, "target": target, "status": status}, ensure_ascii=True) + "\n")
     else:
-        _status_screen(target, status, verdict, out)
+        _status_screen(target, status, verdict, perfdata(status, thresholds), out)
     return verdict["exit_code"]
 
 

@@ -5,7 +5,8 @@ limits, the delivery ledger's backlog, and the replicas' lag (``hostedrooms stat
 transaction, which a hot standby serves too; SQLite: one read transaction) and never writes or migrates.
 :func:`assess` turns a status into a monitoring verdict against :class:`Thresholds`: ``ok``, ``warning`` or
 ``critical``, with one :class:`Finding` per limit or age that crossed a threshold. The exit codes of the command
-follow the Nagios plugin convention (:data:`EXIT_CODES`; 3 is ``unknown``: the store could not be read).
+follow the Nagios plugin convention (:data:`EXIT_CODES`; 3 is ``unknown``: the store could not be read), and
+:func:`perfdata` gives the performance data a monitoring system graphs.
 
 Replica lag is what the store itself knows: each replica's ingested head (``last_seq``) and the source's latest
 seq as the last ingested page reported it (``latest_seq``); the lag is their difference as of that page. A
@@ -55,6 +56,7 @@ __all__ = [
     "Finding",
     "Thresholds",
     "assess",
+    "perfdata",
     "store_status",
 ]
 
@@ -310,3 +312,21 @@ def assess(status: StoreStatus, thresholds: Thresholds | None = None) -> Assessm
     findings.sort(key=lambda item: item["state"] != CRITICAL)
     state = findings[0]["state"] if findings else OK
     return {"state": state, "exit_code": EXIT_CODES[state], "findings": findings}
+
+
+def perfdata(status: StoreStatus, thresholds: Thresholds | None = None) -> str:
+    """The Nagios performance data of ``status`` (what monitoring systems graph): each checked limit's percent, the
+    oldest backlog item's age in seconds (0 when there is none) and the largest replica lag, each as
+    ``label=value[unit];warn;crit;min;max`` (an empty field: not checked, or no maximum)."""
+    rules = thresholds if thresholds is not None else Thresholds()
+
+    def field(value: float | None) -> str:
+        return "" if value is None else f"{value:g}"
+
+    items = [f"{check}={use['percent']:g}%;{field(rules.warn_percent)};{field(rules.critical_percent)};0;"
+             for check, _, use in _caps(status)]
+    age = status["ledger"]["backlog"]["oldest_age"]
+    items.append(f"ledger.backlog_age={age or 0:g}s;{field(rules.warn_backlog_age)};"
+                 f"{field(rules.critical_backlog_age)};0;")
+    items.append(f"replicas.lag={status['replicas']['max_lag']};{field(rules.warn_lag)};{field(rules.critical_lag)};0;")
+    return " ".join(items)

@@ -251,6 +251,10 @@ def test_the_command_prints_one_screen(cli_store: str, capsys: pytest.CaptureFix
     lines = out.splitlines()
     assert code == 1 and err == ""
     assert lines[0].startswith("WARNING: rooms.room_events: 90 of MAX_EVENTS_PER_ROOM")
+    assert lines[0].endswith(  # the Nagios performance data
+        " | rooms.live=75%;80;95;0; rooms.bytes=13.5%;80;95;0; rooms.room_events=90%;80;95;0; "
+        "rooms.room_bytes=85%;80;95;0; replicas.rooms=75%;80;95;0; replicas.replica_bytes=90%;80;95;0; "
+        "ledger.in_flight=40%;80;95;0; ledger.backlog_age=1000s;;;0; replicas.lag=10;;;0;")
     assert "rooms       live 3 of 4 (75%); disbanded 1 of 4 (25%)" in lines
     assert "events      105 in every room's log" in lines
     assert "bytes       3,350 of 10,000 (33.5%) of the gateway budget; 2,000 in disbanded rooms" in lines
