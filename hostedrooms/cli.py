@@ -692,12 +692,13 @@ def _top(text: str) -> int:
 
 def _add_status(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--json", action="store_true", help="one JSON object instead of the screen")
-    sub.add_argument("--top", type=_top, default=10,
+    sub.add_argument("--top", type=_top, default=10, metavar="N",
                      help="rooms and replicas listed (the fullest, the most behind; default 10, at most 500)")
     sub.add_argument("--warn-percent", type=_percent, default=80.0,
-                     help="warn (exit 1) when any limit is used to this percent (default 80)")
+                     help="warn (exit 1) when a limit (live rooms, their bytes of the gateway budget, the fullest "
+                     "room, replicas, in-flight deliveries) is used to this percent (default 80)")
     sub.add_argument("--critical-percent", type=_percent, default=95.0,
-                     help="critical (exit 2) when any limit is used to this percent (default 95)")
+                     help="critical (exit 2) when one of those limits is used to this percent (default 95)")
     sub.add_argument("--warn-backlog-age", type=_limit_seconds, metavar="SECONDS",
                      help="warn when the oldest unfinished ledger item is this old (default: not checked)")
     sub.add_argument("--critical-backlog-age", type=_limit_seconds, metavar="SECONDS",
