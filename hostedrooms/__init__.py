@@ -6,6 +6,7 @@ authority fencing, peer routing state, replicas, and the secure-peer delivery le
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from .db import create_engine
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from .integrity import Violation, verify
 
 __version__ = "0.1.0"
+# The library logs, and prints nothing unless the application routes its records (hostedrooms.logs).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "AuthorityConflictError",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import math
 import os
 import signal
@@ -33,6 +34,7 @@ from .display import terminal_text
 from .errors import UPGRADE_HINT, HostedRoomError, SchemaMissingError, StorageError, describe_target, translate
 from .integrity import verify
 from .limits import MAX_LOG_LIMIT
+from .logs import FORMATS, LEVELS, logging_to, logs_enabled
 from .migrate import SCHEMA_ENV
 from .models import deliveries, replicas, rooms
 from .records import EventRecord
@@ -46,16 +48,24 @@ DEFAULT_DATABASE = "state.db"
 POOLER_ENV = "HOSTEDROOMS_POOLER"
 LISTEN_URL_ENV = "HOSTEDROOMS_LISTEN_URL"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: ``status``'s exit code when the store cannot be read or an option is invalid (Nagios' UNKNOWN).
+EXIT_STATUS_UNKNOWN = 3
+#: The long-running commands, which take ``--log-format`` and ``--log-level``.
+LOGGING_COMMANDS = ("replicate", "log", "failover")
+_log = logging.getLogger("hostedrooms.cli")  # not __name__: run as a script it is __main__
+#: Where ``status`` reads the time, once per run (tests replace it).
+status_clock: Callable[[], float] = time.time
 #: Where a replay row holds its seq, actor and payload texts.
 _SEQ, _ACTOR, _PAYLOAD = (REPLAY_COLUMNS.index(name) for name in ("seq", "actor_json", "payload_json"))
 
 
 class Progress:
-    """One self-overwriting status line on a terminal; silent when stderr is piped."""
+    """One self-overwriting status line on a terminal; silent when stderr is piped or takes log lines."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty()
+        # Log lines (--log-format) go to stderr too: a line overwriting itself would garble them.
+        self.enabled = self.stream.isatty() and not logs_enabled()
         self._width = 0
 
     def __call__(self, message: str) -> None:
@@ -234,11 +244,14 @@ def _follow_log(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     """``log --follow``: every event after ``--since`` as it commits (hostedrooms.rooms.follow: NOTIFY on
     PostgreSQL, ``--interval`` polling on SQLite), until the room is disbanded."""
     page_size = min(args.limit, MAX_LOG_LIMIT)
+    _log.info("following room %s after seq %s", args.room, args.since, extra={"event": "log.follow", "room": args.room,
+                                                                            "seq": args.since})
     with contextlib.closing(room_service.follow(engine, args.room, args.since, limit=page_size,
                                                 poll_interval=args.interval)) as feed:
         for event in feed:
             out.write((_event_json(event) if args.json else _followed_line(event)) + "\n")
             out.flush()
+    _log.info("room %s ended (disbanded)", args.room, extra={"event": "log.follow_ended", "room": args.room})
     return EXIT_OK
 
 
@@ -310,6 +323,87 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     from .demo import run_demo
 
     return run_demo(directory=args.dir, url_a=args.url_a, url_b=args.url_b, out=out)
+
+
+# --- status ------------------------------------------------------------------------------------------
+
+
+def _use(use: Any) -> str:
+    return f"{use['used']:,} of {use['limit']:,} ({use['percent']:g}%)"
+
+
+def _seconds_text(age: float | None) -> str:
+    return "-" if age is None else f"{age:,.0f} s"
+
+
+def _status_screen(target: str, status: Any, verdict: Any, perf: str, out: TextIO) -> None:
+    """``hostedrooms status`` as text: the verdict line first (what a monitoring system shows, with its performance
+    data after ``|``), then the store."""
+    findings = "; ".join(f"{item['check']}: {item['message']}" for item in verdict["findings"])
+    out.write(terminal_text(f"{verdict['state'].upper()}: {findings or 'every limit and age within thresholds'}")
+              + f" | {perf}\n")
+    schema, room_status, replica_status, ledger = (status[key] for key in ("schema", "rooms", "replicas", "ledger"))
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(status["now"]))
+    head = "at head" if schema["at_head"] else f"head is {schema['head']}"
+    lines = [
+        f"store       {target} ({status['backend']}), schema {schema['revision']} ({head}), at {stamp}",
+        f"rooms       live {_use(room_status['live'])}; disbanded {_use(room_status['disbanded'])}",
+        f"events      {room_status['events']:,} in every room's log",
+        f"bytes       {_use(room_status['bytes'])} of the gateway budget; {room_status['disbanded_bytes']:,} in "
+        "disbanded rooms",
+    ]
+    out.write("".join(terminal_text(line) + "\n" for line in lines))
+    out.write("\nrooms closest to their per-room limits (events of MAX_EVENTS_PER_ROOM, bytes of "
+              "MAX_ROOM_EVENT_BYTES)\n")
+    _table([(room["room_id"], _use(room["events"]), _use(room["bytes"])) for room in room_status["fullest"]],
+           ("ROOM", "EVENTS", "BYTES"), out)
+    out.write("\n" + terminal_text(
+        f"replicas    {_use(replica_status['rooms'])}; {replica_status['behind']:,} behind, lag "
+        f"{replica_status['lag']:,} events in all, {replica_status['max_lag']:,} at most; largest "
+        f"{_use(replica_status['largest'])}") + "\n")
+    out.write("  (lag: the source's latest seq as the last ingested page reported it, minus the seq ingested)\n")
+    _table([(item["room_id"], item["authority"]["gateway_id"], item["authority"]["epoch"], item["last_seq"],
+             item["latest_seq"], item["lag"], _seconds_text(item["since_update"]))
+            for item in replica_status["most_behind"]],
+           ("REPLICA", "AUTHORITY", "EPOCH", "INGESTED", "SOURCE_LATEST", "LAG", "LAST_PAGE"), out)
+    backlog = ledger["backlog"]
+    out.write(f"\nledger      in flight {_use(ledger['in_flight'])}; backlog {backlog['count']:,}, oldest "
+              f"{_seconds_text(backlog['oldest_age'])}; {ledger['responses_pending']:,} response intents pending\n")
+    rows = [("delivery", state, item["count"], _seconds_text(item["oldest_age"]))
+            for state, item in ledger["deliveries"].items()]
+    rows += [("outbound", state, item["count"], _seconds_text(item["oldest_age"]))
+             for state, item in ledger["outbound"].items()]
+    _table(rows, ("KIND", "STATE", "COUNT", "OLDEST"), out)
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    """``hostedrooms status``: exit 0 ok, 1 warning, 2 critical, 3 unknown (the store could not be read, or an
+    option is invalid); the error of an unknown goes to stderr too."""
+    from .status import EXIT_CODES, UNKNOWN, Thresholds, assess, perfdata, store_status
+
+    target = describe_target(args.url)
+    try:
+        thresholds = Thresholds(
+            warn_percent=args.warn_percent, critical_percent=args.critical_percent,
+            warn_backlog_age=args.warn_backlog_age, critical_backlog_age=args.critical_backlog_age,
+            warn_lag=args.warn_lag, critical_lag=args.critical_lag, schema_behind=args.schema_behind)
+        with _engine(args) as engine:
+            status = store_status(engine, now=status_clock(), top=args.top)
+    except (HostedRoomError, OSError, sa.exc.SQLAlchemyError) as exc:
+        error = terminal_text(translate(exc, args.url) if isinstance(exc, sa.exc.SQLAlchemyError) else exc)
+        if args.json:
+            out.write(json.dumps({"state": UNKNOWN, "exit_code": EXIT_CODES[UNKNOWN], "target": target,
+                                  "error": error}) + "\n")
+        else:
+            out.write(f"UNKNOWN: {error}\n")
+        sys.stderr.write(f"hostedrooms: error: {error}\n")
+        return EXIT_CODES[UNKNOWN]
+    verdict = assess(status, thresholds)
+    if args.json:
+        out.write(json.dumps({**verdict, "target": target, "status": status}, ensure_ascii=True) + "\n")
+    else:
+        _status_screen(target, status, verdict, perfdata(status, thresholds), out)
+    return verdict["exit_code"]
 
 
 # --- standby ------------------------------------------------------------------------------------------
@@ -573,6 +667,50 @@ def _add_failover(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--reason", default="authority-unreachable", help="recorded in each claim event")
 
 
+def _percent(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError("must be a finite percentage, 0 or more")
+    return value
+
+
+def _limit_seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError("must be a finite number of seconds, 0 or more")
+    return value
+
+
+def _top(text: str) -> int:
+    from .status import MAX_TOP
+
+    value = int(text)
+    if not 0 <= value <= MAX_TOP:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_TOP}")
+    return value
+
+
+def _add_status(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--json", action="store_true", help="one JSON object instead of the screen")
+    sub.add_argument("--top", type=_top, default=10, metavar="N",
+                     help="rooms and replicas listed (the fullest, the most behind; default 10, at most 500)")
+    sub.add_argument("--warn-percent", type=_percent, default=80.0,
+                     help="warn (exit 1) when a limit (live rooms, their bytes of the gateway budget, the fullest "
+                     "room, replicas, in-flight deliveries) is used to this percent (default 80)")
+    sub.add_argument("--critical-percent", type=_percent, default=95.0,
+                     help="critical (exit 2) when one of those limits is used to this percent (default 95)")
+    sub.add_argument("--warn-backlog-age", type=_limit_seconds, metavar="SECONDS",
+                     help="warn when the oldest unfinished ledger item is this old (default: not checked)")
+    sub.add_argument("--critical-backlog-age", type=_limit_seconds, metavar="SECONDS",
+                     help="critical when the oldest unfinished ledger item is this old (default: not checked)")
+    sub.add_argument("--warn-lag", type=_non_negative_int, metavar="EVENTS",
+                     help="warn when a replica lags this many events (default: not checked)")
+    sub.add_argument("--critical-lag", type=_non_negative_int, metavar="EVENTS",
+                     help="critical when a replica lags this many events (default: not checked)")
+    sub.add_argument("--schema-behind", choices=("ok", "warning", "critical"), default="warning",
+                     help="the verdict when the store's schema is not this installation's head (default warning)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hostedrooms", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -606,6 +744,8 @@ def build_parser() -> argparse.ArgumentParser:
     command("deliveries", cmd_deliveries, "list secure-peer deliveries").add_argument(
         "--state", choices=("prepared", "authorized", "queued", "running", "completed", "failed"))
     command("verify", cmd_verify, "check every store invariant; exit 1 on violations")
+    _add_status(command("status", cmd_status, "a store's limits, ledger backlog and replica lag in one read; exit "
+                        "0 ok, 1 warning, 2 critical, 3 unknown"))
     _add_alembic_ini(command("alembic-ini", cmd_alembic_ini, "write an alembic.ini for the installed package",
                              url=False))
     _add_replicate(command("replicate", cmd_replicate,
@@ -616,15 +756,37 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", help="folder for the two SQLite files (default: a temporary folder)")
     demo.add_argument("--url-a", help="gateway A's database URL (instead of a SQLite file)")
     demo.add_argument("--url-b", help="gateway B's database URL (instead of a SQLite file)")
+    for name in LOGGING_COMMANDS:
+        _add_logging(commands.choices[name])
     return parser
+
+
+def _add_logging(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--log-format", choices=FORMATS,
+                     help="log hostedrooms' records to stderr, one per line: json (one object a line) or text "
+                     "(default: no logs unless --log-level is given, then text)")
+    sub.add_argument("--log-level", choices=LEVELS, help="the least level logged (default info)")
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return parser.parse_args(arguments)
+    except SystemExit as exc:
+        # A monitoring system reads 2 as critical: a usage error of the status check is unknown (3).
+        if exc.code == EXIT_USAGE and arguments[:1] == ["status"]:
+            raise SystemExit(EXIT_STATUS_UNKNOWN) from None
+        raise
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run one command; errors become one line on stderr and a non-zero exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     try:
-        return int(args.handler(args, out or sys.stdout))
+        with logging_to(sys.stderr, log_format=getattr(args, "log_format", None),
+                        level=getattr(args, "log_level", None)):
+            return int(args.handler(args, out or sys.stdout))
     except KeyboardInterrupt:
         return 130
     except (HostedRoomError, OSError, CommandError) as exc:

@@ -126,6 +126,10 @@ class StoreDialect:
         at all, which saves the BEGIN and ROLLBACK round trips; elsewhere a read transaction (:meth:`defer_begin`)."""
         self.defer_begin(connection)
 
+    def snapshot_reads(self, connection: Connection) -> None:
+        """Make the transaction just begun on ``connection`` (no statement run yet) one read-only snapshot, so
+        several statements agree with each other (SQLite: a read transaction already is one, from its first read)."""
+
     def insert(self, table: Table) -> UpsertInsert:
         """An INSERT that supports ``ON CONFLICT`` upserts."""
         raise NotImplementedError
@@ -506,6 +510,10 @@ class PostgreSQLDialect(StoreDialect):
         # Each statement is its own transaction (autocommit); the pool restores the engine's isolation level
         # when the connection is returned.
         connection.execution_options(isolation_level="AUTOCOMMIT")
+
+    def snapshot_reads(self, connection: Connection) -> None:
+        # READ COMMITTED gives each statement its own snapshot; READ ONLY also runs on a hot standby.
+        connection.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
 
     def greatest(self, *values: Any) -> ColumnElement[Any]:
         return func.greatest(*values)

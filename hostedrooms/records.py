@@ -28,8 +28,11 @@ OutboundState = Literal["pending", "committed", "failed"]
 __all__ = [
     "Actor",
     "Authority",
+    "Backlog",
+    "CapUse",
     "ClaimedRoom",
     "CreatedRoom",
+    "DeliveryBacklog",
     "DeliveryRecord",
     "DeliveryState",
     "DemotionResult",
@@ -38,8 +41,10 @@ __all__ = [
     "EventRecord",
     "GrantClaims",
     "IngestResult",
+    "LedgerStatus",
     "MessageBody",
     "NewEvent",
+    "OutboundBacklog",
     "OutboundRecord",
     "OutboundState",
     "PromotionResult",
@@ -47,12 +52,18 @@ __all__ = [
     "RemoteRunReceipt",
     "RemoteRunRecord",
     "RenamedRoom",
+    "ReplicaLag",
     "ReplicaState",
+    "ReplicasStatus",
     "ReservationClaims",
     "RoomBase",
     "RoomLinkRecord",
     "RoomRecord",
     "RoomState",
+    "RoomUse",
+    "RoomsStatus",
+    "SchemaStatus",
+    "StoreStatus",
 ]
 
 
@@ -389,3 +400,137 @@ class OutboundRecord(TypedDict):
     updated_at: int
     snapshot: dict[str, Any]
     response: dict[str, Any] | None
+
+
+# --- a store's status ------------------------------------------------------------------------------------------
+
+
+class CapUse(TypedDict):
+    """How much of one limit is used: ``used`` of ``limit``, and ``percent`` (``used / limit * 100``, rounded to
+    two decimals; 100.0 for a limit of 0). Counts and bytes may pass a limit (the control reserves, a lowered
+    limit): ``percent`` then exceeds 100."""
+
+    used: int
+    limit: int
+    percent: float
+
+
+class RoomUse(TypedDict):
+    """A live room against its per-room limits: ``events`` (its log's length) of ``MAX_EVENTS_PER_ROOM`` and
+    ``bytes`` (its accounted event bytes) of ``MAX_ROOM_EVENT_BYTES``."""
+
+    room_id: str
+    events: CapUse
+    bytes: CapUse
+
+
+class RoomsStatus(TypedDict):
+    """The rooms of a store (:func:`hostedrooms.status.store_status`).
+
+    ``live`` of ``MAX_ACTIVE_ROOMS``; ``disbanded`` (tombstones) of ``MAX_DISBANDED_ROOM_TOMBSTONES``; ``events``,
+    the events in every room's log (live and disbanded); ``bytes``, the accounted event bytes of every room (what
+    the gateway budget counts) of ``MAX_GATEWAY_EVENT_BYTES``, of which ``disbanded_bytes`` are in disbanded rooms
+    (an append that would not fit prunes those first); ``most_events`` and ``most_bytes``, the live room with the
+    most events and the one with the most bytes against the per-room limits (0 used when there is no live room);
+    ``fullest``, up to ``top`` live rooms closest to a per-room limit, the fullest first."""
+
+    live: CapUse
+    disbanded: CapUse
+    events: int
+    bytes: CapUse
+    disbanded_bytes: int
+    most_events: CapUse
+    most_bytes: CapUse
+    fullest: list[RoomUse]
+
+
+class ReplicaLag(TypedDict):
+    """One replica as its own store records it. ``last_seq``: the last seq ingested (the replica's head);
+    ``latest_seq``: the source's latest seq as the last ingested page reported it; ``lag`` = ``latest_seq -
+    last_seq``, the events the source was known to hold that this store does not, as of ``updated_at`` (when
+    the last page was ingested; ``since_update`` = now - updated_at). The source may have appended more since:
+    the lag is a lower bound. ``bytes``: the replica's event bytes of ``MAX_REPLICA_EVENT_BYTES``."""
+
+    room_id: str
+    authority: Authority
+    last_seq: int
+    latest_seq: int
+    lag: int
+    bytes: CapUse
+    updated_at: float
+    since_update: float
+
+
+class ReplicasStatus(TypedDict):
+    """The replicas of a store: ``rooms`` of ``MAX_REPLICA_ROOMS``; ``behind``, how many have a ``lag`` above 0;
+    ``lag``, the sum of their lags, ``max_lag`` the largest; ``largest``, the biggest replica's bytes of
+    ``MAX_REPLICA_EVENT_BYTES``; ``most_behind``, up to ``top`` replicas, the largest lag first (see
+    :class:`ReplicaLag`)."""
+
+    rooms: CapUse
+    behind: int
+    lag: int
+    max_lag: int
+    largest: CapUse
+    most_behind: list[ReplicaLag]
+
+
+class Backlog(TypedDict):
+    """How many ledger rows are in one state, and ``oldest_age``, the seconds since the oldest of them was
+    created (None when there are none; 0 for a row stamped after ``now``)."""
+
+    count: int
+    oldest_age: float | None
+
+
+class DeliveryBacklog(TypedDict):
+    """The deliveries of the ledger by state."""
+
+    prepared: Backlog
+    authorized: Backlog
+    queued: Backlog
+    running: Backlog
+    completed: Backlog
+    failed: Backlog
+
+
+class OutboundBacklog(TypedDict):
+    """The outbound intents of the ledger by state."""
+
+    pending: Backlog
+    committed: Backlog
+    failed: Backlog
+
+
+class LedgerStatus(TypedDict):
+    """The delivery ledger of a store: ``deliveries`` and ``outbound`` intents by state; ``in_flight``, the
+    non-terminal deliveries of ``MAX_NONTERMINAL_DELIVERIES``; ``responses_pending``, the response intents not yet
+    committed to the Hub; ``backlog``, the work not finished: the non-terminal deliveries and the pending outbound
+    intents together, with the oldest one's age."""
+
+    deliveries: DeliveryBacklog
+    outbound: OutboundBacklog
+    in_flight: CapUse
+    responses_pending: int
+    backlog: Backlog
+
+
+class SchemaStatus(TypedDict):
+    """The store's schema ``revision``, the newest one this installation ships (``head``), and whether they are
+    the same."""
+
+    revision: str
+    head: str | None
+    at_head: bool
+
+
+class StoreStatus(TypedDict):
+    """The result of :func:`hostedrooms.status.store_status`: one read of a store at ``now``, on ``backend``
+    (``sqlite`` or ``postgresql``)."""
+
+    now: float
+    backend: str
+    schema: SchemaStatus
+    rooms: RoomsStatus
+    replicas: ReplicasStatus
+    ledger: LedgerStatus

@@ -10,6 +10,7 @@ as it stands, or None when there is no row. The waiting rows whose retry is due 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -21,6 +22,7 @@ from .base import LedgerBase
 from .claims import _error_text, retry_delay
 from .rows import _public_rows, _returned
 
+_log = logging.getLogger(__name__)
 #: Where the caller's error text goes in a failure's values (see :func:`retry_machine`).
 ERROR: BindParameter[Any] = bindparam("v_error")
 
@@ -95,11 +97,13 @@ class Retrying(LedgerBase):
 
     def _retry(self, machine: RetryMachine[_R], key: str, error: Any, **guard: Any) -> _R | None:
         text, timestamp = _error_text(error), self._now()
-        return self._write(lambda uow: machine.retry(uow, key, error=text, now=timestamp, **guard))
+        return _logged("ledger.retry", machine, key,
+                       self._write(lambda uow: machine.retry(uow, key, error=text, now=timestamp, **guard)))
 
     def _fail(self, machine: RetryMachine[_R], key: str, error: Any) -> _R | None:
         text, timestamp = _error_text(error), self._now()
-        return self._write(lambda uow: machine.fail(uow, key, error=text, now=timestamp))
+        return _logged("ledger.failed", machine, key, self._write(lambda uow: machine.fail(uow, key, error=text,
+                                                                                          now=timestamp)))
 
     def _due(self, machine: RetryMachine[_R], count: int, now: Any) -> list[_R]:
         """At most ``count`` waiting rows whose retry is due at ``now``: soonest first, then oldest."""
@@ -112,3 +116,15 @@ class Retrying(LedgerBase):
             return _public_rows(uow, statement, machine.public, count)
 
         return self._read(work)
+
+
+def _logged(event: str, machine: RetryMachine[_R], key: str, row: _R | None) -> _R | None:
+    """Log a retry (info) or a failure (warning) of the row ``key``: its table, attempts and state, never the error
+    text (it may quote what the remote side said) or a body."""
+    level = logging.WARNING if event == "ledger.failed" else logging.INFO
+    if _log.isEnabledFor(level):
+        values: Any = row if isinstance(row, dict) else {}
+        _log.log(level, "%s %s of %s", event, key, machine.table.name, extra={
+            "event": event, "table": machine.table.name, "key": key, "attempts": values.get(machine.attempts),
+            "state": values.get("state"), "retry_at": values.get(machine.retry_at)})
+    return row

@@ -28,6 +28,7 @@ SQLite serialises write transactions (``BEGIN IMMEDIATE``). On PostgreSQL (READ 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -72,6 +73,7 @@ _TOO_MANY_ROOMS = "This host has too many active Group Chats. Delete one and try
 _SEQUENCE_FENCE = "hosted room sequence advance lost its write fence"
 
 _T = TypeVar("_T")
+_log = logging.getLogger(__name__)
 
 
 class NeedExclusiveGatewayLock(Exception):
@@ -334,4 +336,8 @@ def run_room_write(
         except NeedExclusiveGatewayLock:
             if exclusive:  # pragma: no cover - exclusive transactions never raise it
                 raise
+            _log.debug("room write retried holding the gateway budget lock", extra={"event": "room.retry_exclusive"})
             exclusive, fast = True, False
+        except CapacityExceededError as exc:
+            _log.warning("room write refused: %s", exc.limit, extra={"event": "room.refused", "limit": exc.limit})
+            raise

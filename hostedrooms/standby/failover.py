@@ -29,6 +29,7 @@ into its store: the replicator demotes each room this failover took that is not 
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
@@ -54,6 +55,8 @@ from ..validation import identifier
 from .heads import LISTING_PAGE, RoomHead, all_replica_heads, all_room_heads, disbanded_replicas
 from .replicator import PassReport, Replicator
 from .source import EnginePageSource, PageSource, RoomInfo, SourceProtocolError
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "CAPACITY",
@@ -352,6 +355,7 @@ def failover(
             report.rooms.append(replace(base, outcome=WOULD_PROMOTE, epoch=head.authority_epoch + 1))
         else:
             report.rooms.append(_promote(engine, head.room_id, base, reason, now, local, limits))
+    _log_failover(report)
     return report
 
 
@@ -396,3 +400,16 @@ def _taken_over_meanwhile(engine: Engine, base: RoomFailover, local: str,
         return None
     room = RoomHead(base.room_id, str(state["authority_gateway_id"]), int(state["authority_epoch"]), 0, False)
     return _taken(base, room.authority_epoch) if _taken_over(room, base, local) else None
+
+
+def _log_failover(report: FailoverReport) -> None:
+    """Each room's outcome (a warning where it was not promoted), then the summary (hostedrooms.logs)."""
+    for room in report.rooms:
+        level = logging.INFO if room.done or room.outcome == DISBANDED else logging.WARNING
+        _log.log(level, "failover of room %s: %s", room.room_id, room.outcome, extra={
+            "event": "failover.room", "room": room.room_id, "gateway": report.local_gateway,
+            "from_gateway": report.from_gateway, "outcome": room.outcome, "epoch": room.epoch,
+            "reason": room.reason or None, "dry_run": report.dry_run})
+    _log.info("failover: %s", report.summary(), extra={
+        "event": "failover.done", "gateway": report.local_gateway, "from_gateway": report.from_gateway,
+        "rooms": len(report.rooms), "promoted": len(report.promoted), "dry_run": report.dry_run})

@@ -45,6 +45,7 @@ its :class:`~hostedrooms.standby.wake.Waker` says the source changed, or at the 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import Counter, deque
@@ -76,6 +77,8 @@ from .source import (
     iter_rooms,
 )
 from .wake import IntervalWaker, Waker
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "BACKING_OFF",
@@ -444,6 +447,7 @@ class Replicator:
         if len(self._infos) > 2 * len(seen) + LISTING_CACHE:  # a cache: never more than a pass or two of rooms
             self._infos.clear()
         report.seconds = self._monotonic() - started
+        _log_pass(report)
         return report
 
     def _listing(self, after: str | None, budget: _Budget, seen: set[str]) -> Iterator[RoomHead]:
@@ -475,6 +479,7 @@ class Replicator:
         if bounded and not cut:
             cut.append(report.rooms[-1].room_id if report.rooms else self._resume_after)
         if reported is not None:
+            _log_room(reported)
             report.rooms.append(reported)
             if self._on_room is not None:
                 self._on_room(reported)
@@ -888,3 +893,33 @@ def _check_fork(page: CheckedPage, since: int, replica: ReplicaHead) -> None:
     if epoch is not None and epoch > replica.authority_epoch:
         raise _Refused(f"the source forked from this replica: its seq {since} was written at epoch {epoch}, "
                        f"after this replica's epoch {replica.authority_epoch}")
+
+
+# --- logs (hostedrooms.logs: an event name and structured fields; never a page's events) ---------------------------
+
+_ROOM_EVENTS = {
+    REFUSED: ("replicate.room_refused", logging.WARNING), DEMOTED: ("replicate.room_demoted", logging.WARNING),
+    GONE: ("replicate.room_gone", logging.INFO), DISBANDED: ("replicate.room_disbanded", logging.DEBUG)}
+
+
+def _log_room(room: RoomReport) -> None:
+    """A room whose pass changed its standing (refused, demoted here, gone from the source, disbanded) or that
+    ingested events (debug)."""
+    event, level = _ROOM_EVENTS.get(room.status, ("replicate.room", logging.DEBUG) if room.events else ("", 0))
+    if event and _log.isEnabledFor(level):
+        _log.log(level, "room %s %s: %s", room.room_id, room.status, room.reason, extra={
+            "event": event, "room": room.room_id, "gateway": room.authority_gateway_id or None,
+            "epoch": room.authority_epoch or None, "last_seq": room.last_seq, "latest_seq": room.latest_seq,
+            "events": room.events, "reason": room.reason or None})
+
+
+def _log_pass(report: PassReport) -> None:
+    """One pass: a warning when it stopped early, info when it moved events or left rooms behind, else debug."""
+    level = (logging.WARNING if report.error else logging.INFO
+             if report.events or report.bound or not report.ok else logging.DEBUG)
+    if _log.isEnabledFor(level):
+        _log.log(level, "replicate pass: %s", report.summary(), extra={
+            "event": "replicate.pass", "rooms": len(report.rooms), "events": report.events, "pages": report.pages,
+            "lag": report.lag, "behind": report.count(BEHIND), "refused": report.count(REFUSED),
+            "demoted": report.count(DEMOTED), "seconds": round(report.seconds, 3), "error": report.error or None,
+            "bound": report.bound or None, "pruned": len(report.pruned)})
