@@ -50,6 +50,7 @@ from ..store import (
     event_rows,
     room_store,
 )
+from ..telemetry import count_retry
 from ..uow import UnitOfWork
 from .rules import PreparedEvent, max_event_bytes
 
@@ -331,7 +332,9 @@ def run_room_write(
                 return result
         except TakeFullPath:
             fast = False
+            count_retry("room_write.full_path")
         except NeedExclusiveGatewayLock:
             if exclusive:  # pragma: no cover - exclusive transactions never raise it
                 raise
             exclusive, fast = True, False
+            count_retry("room_write.exclusive")
