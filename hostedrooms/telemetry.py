@@ -135,9 +135,17 @@ class _Signals:
 
 
 _lock = threading.Lock()
-_api: Any = None  # None: not looked for yet; False: not installed; else (trace, metrics, no-op provider types)
+_api: Any = None  # None: not looked for yet; False: not installed; else _Api
 _override: _Signals | None = None
 _cached: tuple[Any, Any, _Signals | None] = (None, None, None)  # (tracer provider, meter provider, signals)
+
+
+@dataclass(frozen=True, slots=True)
+class _Api:
+    """The installed OpenTelemetry API: ``providers()`` returns the global (tracer, meter) providers as set."""
+
+    providers: Callable[[], tuple[Any, Any]]
+    noop: tuple[type, ...]
 
 
 def _load_api() -> Any:
@@ -147,13 +155,26 @@ def _load_api() -> Any:
     except ImportError:
         _api = False
         return _api
-    _api = (trace, metrics, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    _api = _Api(_global_providers(trace, metrics), (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
     return _api
 
 
+def _global_providers(trace: Any, metrics: Any) -> Callable[[], tuple[Any, Any]]:
+    """How to read the global providers at each call. The public getters cost microseconds (an environment
+    lookup each) against a durable append's budget of a few percent, so where the API keeps them in its module
+    globals (as 1.x does) those are read: None until a provider is set. The getters run once first, so a
+    provider named by OTEL_PYTHON_TRACER_PROVIDER / OTEL_PYTHON_METER_PROVIDER is loaded and set as they do."""
+    trace.get_tracer_provider()
+    metrics.get_meter_provider()
+    internal = getattr(metrics, "_internal", None)
+    if hasattr(trace, "_TRACER_PROVIDER") and hasattr(internal, "_METER_PROVIDER"):
+        return lambda: (trace._TRACER_PROVIDER, internal._METER_PROVIDER)  # type: ignore[union-attr]
+    return lambda: (trace.get_tracer_provider(), metrics.get_meter_provider())
+
+
 def _configured(provider: Any, noop: tuple[type, ...], api_module: str) -> Any:
-    """``provider`` when it is a real one (an SDK's), else None (the API's proxy or no-op)."""
-    if isinstance(provider, noop) or type(provider).__module__.startswith(api_module):
+    """``provider`` when it is a real one (an SDK's), else None (unset, the API's proxy or no-op)."""
+    if provider is None or isinstance(provider, noop) or type(provider).__module__.startswith(api_module):
         return None
     return provider
 
@@ -165,12 +186,11 @@ def _current() -> _Signals | None:
     api = _api if _api is not None else _load_api()
     if api is False:
         return None
-    trace, metrics, noop = api
-    tracer_provider, meter_provider = trace.get_tracer_provider(), metrics.get_meter_provider()
+    tracer_provider, meter_provider = api.providers()
     cached = _cached
     if tracer_provider is cached[0] and meter_provider is cached[1]:
         return cached[2]
-    return _refresh(tracer_provider, meter_provider, noop)
+    return _refresh(tracer_provider, meter_provider, api.noop)
 
 
 def _refresh(tracer_provider: Any, meter_provider: Any, noop: tuple[type, ...]) -> _Signals | None:

@@ -404,3 +404,35 @@ def test_nothing_of_opentelemetry_is_imported_without_the_api(tmp_path: Path, sq
                           check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"seq": 1, "loaded": [], "current": None}
+
+
+def test_global_providers_set_after_the_first_call_are_used(tmp_path: Path, sqlite_template: Path) -> None:
+    path = tmp_path / "state.db"
+    path.write_bytes(sqlite_template.read_bytes())
+    script = textwrap.dedent(f"""
+        import json
+        from opentelemetry import metrics, trace
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        import hostedrooms
+        from hostedrooms import rooms
+
+        engine = hostedrooms.create_engine({str(path)!r})
+        rooms.list_rooms(engine)  # before any provider: nothing recorded
+        exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(tracer_provider)
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        rooms.create_room(engine, room_id="r1", name="Team", members=[], authority_gateway_id="install:gw")
+        names = [m.name for r in reader.get_metrics_data().resource_metrics for s in r.scope_metrics
+                 for m in s.metrics]
+        print(json.dumps({{"spans": [s.name for s in exporter.get_finished_spans()], "metrics": names}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"spans": ["create_room"], "metrics": ["db.client.operation.duration"]}
