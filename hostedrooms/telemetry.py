@@ -227,7 +227,7 @@ class _Operation:
     positions: Mapping[str, int]  # recorded parameter -> its position (or -1: keyword-only)
     engine: Callable[[tuple[Any, ...]], Any]  # where the Engine is, from the positional arguments
     result: Callable[[Any], dict[str, Any]] | None
-    on_result: Callable[[_Signals, Any], None] | None
+    on_result: Callable[[_Signals, tuple[Any, ...], Any], None] | None
     append: bool
 
 
@@ -242,14 +242,15 @@ def no_engine(_args: tuple[Any, ...]) -> Any:
 
 def traced(
     operation: str, *, engine: Callable[[tuple[Any, ...]], Any] = _first_argument,
-    result: Callable[[Any], dict[str, Any]] | None = None, on_result: Callable[[Any, Any], None] | None = None,
+    result: Callable[[Any], dict[str, Any]] | None = None,
+    on_result: Callable[[Any, tuple[Any, ...], Any], None] | None = None,
 ) -> Callable[[F], F]:
     """Decorate a public service so each call is one span ``operation`` (and one ``db.client.operation.duration``
     measurement); the function, its signature and its type are unchanged.
 
     ``engine`` finds the Engine among the positional arguments (default: the first). ``result`` maps the return
-    value to more attributes (only identifiers, counts and seqs). ``on_result`` gets the signals and the return
-    value when something records (the standby's pass metrics).
+    value to more attributes (only identifiers, counts and seqs). ``on_result`` gets the signals, the positional
+    arguments and the return value when something records (the standby's pass metrics).
     """
 
     def decorate(function: F) -> F:
@@ -307,7 +308,7 @@ def _run(signals: _Signals, spec: _Operation, function: Callable[..., R], args: 
             _measure(signals, spec, base, started, exc)
             raise
         _measure(signals, spec, base, started, None)
-        _after(signals, spec, value)
+        _after(signals, spec, args, value)
         return value
     attributes = dict(base)
     attributes.update(_arguments(spec.positions, args, kwargs))
@@ -324,13 +325,13 @@ def _run(signals: _Signals, spec: _Operation, function: Callable[..., R], args: 
         if span.is_recording():
             span.set_attributes(_result_attributes(spec, value))
         _measure(signals, spec, base, started, None)
-        _after(signals, spec, value)
+        _after(signals, spec, args, value)
         return value
 
 
-def _after(signals: _Signals, spec: _Operation, value: Any) -> None:
+def _after(signals: _Signals, spec: _Operation, args: tuple[Any, ...], value: Any) -> None:
     if spec.on_result is not None:
-        spec.on_result(signals, value)
+        spec.on_result(signals, args, value)
 
 
 def _client_kind() -> Any:
@@ -538,14 +539,23 @@ class LagBook:
                               else 0.0) for room_id, lag in self._seqs.items()}
 
 
-#: The lag the process's replicators report (read by the ``hostedrooms.replica.lag.*`` gauges).
-replica_lag = LagBook()
+#: Each replicator's lag (read by the ``hostedrooms.replica.lag.*`` gauges), timed on its own ``monotonic``.
+_lag_books: weakref.WeakKeyDictionary[Any, LagBook] = weakref.WeakKeyDictionary()
 
 
-def record_pass(signals: Any, report: Any) -> None:
+def lag_book(replicator: Any) -> LagBook:
+    """The lag ``replicator``'s passes reported while something recorded (created on first use)."""
+    with _lock:
+        book = _lag_books.get(replicator)
+        if book is None:
+            book = _lag_books[replicator] = LagBook(getattr(replicator, "_monotonic", time.monotonic))
+        return book
+
+
+def record_pass(signals: Any, args: tuple[Any, ...], report: Any) -> None:
     """A standby pass ended (``on_result`` of ``Replicator.sync_once``): its duration, failure and lag."""
-    replica_lag.update(((room.room_id, room.lag) for room in report.rooms),
-                       complete=not report.error and not report.bound)
+    lag_book(args[0]).update(((room.room_id, room.lag) for room in report.rooms),
+                             complete=not report.error and not report.bound)
     if signals.meter is None:
         return
     signals.pass_duration.record(report.seconds)
@@ -571,7 +581,12 @@ def _observe_lag_seconds(_options: Any) -> Iterable[Any]:
 def _observations(index: int) -> list[Any]:
     from opentelemetry.metrics import Observation
 
-    return [Observation(values[index], {ROOM: room_id}) for room_id, values in replica_lag.snapshot().items()]
+    observations = []
+    for replicator, book in list(_lag_books.items()):
+        base = _engine_attributes(getattr(replicator, "target", None))
+        observations.extend(Observation(values[index], {**base, ROOM: room_id})
+                            for room_id, values in book.snapshot().items())
+    return observations
 
 
 # -- the ledger's backlog ----------------------------------------------------------------------------------------
