@@ -581,7 +581,7 @@ def _observe_lag_seconds(_options: Any) -> Iterable[Any]:
 def _observations(index: int) -> list[Any]:
     from opentelemetry.metrics import Observation
 
-    observations = []
+    observations: list[Any] = []
     for replicator, book in list(_lag_books.items()):
         base = _engine_attributes(getattr(replicator, "target", None))
         observations.extend(Observation(values[index], {**base, ROOM: room_id})
