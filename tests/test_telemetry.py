@@ -8,6 +8,7 @@ installed nothing of OpenTelemetry is imported (a subprocess with the package bl
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import inspect
 import json
@@ -368,6 +369,40 @@ def test_follow_records_its_wakeup_latency(engine: Engine, captured: Captured) -
     assert event["event_id"] == "e1"
     [latency] = captured.metrics()["hostedrooms.follow.wakeup.latency"]
     assert latency.count == 1 and 0 <= latency.sum < 60  # a generous bound: it did not block
+
+
+def test_the_asyncio_follow_records_its_wakeup_latency(
+    tmp_path: Path, sqlite_template: Path, captured: Captured
+) -> None:
+    from hostedrooms import aio, create_engine
+
+    path = tmp_path / "state.db"
+    path.write_bytes(sqlite_template.read_bytes())
+    engine = create_engine(str(path))
+    rooms.create_room(engine, room_id="r1", name="Team", members=[], authority_gateway_id=GW_A)
+
+    async def first_event() -> dict[str, Any]:
+        async_engine = aio.create_async_engine(str(path))
+        try:
+            follower = aio.follow(async_engine, "r1", poll_interval=0.01)
+            try:
+                return dict(await anext(follower))
+            finally:
+                await follower.aclose()
+        finally:
+            await async_engine.dispose()
+
+    writer = threading.Timer(0.2, lambda: rooms.append_event(
+        engine, room_id="r1", authority_gateway_id=GW_A, authority_epoch=1, **_user(1)))
+    writer.start()
+    try:
+        event = asyncio.run(first_event())
+    finally:
+        writer.join()
+        engine.dispose()
+    assert event["event_id"] == "e1"
+    [latency] = captured.metrics()["hostedrooms.follow.wakeup.latency"]
+    assert latency.count == 1 and 0 <= latency.sum < 60
 
 
 def test_no_provider_records_nothing(engine: Engine) -> None:
