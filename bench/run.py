@@ -9,6 +9,7 @@
     python bench/run.py --fleet               # N gateways x W writers on one PostgreSQL: schema/database per
                                               # gateway, direct and through PgBouncer (bench/fleet.py)
     python bench/run.py --scale [--postgres]  # latency curves as logs, rooms and payloads grow (bench/scale.py)
+    python bench/run.py --telemetry-overhead  # OpenTelemetry on vs off (bench/telemetry_overhead.py)
 
 Prints a table: workload, dialect, synchronous mode, batch size, operations, rate, p50/p99 latency, peak
 memory (the worker process's max RSS), and the ratio to the raw-driver baseline where it applies. Absolute
@@ -728,7 +729,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="--fleet: PgBouncer server connections per gateway (default: --writers)")
     parser.add_argument("--contenders", help="comparison contenders besides hostedrooms, comma-separated "
                                              "(default: all that apply; see bench/contenders.py)")
+    parser.add_argument("--telemetry-overhead", action="store_true",
+                        help="single durable appends with the OpenTelemetry instrumentation on and off, in "
+                             "alternating rounds (--rounds, default 5; SQLite; bench/telemetry_overhead.py)")
     args = parser.parse_args(argv)
+    if args.telemetry_overhead:
+        from bench.telemetry_overhead import run_overhead
+
+        _raise_limits()
+        return run_overhead(synchronous=args.synchronous, rounds=args.rounds, per_round=50 if args.quick else 200)
     if args.compare and args.workloads:
         parser.error("--workloads picks bench/run.py's workloads; --compare names comparison workloads")
     if args.rounds is None:

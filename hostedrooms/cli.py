@@ -500,6 +500,7 @@ def cmd_replicate(args: argparse.Namespace, out: TextIO) -> int:
     # A database answers a change probe in microseconds; an HTTP endpoint costs a request per look.
     http_source = args.source.startswith(("http://", "https://"))
     poll = _seconds(args.poll if args.poll is not None else 0.5 if http_source else 0.01, "--poll")
+    metrics = _standby_metrics(args)
     source = open_source(args.source)
     try:
         with _engine(argparse.Namespace(url=args.target, schema=args.schema)) as target:
@@ -519,9 +520,11 @@ def cmd_replicate(args: argparse.Namespace, out: TextIO) -> int:
             def on_pass(report: Any) -> None:
                 last[:] = [report]
                 display.on_pass(report)
+                if metrics is not None:
+                    metrics.on_pass(report)
 
             waker = PollingWaker(source.change_token, poll_interval=poll) if poll > 0 else None
-            with _stop_on_signals() as stop:
+            with _stop_on_signals() as stop, _serving(metrics, args.metrics, out):
                 replicator.run(interval=interval, waker=waker, stop=stop, on_pass=on_pass)
             display.progress.done()
             tail = f"; last pass: {last[0].summary()}" if last else ""
@@ -530,6 +533,34 @@ def cmd_replicate(args: argparse.Namespace, out: TextIO) -> int:
             return EXIT_OK
     finally:
         source.close()
+
+
+def _standby_metrics(args: argparse.Namespace) -> Any:
+    """The --metrics endpoint's metrics (None without the option), its address checked before anything opens."""
+    if args.metrics is None:
+        return None
+    from .standby.metrics import StandbyMetrics, parse_address
+
+    if not args.follow:
+        raise HostedRoomError("--metrics needs --follow (it serves a running replicator's metrics)")
+    parse_address(args.metrics)
+    return StandbyMetrics()
+
+
+@contextmanager
+def _serving(metrics: Any, address: str | None, out: TextIO) -> Iterator[None]:
+    """Serve ``metrics`` at ``address`` while the block runs (nothing without --metrics)."""
+    if metrics is None:
+        yield
+        return
+    host, port = metrics.serve(str(address))
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address
+    out.write(terminal_text(f"replicate: metrics at http://{shown}:{port}/metrics") + "\n")
+    out.flush()
+    try:
+        yield
+    finally:
+        metrics.close()
 
 
 def _failover_line(room: Any) -> str:
@@ -645,6 +676,10 @@ def _add_replicate(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--prune-disbanded-after", type=_non_negative_int, metavar="SECONDS",
                      help="remove a replica whose room was disbanded this many seconds after its disband, freeing "
                      "its replica slot (default: keep them)")
+    sub.add_argument("--metrics", metavar="HOST:PORT",
+                     help="with --follow: serve Prometheus metrics (every room's lag, the passes' durations and "
+                     "failures) at http://HOST:PORT/metrics; port 0 takes a free port (printed); needs the "
+                     "metrics extra (prometheus-client)")
 
 
 def _add_target_schema(sub: argparse.ArgumentParser) -> None:

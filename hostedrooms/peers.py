@@ -36,6 +36,7 @@ from .errors import (
 )
 from .limits import Limits, in_force
 from .records import RemoteRunIdentity, RemoteRunReceipt, RemoteRunRecord, RoomLinkRecord
+from .telemetry import no_engine, traced
 from .uow import UnitOfWork
 from .validation import INT64_MAX, clock, compact_json, identifier, storable_string, storable_text
 
@@ -272,6 +273,7 @@ def _restrict_to_owner(uow: UnitOfWork) -> None:
 # --- room links --------------------------------------------------------------------------------------
 
 
+@traced("list_room_link_records")
 def list_room_link_records(engine: EngineSource) -> list[RoomLinkRecord]:
     """Every private room link record (grant included) ordered by room and member; never logged."""
     table = models.links
@@ -283,6 +285,7 @@ def list_room_link_records(engine: EngineSource) -> list[RoomLinkRecord]:
     return [cast(RoomLinkRecord, dict(row)) for row in rows]
 
 
+@traced("upsert_room_link_record")
 def upsert_room_link_record(engine: EngineSource, *, record: RoomLinkRecord, max_links: int) -> None:
     """Atomically insert or replace every field of one private room link record.
 
@@ -316,6 +319,7 @@ def _write_link(engine: EngineSource, values: dict[str, Any], cap: float) -> Non
         uow.commit()
 
 
+@traced("update_room_link_status")
 def update_room_link_status(
     engine: EngineSource, *, room_id: str, member_id: str, status: str, now: float | None = None
 ) -> bool:
@@ -334,6 +338,7 @@ def update_room_link_status(
     return changed
 
 
+@traced("delete_room_link_records")
 def delete_room_link_records(engine: EngineSource, *, room_id: str) -> int:
     """Delete a room's persisted peer routes (after their target grants are revoked); return how many."""
     room_id = _text(room_id, "room_id")
@@ -346,6 +351,7 @@ def delete_room_link_records(engine: EngineSource, *, room_id: str) -> int:
 # --- grant revocation --------------------------------------------------------------------------------
 
 
+@traced("revoke_room_grant_scope")
 def revoke_room_grant_scope(
     engine: EngineSource, *, claims: Mapping[str, Any], expires_at: float, now: float | None = None
 ) -> None:
@@ -377,6 +383,7 @@ def revoke_room_grant_scope(
         uow.commit()
 
 
+@traced("room_grant_is_revoked")
 def room_grant_is_revoked(engine: EngineSource, *, claims: Mapping[str, Any], now: float | None = None) -> bool:
     """Whether a grant (``claims["issued_at"]``, default 0) was issued at or before its scope's live fence."""
     timestamp = clock(now)
@@ -403,6 +410,7 @@ def _outranks(row_gateway: str, row_epoch: int, gateway_id: str, epoch: int) -> 
     return int(row_epoch) > epoch or (int(row_epoch) == epoch and str(row_gateway) != gateway_id)
 
 
+@traced("reserve_peer_room")
 def reserve_peer_room(
     engine: EngineSource, *, claims: Mapping[str, Any], expires_at: float, now: float | None = None,
     limits: Limits | None = None,
@@ -456,6 +464,7 @@ def _exists(engine: EngineSource, stmt: Select[Any]) -> bool:
         return uow.connection.execute(stmt.limit(1)).first() is not None
 
 
+@traced("peer_room_is_reserved")
 def peer_room_is_reserved(
     engine: EngineSource, *, room_id: str, target_profile: str, now: float | None = None, limits: Limits | None = None
 ) -> bool:
@@ -465,6 +474,7 @@ def peer_room_is_reserved(
     return _exists(engine, select(1).where(*_live_reservations(room_id, target_profile, timestamp)))
 
 
+@traced("peer_room_grant_is_current")
 def peer_room_grant_is_current(
     engine: EngineSource, *, claims: Mapping[str, Any], now: float | None = None, limits: Limits | None = None
 ) -> bool:
@@ -484,6 +494,7 @@ def _identity_filter(identity: Mapping[str, Any]) -> list[ColumnElement[bool]]:
     return [models.remote_runs.c[column] == value for column, value in identity.items()]
 
 
+@traced("upsert_remote_run_receipt")
 def upsert_remote_run_receipt(engine: EngineSource, *, record: RemoteRunRecord, now: float | None = None) -> None:
     """Durably bind one logical peer task attempt (the 9-column identity) to its run and session.
 
@@ -507,6 +518,7 @@ def upsert_remote_run_receipt(engine: EngineSource, *, record: RemoteRunRecord, 
         uow.commit()
 
 
+@traced("list_remote_run_receipts")
 def list_remote_run_receipts(
     engine: EngineSource, *, room_id: str | None = None, target_profile: str | None = None,
     session_id: str | None = None,
@@ -523,6 +535,7 @@ def list_remote_run_receipts(
     return [cast(RemoteRunReceipt, dict(row)) for row in rows]
 
 
+@traced("remote_run_receipt")
 def remote_run_receipt(engine: EngineSource, *, record: RemoteRunIdentity) -> RemoteRunReceipt | None:
     """The durable receipt of one exact task attempt (its 9-column identity), or None."""
     identity = _receipt_identity(record)
@@ -592,6 +605,7 @@ def _probe(target: Target, table_name: str, stmt: Select[Any], unavailable: str)
         raise RoomProbeUnavailableError(unavailable) from exc
 
 
+@traced("probe_hosted_room", engine=no_engine)
 def probe_hosted_room(target: Target, *, room_id: str, limits: Limits | None = None) -> bool:
     """Whether this store hosts the live room ``room_id``; never creates, migrates or blocks.
 
@@ -604,6 +618,7 @@ def probe_hosted_room(target: Target, *, room_id: str, limits: Limits | None = N
     return _probe(target, rooms.name, stmt, "hosted room ownership is temporarily unavailable")
 
 
+@traced("probe_peer_room_reservation", engine=no_engine)
 def probe_peer_room_reservation(
     target: Target, *, room_id: str, target_profile: str, now: float | None = None, limits: Limits | None = None
 ) -> bool:

@@ -57,6 +57,7 @@ from .rooms import (
     system_actor_json,
 )
 from .rooms import rules as room_rules
+from .telemetry import traced
 from .uow import UnitOfWork
 from .validation import MAX_EPOCH, bounded_int, canonical_json, clock, identifier, stored_json
 
@@ -290,6 +291,7 @@ def _created_at(value: Any) -> float | None:
 # --- ingest ------------------------------------------------------------------------------------------------------
 
 
+@traced("ingest_page")
 def ingest_page(
     engine: EngineSource, *, room_id: str, room_name: str, members: list[dict[str, Any]],
     page: EventPage | dict[str, Any] | CheckedPage, now: float | None = None, limits: Limits | None = None,
@@ -426,6 +428,7 @@ def _check_new_event_ids(uow: UnitOfWork, room_id: str, new_events: Sequence[Che
 # --- state ---------------------------------------------------------------------------------------------------------
 
 
+@traced("replica_state")
 def replica_state(engine: EngineSource, *, room_id: str, limits: Limits | None = None) -> ReplicaState:
     """The stored replica's coverage (``last_seq``/``latest_seq``) and authority lineage (a pure read)."""
     room_id = room_rules.validate_room_id(room_id, in_force(limits))
@@ -446,6 +449,7 @@ def _replica_to_dict(row: Mapping[Any, Any]) -> ReplicaState:
         "updated_at": float(row["updated_at"])}
 
 
+@traced("reset_replica_latest")
 def reset_replica_latest(
     engine: EngineSource, *, room_id: str, latest_seq: int | None = None, now: float | None = None,
     limits: Limits | None = None,
@@ -484,6 +488,7 @@ def reset_replica_latest(
 # --- retention -------------------------------------------------------------------------------------------------
 
 
+@traced("prune_disbanded_replicas")
 def prune_disbanded_replicas(
     engine: EngineSource, *, retain_seconds: int = 0, now: float | None = None, limits: Limits | None = None,
 ) -> list[str]:
@@ -539,6 +544,7 @@ def _replica_log(uow: UnitOfWork, room_id: str) -> _LogStats:
     return _LogStats(int(row[0]), int(row[1]), row[2], row[3], bool(row[4]))
 
 
+@traced("promote_replica")
 def promote_replica(
     engine: EngineSource, *, room_id: str, reason: str = "authority-unreachable", now: float | None = None,
     local_gateway_id: str | Callable[[], str] | None = None, limits: Limits | None = None,
@@ -624,6 +630,7 @@ def _promotable(tx: RoomTransaction, room_id: str, local: str) -> tuple[Mapping[
 # --- demotion --------------------------------------------------------------------------------------------------
 
 
+@traced("demote_room")
 def demote_room(
     engine: EngineSource, *, room_id: str, observed_gateway_id: str, observed_epoch: int, now: float | None = None,
     local_gateway_id: str | Callable[[], str] | None = None, limits: Limits | None = None,

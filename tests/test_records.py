@@ -313,6 +313,7 @@ def test_ledger_results_match_their_types(engine: Engine) -> None:
     check(ledger.commit_outbound, "out-1", {"ok": True, "reply": {"text": "hi"}})
     check(ledger.fail_outbound, "out-2", "refused")
     check(ledger.prune, retain_seconds=0)
+    check(ledger.backlog)
 
     methods = {name for name in dir(DeliveryLedger)
                if not name.startswith("_") and callable(getattr(DeliveryLedger, name))

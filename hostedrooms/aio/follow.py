@@ -17,6 +17,7 @@ from .. import rooms as _rooms
 from ..limits import Limits
 from ..records import EventRecord
 from ..rooms.follow import FollowCursor
+from ..telemetry import follow_woke
 from ..wakeup import FALLBACK_INTERVAL, check_waitable
 from .derive import service
 from .engines import require_async_engine
@@ -65,8 +66,13 @@ async def _follow(
         if cursor.since and cursor.ended_before(
                 await _room_state(engine, room_id=cursor.room_id, include_disbanded=True, limits=limits)):
             return
+        woke = False
         while not cursor.done:
-            for event in cursor.deliver(await _read_events(engine, **cursor.read_arguments(limits))):
+            page = await _read_events(engine, **cursor.read_arguments(limits))
+            if woke:
+                follow_woke(page)
+            for event in cursor.deliver(page):
                 yield event
-            if cursor.waiting:
+            woke = cursor.waiting
+            if woke:
                 await wakeup.wait(fallback_interval)

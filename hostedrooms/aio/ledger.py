@@ -77,6 +77,7 @@ class AsyncDeliveryLedger:
     pending_outbound = method(DeliveryLedger.pending_outbound)
     recoverable_outbound = method(DeliveryLedger.recoverable_outbound)
     prune = method(DeliveryLedger.prune)
+    backlog = method(DeliveryLedger.backlog)
     close = method(DeliveryLedger.close)
 
 

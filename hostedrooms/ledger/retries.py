@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy import BindParameter, ColumnElement, RowMapping, Table, bindparam, func, select, update
 
+from ..telemetry import count_retry
 from ..uow import UnitOfWork
 from .base import LedgerBase
 from .claims import _error_text, retry_delay
@@ -60,6 +61,8 @@ class RetryMachine(Generic[_R]):
         changed = _returned(uow, self.retry_statement, {
             **guard, "key": key, "v_attempts": attempts, "v_retry_at": now + retry_delay(attempts), "v_error": error,
             "v_now": now})
+        if changed is not None:
+            count_retry(f"ledger.{self.table.name}")
         return self.public(row if changed is None else changed)
 
     def fail(self, uow: UnitOfWork, key: str, *, error: str, now: int, **guard: Any) -> _R | None:

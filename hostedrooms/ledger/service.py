@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from sqlalchemy import func, select
+
+from ..telemetry import traced_methods
+from ..uow import UnitOfWork
+from .claims import NONTERMINAL_DELIVERY_STATES
 from .deliveries import Deliveries
 from .outbound import OutboundIntents
 from .responses import ResponseIntents
 from .retention import Retention
+from .rows import OUT, D
+
+#: The public operations, each one span (hostedrooms.telemetry; docs/observability.md).
+_TRACED = (
+    "prepare", "get", "authorize", "fail_ownerless_authorized", "bind_owner", "defer_admission",
+    "pending_admissions", "nonterminal_for_chat", "finish", "recoverable", "for_run", "nonterminal_for_connection",
+    "prepare_response", "mark_response_committed", "clear_response_intent", "defer_response", "pending_responses",
+    "prepare_outbound", "pending_outbound_for_chat", "pending_outbound_for_route", "pending_outbound_for_connection",
+    "outbound", "commit_outbound", "defer_outbound", "fail_outbound", "pending_outbound", "recoverable_outbound",
+    "prune",
+)
 
 
+@traced_methods("ledger", _TRACED)
 class DeliveryLedger(Deliveries, ResponseIntents, OutboundIntents, Retention):
     """The secure-peer delivery ledger on ``engine`` (SQLite or PostgreSQL, migrated to head).
 
@@ -27,3 +46,21 @@ class DeliveryLedger(Deliveries, ResponseIntents, OutboundIntents, Retention):
     cannot be decoded (left by the reference) is skipped by the listings and raises ``StorageError`` in a call
     about that row.
     """
+
+    def backlog(self) -> dict[tuple[str, str], int]:
+        """The non-terminal rows by ``(table, state)``: ``("deliveries", state)`` for each non-terminal delivery
+        state and ``("outbound", "pending")``, zeros included (one read transaction; the
+        ``hostedrooms.ledger.backlog`` gauge of :func:`hostedrooms.telemetry.observe_ledger`)."""
+
+        def work(uow: UnitOfWork) -> dict[tuple[str, str], int]:
+            counts = {("deliveries", state): 0 for state in NONTERMINAL_DELIVERY_STATES}
+            counts["outbound", "pending"] = 0
+            for table, column, states in (("deliveries", D.c.state, NONTERMINAL_DELIVERY_STATES),
+                                          ("outbound", OUT.c.state, ("pending",))):
+                statement = select(column, func.count()).where(column.in_(states)).group_by(column)
+                rows: list[Any] = list(uow.execute(statement))
+                for state, count in rows:
+                    counts[table, str(state)] = int(count)
+            return counts
+
+        return self._read(work)

@@ -15,6 +15,7 @@ from ..errors import InvalidInputError
 from ..limits import Limits, in_force
 from ..records import Actor, Authority, EventPage, EventRecord, NewEvent
 from ..store import RowLike, room_store
+from ..telemetry import count_appended, traced
 from ..uow import UnitOfWork
 from ..validation import clock
 from .rows import appended, event_to_dict, fit_page, parse_all, replay_page
@@ -39,6 +40,7 @@ __all__ = ["append_event", "append_events", "read_events", "request_room_stop"]
 _Prepared = Sequence[tuple[PreparedEvent, dict[str, str]]]
 
 
+@traced("append_event")
 def append_event(
     engine: EngineSource, *, room_id: str, event_id: str, kind: str, actor: Actor, payload: dict[str, Any],
     authority_gateway_id: str, authority_epoch: int, now: float | None = None, limits: Limits | None = None,
@@ -56,6 +58,7 @@ def append_event(
     return result
 
 
+@traced("append_events")
 def append_events(
     engine: EngineSource, room_id: str, events: list[NewEvent] | tuple[NewEvent, ...], authority_gateway_id: str,
     authority_epoch: int, now: float | None = None, *, limits: Limits | None = None,
@@ -97,6 +100,7 @@ def _append(
     events = [event for event, _ in prepared]
     written, replays = run_room_write(
         engine, lim, lambda tx: tx.append(room_id, events, gateway_id=gateway_id, epoch=epoch, now=now))
+    count_appended(events, written)
     return _results(prepared, written, replays)
 
 
@@ -123,6 +127,7 @@ def _results(
     return results
 
 
+@traced("read_events")
 def read_events(
     engine: EngineSource, *, room_id: str, since_seq: int = 0, limit: int = 100, include_disbanded: bool = False,
     limits: Limits | None = None,
@@ -191,6 +196,7 @@ def _read_plain(
     return fit_page(room_id, events, since=since, latest_seq=latest_seq, authority=authority, max_bytes=page_bytes)
 
 
+@traced("request_room_stop")
 def request_room_stop(
     engine: EngineSource, *, room_id: str, cancel_id: str, expected_gateway_id: str, expected_epoch: int,
     limits: Limits | None = None,

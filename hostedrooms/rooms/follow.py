@@ -34,6 +34,7 @@ from ..engines import EngineSource, resolve_engine
 from ..errors import InvalidInputError
 from ..limits import Limits, in_force
 from ..records import EventPage, EventRecord
+from ..telemetry import follow_woke, traced
 from ..wakeup import FALLBACK_INTERVAL, ROOM_EVENTS_CHANNEL, Wakeup, check_waitable
 from .events import read_events
 from .lifecycle import room_state
@@ -107,6 +108,7 @@ class FollowCursor:
         return not self.done and not self.more
 
 
+@traced("follow")
 def follow(
     engine: EngineSource, room_id: str, since_seq: int = 0, *, limit: int = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
@@ -131,7 +133,12 @@ def _follow(
         if cursor.since and cursor.ended_before(
                 room_state(engine, room_id=cursor.room_id, include_disbanded=True, limits=limits)):
             return
+        woke = False
         while not cursor.done:
-            yield from cursor.deliver(read_events(engine, **cursor.read_arguments(limits)))
-            if cursor.waiting:
+            page = read_events(engine, **cursor.read_arguments(limits))
+            if woke:
+                follow_woke(page)
+            yield from cursor.deliver(page)
+            woke = cursor.waiting
+            if woke:
                 wakeup.wait(fallback_interval)

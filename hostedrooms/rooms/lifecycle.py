@@ -16,6 +16,7 @@ from ..errors import (
 from ..limits import Limits, in_force
 from ..records import ClaimedRoom, CreatedRoom, DisbandedRoom, RenamedRoom, RoomRecord, RoomState
 from ..store import RoomChange, RowLike, room_store
+from ..telemetry import traced
 from ..uow import UnitOfWork
 from ..validation import (
     MAX_EPOCH,
@@ -44,6 +45,7 @@ __all__ = [
     "room_state"]
 
 
+@traced("create_room")
 def create_room(
     engine: EngineSource, *, room_id: str, name: str, members: list[dict[str, Any]], authority_gateway_id: str,
     now: float | None = None, limits: Limits | None = None,
@@ -118,6 +120,7 @@ def _adopt_legacy_room(
     return cast(CreatedRoom, result)  # read with next_seq: latest_seq is there
 
 
+@traced("list_rooms")
 def list_rooms(
     engine: EngineSource, *, include_disbanded: bool = False, limit: int | None = None, offset: int = 0,
     limits: Limits | None = None,
@@ -133,6 +136,7 @@ def list_rooms(
     return [room_to_dict(row) for row in rows]
 
 
+@traced("room_state")
 def room_state(
     engine: EngineSource, *, room_id: str, include_disbanded: bool = False, limits: Limits | None = None
 ) -> RoomState:
@@ -148,6 +152,7 @@ def room_state(
     return state
 
 
+@traced("rename_room")
 def rename_room(
     engine: EngineSource, *, room_id: str, event_id: str, name: str, now: float | None = None,
     limits: Limits | None = None,
@@ -184,6 +189,7 @@ def rename_room(
 # --- authority and lifecycle -----------------------------------------------------------------------------------
 
 
+@traced("claim_authority")
 def claim_authority(
     engine: EngineSource, *, room_id: str, expected_gateway_id: str, expected_epoch: int, new_gateway_id: str,
     event_id: str, now: float | None = None, limits: Limits | None = None,
@@ -235,6 +241,7 @@ def _live(room: RowLike) -> dict[str, Any]:
     return {key: value for key, value in room.items() if key != "disbanded_at"}
 
 
+@traced("disband_room")
 def disband_room(
     engine: EngineSource, *, room_id: str, expected_gateway_id: str, expected_epoch: int, now: float | None = None,
     limits: Limits | None = None,
@@ -287,6 +294,7 @@ def _disband_replay(tx: RoomTransaction, room_id: str, room: RowLike | None) -> 
     return replay
 
 
+@traced("prune_disbanded_rooms")
 def prune_disbanded_rooms(engine: EngineSource, *, now: float | None = None, limits: Limits | None = None) -> int:
     """Purge disbanded rooms past retention or beyond the tombstone cap; their ids stay retired forever."""
     timestamp = clock(now)

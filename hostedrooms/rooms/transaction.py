@@ -51,6 +51,7 @@ from ..store import (
     event_rows,
     room_store,
 )
+from ..telemetry import count_retry
 from ..uow import UnitOfWork
 from .rules import PreparedEvent, max_event_bytes
 
@@ -333,11 +334,13 @@ def run_room_write(
                 return result
         except TakeFullPath:
             fast = False
+            count_retry("room_write.full_path")
         except NeedExclusiveGatewayLock:
             if exclusive:  # pragma: no cover - exclusive transactions never raise it
                 raise
             _log.debug("room write retried holding the gateway budget lock", extra={"event": "room.retry_exclusive"})
             exclusive, fast = True, False
+            count_retry("room_write.exclusive")
         except CapacityExceededError as exc:
             _log.warning("room write refused: %s", exc.limit, extra={"event": "room.refused", "limit": exc.limit})
             raise

@@ -66,6 +66,7 @@ from ..limits import Limits, in_force
 from ..replicas import CheckedPage, demote_room, ingest_page, prune_disbanded_replicas, validate_page
 from ..rooms import read_events as read_local_events
 from ..rooms import rules as room_rules
+from ..telemetry import pass_attributes, record_pass, traced
 from ..validation import INT64_MAX, MAX_EPOCH, identifier
 from .heads import ReplicaHead, RoomHead, all_replica_heads, all_room_heads
 from .source import (
@@ -403,6 +404,7 @@ class Replicator:
         deadline = float("inf") if seconds is None else self._monotonic() + seconds
         return _Budget(rooms, pages, size, deadline, self._monotonic)
 
+    @traced("standby.pass", engine=lambda args: args[0].target, result=pass_attributes, on_result=record_pass)
     def sync_once(self) -> PassReport:
         """One pass over the rooms of the source; returns a report per room (see the module docstring).
 
