@@ -60,6 +60,16 @@ def _call(name: str, *args: Any, **kwargs: Any) -> Call:
     return lambda ledger: getattr(ledger, name)(*args, **kwargs)
 
 
+def _set_attempts(request_id: str, attempts: int) -> Call:
+    """Give an outbound intent an attempt count no retry would (left by hand): the direct retry leaves it alone."""
+    def set_attempts(ledger: Any) -> None:
+        with ledger.sql_engine.begin() as connection:
+            connection.execute(sa.update(outbound_intents).where(outbound_intents.c.request_id == request_id)
+                               .values(attempts=attempts))
+
+    return set_attempts
+
+
 def _advance(seconds: int) -> Call:
     def advance(ledger: Any) -> None:
         ledger.clock.now += seconds
@@ -131,7 +141,11 @@ SCRIPT: list[Call] = [
     _call("pending_outbound", limit=5, now=START + 1000),
     _call("commit_outbound", "out-1", {"ok": True}), _call("commit_outbound", "out-1", {"ok": True}),
     _call("commit_outbound", "out-1", {"ok": False}), _call("commit_outbound", "missing", {"ok": True}),
-    _call("defer_outbound", "out-1", "after commit"), _call("fail_outbound", "out-2", "gave up"),
+    _call("defer_outbound", "out-1", "after commit"),
+    *(_call("defer_outbound", "out-2", f"try {n}") for n in range(10)),  # past the exponent cap
+    _outbound("out-5"), _set_attempts("out-5", -3), _call("defer_outbound", "out-5", "odd count"),
+    _set_attempts("out-5", 2_000_000), _call("defer_outbound", "out-5", "huge count"),
+    _call("fail_outbound", "out-2", "gave up"),
     _call("commit_outbound", "out-2", {"ok": True}), _call("fail_outbound", "missing", "gone"),
     _call("outbound", "out-1"), _call("recoverable_outbound", limit=5),
     _call("pending_outbound_for_route", "conn-1", "route-a", "rev-1"),
@@ -186,6 +200,7 @@ def _run(engine: Engine, calls: list[Call]) -> tuple[list[Any], dict[str, list[t
     clock = Clock()
     ledger = DeliveryLedger(engine, clock=clock, limits=factories.lowered(MAX_NONTERMINAL_DELIVERIES=5))
     ledger.clock = clock  # type: ignore[attr-defined]  # for _advance
+    ledger.sql_engine = engine  # type: ignore[attr-defined]  # for _set_attempts
     try:
         outcomes = [_outcome(call, ledger) for call in calls]
     finally:

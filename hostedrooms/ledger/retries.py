@@ -14,13 +14,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Table, bindparam, update
+from sqlalchemy import ColumnElement, Connection, Table, bindparam, case, func, update
 
 from ..uow import UnitOfWork
 from .base import LedgerBase
-from .claims import _error_text, retry_delay
+from .claims import RETRY_EXPONENT_CAP, _error_text, retry_delay
 from .rows import _public_rows
 from .store import ERROR, LedgerStore, Row
+
+#: The attempt counts a retry counts in SQL (:meth:`RetryMachine.retry_direct_statement`); a row outside them (left
+#: by hand or by the reference) takes the path that reads it first.
+_DIRECT_ATTEMPTS = 1_000_000
+#: The clock readings it takes (far from the 64-bit bounds, where the sum would overflow differently in SQL).
+_DIRECT_NOW = 2**62
 
 #: The public record of a row (DeliveryRecord, OutboundRecord).
 _R = TypeVar("_R")
@@ -54,6 +60,19 @@ class RetryMachine(Generic[_R]):
                   self.last_error: ERROR}
         return _guarded(self.table, self.where, values)
 
+    def retry_direct_statement(self) -> Any:
+        """The guarded retry as one statement, for rows whose attempt count is between 0 and a bound: the count
+        grows by one and the next try is due :func:`retry_delay` of it after ``v_now``, the schedule written out
+        from retry_delay itself (``v_error``, ``v_now``)."""
+        counted = func.coalesce(self.table.c[self.attempts], 0)
+        attempts = counted + 1
+        delay = case(*((attempts == n, retry_delay(n)) for n in range(1, RETRY_EXPONENT_CAP)),
+                     else_=retry_delay(RETRY_EXPONENT_CAP))
+        now = bindparam("v_now", type_=self.table.c[self.retry_at].type)
+        values = {self.attempts: attempts, self.retry_at: now + delay,
+                  self.last_error: ERROR}
+        return _guarded(self.table, (*self.where, counted.between(0, _DIRECT_ATTEMPTS)), values)
+
     def fail_statement(self) -> Any:
         """The guarded failure (:data:`ERROR` stands for the error text)."""
         assert self.failed is not None
@@ -64,8 +83,14 @@ class RetryMachine(Generic[_R]):
         """Count one more failed try of the row ``key`` and schedule the next; return the row.
 
         The row is read locked (PostgreSQL ``FOR UPDATE``; SQLite's write lock) for its attempt count, so the
-        guarded update matches exactly when ``retryable`` says so; otherwise the row is returned unchanged.
+        guarded update matches exactly when ``retryable`` says so; otherwise the row is returned unchanged. First,
+        the retry is tried as one statement counting in SQL: its guard implies ``retryable``, and its values are
+        those the update after reading would set, so a changed row is that path's result.
         """
+        if store.fast_path and -_DIRECT_NOW < now < _DIRECT_NOW:
+            changed = store.retry_directly(connection, self, {**guard, "key": key, "v_error": error, "v_now": now})
+            if changed is not None:
+                return self.public(changed)
         row = self.fetch(store, connection, key, lock=True)
         if row is None or not self.retryable(row, guard):
             return self.public(row)

@@ -347,6 +347,12 @@ class LedgerStore:
         statement = self._shaped(("retry", spec.name), lambda: _Returning(spec.retry_statement(), spec.table))
         return self._row(statement, connection, params)
 
+    def retry_directly(self, connection: Connection, spec: Any, params: Mapping[str, Any]) -> Row | None:
+        """A retry machine's retry as one statement (counting attempts in SQL); the changed row, or None."""
+        statement = self._shaped(("retry_directly", spec.name),
+                                 lambda: _Returning(spec.retry_direct_statement(), spec.table))
+        return self._row(statement, connection, params)
+
     def fail_waiting(self, connection: Connection, spec: Any, params: Mapping[str, Any]) -> Row | None:
         """A retry machine's guarded failure; the changed row, or None."""
         statement = self._shaped(("fail", spec.name), lambda: _Returning(spec.fail_statement(), spec.table))
