@@ -71,9 +71,15 @@ class Deliveries(Retrying):
             if row is not None:
                 return self._known_envelope(store, connection, row, claim, digest, timestamp), False
             store.expire_prepared(connection, timestamp)
-            if store.in_flight(connection) >= self._capacity():
+            if store.fast_path:  # the count and the insert in one statement
+                inserted = store.insert_delivery_within(connection, values, self._capacity())
+            elif store.in_flight(connection) < self._capacity():
+                inserted = store.insert_delivery(connection, values)
+            else:
+                inserted = None
+            if inserted is None:
                 raise LedgerCapacityError("secure peer delivery capacity is full", limit="MAX_NONTERMINAL_DELIVERIES")
-            created = _public_delivery(store.insert_delivery(connection, values))
+            created = _public_delivery(inserted)
             assert created is not None
             return created, True
 

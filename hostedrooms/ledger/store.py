@@ -77,6 +77,14 @@ DELIVERY_INSERT_COLUMNS = (
     "target_server_identity", "target_route_id", "target_route_revision", "target_chat_id", "action", "kind",
     "exchange_id", "parent_envelope_id", "parent_leg", "used_legs", "max_legs", "expires_at", "claim_digest",
     "body_json", "state", "created_at", "updated_at")
+# The same insert, made only while fewer than ``capacity`` deliveries are unfinished (the count and the insert in
+# one statement; the values are typed, as a SELECT list needs on PostgreSQL).
+_INSERT_WITHIN_CAPACITY = D.insert().from_select(
+    list(DELIVERY_INSERT_COLUMNS),
+    select(*(bindparam(name, type_=D.c[name].type) for name in DELIVERY_INSERT_COLUMNS))
+    .where(_IN_FLIGHT.scalar_subquery() < bindparam("capacity"))).returning(*D.c)
+# Counts are far below this: a capacity beyond it admits as any larger one would (and still binds as 64 bits).
+_CAPACITY_BOUND = 2**62
 # prepare() of a known envelope still prepared: its new lease token.
 _REFRESH_LEASE = (
     update(D).where(_BY_ENVELOPE, D.c.state == "prepared", D.c.claim_digest == bindparam("digest"))
@@ -163,6 +171,7 @@ class LedgerStore:
         self._expire_prepared = HotStatement(_EXPIRE_PREPARED)
         self._in_flight = HotStatement(_IN_FLIGHT)
         self._insert_delivery = _Returning(D.insert().returning(*D.c), D, column_keys=DELIVERY_INSERT_COLUMNS)
+        self._insert_within_capacity = _Returning(_INSERT_WITHIN_CAPACITY, D)
         self._refresh_lease = _Returning(_REFRESH_LEASE, D)
         self._bind_authorized = _Returning(_BIND_AUTHORIZED, D)
         self._bind_run = _Returning(_BIND_RUN, D)
@@ -266,6 +275,12 @@ class LedgerStore:
         row = self._row(self._insert_delivery, connection, values)
         assert row is not None
         return row
+
+    def insert_delivery_within(self, connection: Connection, values: Mapping[str, Any], capacity: int) -> Row | None:
+        """Insert a delivery (DELIVERY_INSERT_COLUMNS) while fewer than ``capacity`` are unfinished: what
+        :meth:`in_flight` and :meth:`insert_delivery` do, in one statement. The stored row, or None (full)."""
+        bounded = max(0, min(capacity, _CAPACITY_BOUND))  # (no count is below 0 or reaches the bound)
+        return self._row(self._insert_within_capacity, connection, {**values, "capacity": bounded})
 
     def refresh_lease(self, connection: Connection, envelope_id: str, *, digest: str, lease: str,
                       now: int) -> Row | None:
