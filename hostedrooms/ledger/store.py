@@ -1,11 +1,13 @@
 """The ledger's store: every statement of the delivery ledger, one :class:`LedgerStore` per backend.
 
 The services (:mod:`.deliveries`, :mod:`.responses`, :mod:`.outbound`, :mod:`.retries`, :mod:`.retention`) hold
-the rules and call the store with their unit of work's connection; the store owns the SQL. Single-row statements
+the rules and call the store with their unit of work's connection; the store owns the SQL and how it runs (a
+retry machine describes its guarded updates, the store compiles and runs them). Single-row statements
 (lookups by key, the guarded ``UPDATE ... RETURNING`` transitions, inserts) are :class:`~hostedrooms.statements.
 HotStatement`\\ s, compiled once per engine and run on the unit's cursor; their rows come back as plain dicts
-keyed by column name (what ``Result.mappings()`` would give). Listings and pruning run through
-``Connection.execute`` (their plans vary with their filters and limits).
+keyed by column name (what ``Result.mappings()`` would give). Driver errors arrive wrapped as from ``execute()``
+and SQLAlchemy's cursor events fire; its statement-level events (``before_execute``) do not, for these. Listings
+and pruning run through ``Connection.execute`` (their plans vary with their filters and limits).
 
 :meth:`LedgerStore.without_fast_path` is the switch the agreement tests use (``tests/test_ledger_paths.py``):
 inside it every statement runs through ``Connection.execute`` and the services skip their one-statement
