@@ -340,6 +340,15 @@ def read_whole_log_memory(setup: Setup) -> Result:
     return Result(f"read whole {size}-event log page by page", 500, pages, seconds, events=size, note=note)
 
 
+def _ledger_envelope(index: int | str, kind: str = "instruction") -> dict[str, Any]:
+    return {
+        "envelope_id": f"env-{index}", "request_id": f"req-{index}", "team_id": "team",
+        "source_server_identity": "src", "source_route_id": "route", "source_route_revision": "1",
+        "target_server_identity": "dst", "target_route_id": "troute", "target_route_revision": "1",
+        "action": kind, "kind": kind, "exchange_id": f"x-{index}", "used_legs": 1,
+        "max_legs": 6, "expires_at": int(time.time()) + 3600, "body": {"message": "do the thing"}}
+
+
 def ledger_cycle(setup: Setup) -> Result:
     from hostedrooms.ledger import DeliveryLedger
 
@@ -348,13 +357,7 @@ def ledger_cycle(setup: Setup) -> Result:
     n = setup.count(500, 50)
 
     def cycle(index: int) -> None:
-        envelope = {
-            "envelope_id": f"env-{index}", "request_id": f"req-{index}", "team_id": "team",
-            "source_server_identity": "src", "source_route_id": "route", "source_route_revision": "1",
-            "target_server_identity": "dst", "target_route_id": "troute", "target_route_revision": "1",
-            "action": "instruction", "kind": "instruction", "exchange_id": f"x-{index}", "used_legs": 1,
-            "max_legs": 6, "expires_at": int(time.time()) + 3600, "body": {"message": "do the thing"}}
-        ledger.prepare(envelope, transport_role="host", connection_id="conn", lease_token="lease",
+        ledger.prepare(_ledger_envelope(index), transport_role="host", connection_id="conn", lease_token="lease",
                        target_chat_id="chat")
         ledger.authorize(f"env-{index}")
         ledger.bind_owner(f"env-{index}", queued_id=f"q-{index}", run_id=None)
@@ -364,6 +367,40 @@ def ledger_cycle(setup: Setup) -> Result:
     engine.dispose()
     return Result("ledger prepare>authorize>bind_owner>finish", 4, n, seconds, latencies,
                   note="4 transactions per cycle")
+
+
+def ledger_full_cycle(setup: Setup) -> Result:
+    """One request delivery through every step the ledger records (admission, run, the response intent with one
+    retry, completion) and one outbound intent (prepared, retried once, committed): 11 transactions."""
+    from hostedrooms.ledger import DeliveryLedger
+
+    engine = setup.engine(setup.fresh("ledger_full"))
+    ledger = DeliveryLedger(engine)
+    n = setup.count(300, 30)
+    snapshot = {"connection_id": "conn", "source_route_id": "route", "source_route_revision": "1",
+                "source_chat_id": "chat", "action": "request_reply"}
+
+    def cycle(index: int) -> None:
+        key = f"env-{index}"
+        ledger.prepare(_ledger_envelope(index, "request_reply"), transport_role="host", connection_id="conn",
+                       lease_token="lease", target_chat_id="chat")
+        ledger.authorize(key)
+        ledger.bind_owner(key, queued_id=f"q-{index}", run_id=None)
+        ledger.bind_owner(key, queued_id=f"q-{index}", run_id=f"run-{index}")
+        ledger.prepare_response(key, request_id=f"resp-{index}", body="the answer", request_response=True)
+        ledger.defer_response(key, request_id=f"resp-{index}", error="hub unreachable")
+        ledger.mark_response_committed(key, request_id=f"resp-{index}")
+        ledger.finish(key, succeeded=True, result_text="done")
+        ledger.prepare_outbound(request_id=f"out-{index}", source_session_id="chat", source_run_id=f"run-{index}",
+                                snapshot=snapshot, body="ask them", action="request_reply",
+                                expires_at=int(time.time()) + 3600)
+        ledger.defer_outbound(f"out-{index}", "hub unreachable")
+        ledger.commit_outbound(f"out-{index}", {"ok": True})
+
+    seconds, latencies = _measure(n, cycle)
+    engine.dispose()
+    return Result("ledger delivery, response and outbound intent", 11, n, seconds, latencies,
+                  note="11 transactions per cycle")
 
 
 def _writer(target: str, setup: Setup, raw: bool, room_id: str, prefix: str, n: int, queue: Any, ready: Any,
@@ -619,6 +656,7 @@ WORKLOADS: dict[str, Callable[[Setup], Result]] = {
     "read-start": read_start,
     "read-memory": read_whole_log_memory,
     "ledger": ledger_cycle,
+    "ledger-full": ledger_full_cycle,
     "full-room": append_into_full_room,
     "many-rooms": append_with_many_rooms,
     "follow-latency": follow_latency,

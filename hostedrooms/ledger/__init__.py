@@ -18,9 +18,10 @@ any descriptor of it would release this process's SQLite locks (see :mod:`hosted
 crash-safe (WAL with ``synchronous=FULL``). Timestamps are integer seconds: ``int(clock())``.
 
 Layout: :mod:`.claims` (pure: states, claim builders, digests, validators), :mod:`.guard` (the owner-private
-file), :mod:`.rows` (reading and decoding rows), :mod:`.base` (clock, file checks, one transaction per call),
-:mod:`.deliveries`, :mod:`.responses`, :mod:`.outbound` and :mod:`.retention` (the service's parts), and
-:mod:`.service` (:class:`DeliveryLedger`, composed of them).
+file), :mod:`.store` (every statement of the ledger, one store per backend), :mod:`.rows` (decoding rows),
+:mod:`.base` (clock, file checks, one transaction per call), :mod:`.retries` (the retry/fail machine),
+:mod:`.deliveries`, :mod:`.responses`, :mod:`.outbound` and :mod:`.retention` (the service's parts, holding the
+rules), and :mod:`.service` (:class:`DeliveryLedger`, composed of them).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Table
+from sqlalchemy import Engine
 
 from .. import limits as default_limits
 from ..db import sqlite_path
@@ -24,7 +24,7 @@ from ..uow import UnitOfWork
 from ..wakeup import LEDGER_WORK_CHANNEL, Wakeup
 from .claims import _integer
 from .guard import FileIdentity, prepare_ledger_file, secure_ledger_file
-from .rows import D
+from .store import LedgerStore, ledger_store
 
 Clock = Callable[[], float]
 _T = TypeVar("_T")
@@ -85,14 +85,21 @@ class LedgerBase:
             uow.commit()
             return result
 
-    def _read(self, work: Callable[[UnitOfWork], _T]) -> _T:
+    def _read(self, work: Callable[[UnitOfWork], _T], *, one_statement: bool = False) -> _T:
+        """Run ``work`` in one read transaction after the file checks. ``one_statement``: ``work`` runs a single
+        statement, which needs no snapshot beyond its own (PostgreSQL then opens no transaction for it)."""
         self._check_file()
-        with UnitOfWork(self.engine, write=False) as uow:
+        with UnitOfWork(self.engine, write=False, statement_snapshots=one_statement) as uow:
             return work(uow)
+
+    @staticmethod
+    def _store(uow: UnitOfWork) -> LedgerStore:
+        """The ledger store of ``uow``'s backend."""
+        return ledger_store(uow.dialect)
 
     def _wake(self, uow: UnitOfWork, work: str) -> None:
         """Wake the ledger's waiters (:meth:`work_wakeup`) when this transaction commits: ``work`` became due."""
-        uow.dialect.notify(uow.connection, LEDGER_WORK_CHANNEL, work)
+        self._store(uow).wake(uow.connection, work)
 
     def work_wakeup(self, *, poll_interval: float | None = None) -> Wakeup:
         """A context manager whose ``wait(timeout)`` returns once a ledger transition made work due (a delivery
@@ -107,11 +114,6 @@ class LedgerBase:
 
         if not self._read(check):
             raise StorageError("secure peer delivery ledger requires WAL with synchronous=FULL")
-
-    def _order(self, uow: UnitOfWork, *first: Any, table: Table = D) -> list[Any]:
-        """``first``, then creation time, then the key in code-point order (as SQLite sorts it)."""
-        key = table.c.envelope_id if table is D else table.c.request_id
-        return [*first, table.c.created_at, uow.dialect.bytewise(key)]
 
     def close(self) -> None:
         """Release pooled connections when this ledger owns its engine (the facade's SQLite files)."""

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import ColumnElement, RowMapping, bindparam, func, select, update
+from sqlalchemy import ColumnElement
 
-from ..dialect import StoreDialect
 from ..errors import LedgerCapacityError, LedgerInputError, LedgerStateError
 from ..records import DeliveryRecord
 from ..uow import UnitOfWork
 from ..validation import canonical_json_bytes
 from .claims import (
     ACTIVE_DELIVERY_STATES,
-    EXPIRED_ERROR,
     MAX_RETRY_BATCH,
     NONTERMINAL_DELIVERY_STATES,
-    PREPARE_LOCK_KEY,
     _finish_error_text,
     _key,
     _limit,
@@ -26,61 +23,25 @@ from .claims import (
     delivery_claim,
 )
 from .retries import ERROR, Retrying, retry_machine
-from .rows import D, _delivery, _fetch, _public_delivery, _public_rows, _returned
-
-# prepare(): fail expired prepared rows, count what is in flight, insert (returning the row).
-_EXPIRE_PREPARED = (update(D).where(D.c.state == "prepared", D.c.expires_at <= bindparam("now"))
-                    .values(state="failed", error=EXPIRED_ERROR, updated_at=bindparam("expired_at")))
-_IN_FLIGHT = select(func.count()).select_from(D).where(D.c.state.in_(NONTERMINAL_DELIVERY_STATES))
-_INSERT_DELIVERY = D.insert().returning(*D.c)
-# prepare() of a known envelope still prepared: its new lease token.
-_REFRESH_LEASE = (
-    update(D).where(D.c.envelope_id == bindparam("key"), D.c.state == "prepared",
-                    D.c.claim_digest == bindparam("digest"))
-    .values(lease_token=bindparam("lease"), updated_at=bindparam("now"))
-    .returning(*D.c))
-#: An authorized delivery no queue entry or run owns yet: it awaits admission.
-_OWNERLESS = (D.c.state == "authorized", D.c.queued_id.is_(None), D.c.run_id.is_(None))
-# bind_owner(): an ownerless authorized delivery gets its owner; a queued one its run.
-_BIND_AUTHORIZED = (
-    update(D).where(D.c.envelope_id == bindparam("key"), *_OWNERLESS)
-    .values(state=bindparam("set_state"), queued_id=bindparam("set_queued_id"), run_id=bindparam("set_run_id"),
-            admission_retry_at=None, admission_last_error=None, updated_at=bindparam("set_updated_at"))
-    .returning(*D.c))
-_BIND_RUN = (
-    update(D).where(D.c.envelope_id == bindparam("key"), D.c.state == "queued",
-                    D.c.queued_id == bindparam("bound_queued_id"), D.c.run_id.is_(None))
-    .values(state="running", run_id=bindparam("set_run_id"), admission_retry_at=None, admission_last_error=None,
-            updated_at=bindparam("set_updated_at"))
-    .returning(*D.c))
+from .rows import D, _public_delivery, _public_rows, fetch_delivery
+from .store import OWNERLESS, LedgerStore, Row
 
 # Admission of an ownerless authorized delivery: retried with backoff until a queue entry or run owns it, or failed.
 _ADMISSION = retry_machine(
-    D, "envelope_id", _OWNERLESS,
+    "admission", D, "envelope_id", OWNERLESS,
     retryable=lambda row, _: row["state"] == "authorized" and row["queued_id"] is None and row["run_id"] is None,
     attempts="admission_attempts", retry_at="admission_retry_at", last_error="admission_last_error",
     failed={"state": "failed", "error": ERROR, "admission_retry_at": None, "admission_last_error": None},
-    fetch=_delivery, public=_public_delivery)
-
-
-def _transition_statement(expected: tuple[str, ...], names: tuple[str, ...]) -> Callable[[StoreDialect], Any]:
-    """A builder of ``UPDATE deliveries SET <names>, updated_at WHERE envelope_id = :key AND state IN <expected>
-    RETURNING *`` (parameters ``key``, ``set_<name>``, ``set_updated_at``), built once per shape and backend."""
-
-    def build(_dialect: StoreDialect) -> Any:
-        return (update(D).where(D.c.envelope_id == bindparam("key"), D.c.state.in_(expected))
-                .values({name: bindparam(f"set_{name}") for name in (*names, "updated_at")}).returning(*D.c))
-
-    return build
+    fetch=fetch_delivery, public=_public_delivery)
 
 
 class Deliveries(Retrying):
     """The delivery state machine (a part of :class:`~hostedrooms.ledger.DeliveryLedger`)."""
 
     def _deliveries_where(self, *conditions: ColumnElement[bool]) -> list[DeliveryRecord]:
+        """The unfinished deliveries matching ``conditions``, oldest first."""
         def work(uow: UnitOfWork) -> list[DeliveryRecord]:
-            statement = select(D).where(*conditions).order_by(*self._order(uow))
-            return _public_rows(uow, statement, _public_delivery)
+            return _public_rows(uow, self._store(uow).deliveries_where(*conditions), _public_delivery)
 
         return self._read(work)
 
@@ -98,22 +59,26 @@ class Deliveries(Retrying):
         claim, digest = delivery_claim(envelope, transport_role=transport_role, connection_id=connection_id,
                                        lease_token=lease_token, target_chat_id=target_chat_id)
         timestamp = self._now()
+        values = {name: value for name, value in claim.items() if name != "body"}
+        values.update(claim_digest=digest, body_json=canonical_json_bytes(claim["body"]).decode("utf-8"),
+                      state="prepared", created_at=timestamp, updated_at=timestamp)
 
         def work(uow: UnitOfWork) -> tuple[DeliveryRecord, bool]:
+            store, connection = self._store(uow), uow.connection
             # PostgreSQL: one prepare at a time, so the capacity count cannot be raced (SQLite: BEGIN IMMEDIATE).
-            uow.dialect.serialize(uow.connection, PREPARE_LOCK_KEY)
-            envelope_id = claim["envelope_id"]
-            row = _delivery(uow, envelope_id, lock=True)
+            store.serialize_prepares(connection)
+            row = store.delivery(connection, claim["envelope_id"], lock=True)
             if row is not None:
-                return self._known_envelope(uow, row, claim, digest, timestamp), False
-            uow.execute(_EXPIRE_PREPARED, {"now": timestamp, "expired_at": timestamp})
-            in_flight = uow.execute(_IN_FLIGHT).scalar_one()
-            if int(in_flight) >= self._capacity():
+                return self._known_envelope(store, connection, row, claim, digest, timestamp), False
+            store.expire_prepared(connection, timestamp)
+            if store.fast_path:  # the count and the insert in one statement
+                inserted = store.insert_delivery_within(connection, values, self._capacity())
+            elif store.in_flight(connection) < self._capacity():
+                inserted = store.insert_delivery(connection, values)
+            else:
+                inserted = None
+            if inserted is None:
                 raise LedgerCapacityError("secure peer delivery capacity is full", limit="MAX_NONTERMINAL_DELIVERIES")
-            values = {name: value for name, value in claim.items() if name != "body"}
-            inserted = uow.execute(_INSERT_DELIVERY, {
-                **values, "claim_digest": digest, "body_json": canonical_json_bytes(claim["body"]).decode("utf-8"),
-                "state": "prepared", "created_at": timestamp, "updated_at": timestamp}).mappings().first()
             created = _public_delivery(inserted)
             assert created is not None
             return created, True
@@ -122,14 +87,14 @@ class Deliveries(Retrying):
 
     @staticmethod
     def _known_envelope(
-        uow: UnitOfWork, row: RowMapping, claim: dict[str, Any], digest: str, timestamp: int
+        store: LedgerStore, connection: Any, row: Row, claim: dict[str, Any], digest: str, timestamp: int
     ) -> DeliveryRecord:
         if row["claim_digest"] != digest:
             raise LedgerStateError("secure peer envelope identity changed")
         if row["state"] == "prepared" and str(row["lease_token"] or "") != claim["lease_token"]:
             # The row is locked (prepare read it FOR UPDATE; SQLite's write lock): unchanged when the guard misses.
-            changed = _returned(uow, _REFRESH_LEASE, {
-                "key": claim["envelope_id"], "digest": digest, "lease": claim["lease_token"], "now": timestamp})
+            changed = store.refresh_lease(connection, claim["envelope_id"], digest=digest,
+                                          lease=claim["lease_token"], now=timestamp)
             row = row if changed is None else changed
         public = _public_delivery(row)
         assert public is not None
@@ -138,7 +103,8 @@ class Deliveries(Retrying):
     def get(self, envelope_id: str) -> DeliveryRecord | None:
         """The delivery of ``envelope_id``, or None."""
         key = _key(envelope_id, "envelope_id")
-        return self._read(lambda uow: _public_delivery(_delivery(uow, key)))
+        return self._read(lambda uow: _public_delivery(self._store(uow).delivery(uow.connection, key)),
+                          one_statement=True)
 
     def _transition(
         self, envelope_id: Any, *, expected: Iterable[str], wake: str | None = None, **values: Any
@@ -147,15 +113,14 @@ class Deliveries(Retrying):
         work a change makes due (waiters on the ledger's wake-up channel are woken on commit)."""
         key = _key(envelope_id, "envelope_id")
         timestamp = self._now()
-
-        shape = (tuple(sorted(expected)), tuple(sorted(values)))
-        params = {"key": key, "set_updated_at": timestamp, **{f"set_{name}": value for name, value in values.items()}}
+        states = tuple(sorted(expected))
 
         def work(uow: UnitOfWork) -> DeliveryRecord | None:
-            statement = uow.dialect.statement(("ledger.transition", *shape), _transition_statement(*shape))
-            row = _public_delivery(uow.execute(statement, params).mappings().first())
+            store = self._store(uow)
+            row = _public_delivery(store.transition(uow.connection, key, expected=states, values=values,
+                                                    now=timestamp))
             if row is not None and wake is not None:
-                self._wake(uow, wake)
+                store.wake(uow.connection, wake)
             return row
 
         return self._write(work)
@@ -182,29 +147,49 @@ class Deliveries(Retrying):
         timestamp = self._now()
 
         def work(uow: UnitOfWork) -> DeliveryRecord | None:
-            row = _delivery(uow, key, lock=True)
-            if row is None:
-                return None
-            state, owner = row["state"], (row["queued_id"], row["run_id"])
-            # The row is locked (PostgreSQL FOR UPDATE; SQLite's write lock): the guarded updates match.
-            if state == "authorized":
-                row = uow.execute(_BIND_AUTHORIZED, {
-                    "key": key, "set_state": "running" if run is not None else "queued", "set_queued_id": queued,
-                    "set_run_id": run, "set_updated_at": timestamp}).mappings().first()
-                if run is None:
-                    self._wake(uow, "delivery")  # a newly queued delivery
-            elif state == "queued":
-                if owner != (queued, None):  # another queue entry, or a run is already bound
-                    return None
-                if run is not None:
-                    row = uow.execute(_BIND_RUN, {
-                        "key": key, "bound_queued_id": row["queued_id"], "set_run_id": run,
-                        "set_updated_at": timestamp}).mappings().first()
-            elif state != "running" or owner != (queued, run):
-                return None
-            return _public_delivery(row)
+            store = self._store(uow)
+            if store.fast_path:
+                bound = self._bind_directly(uow, store, key, queued, run, timestamp)
+                if bound is not None:
+                    return bound
+            return self._bind_after_reading(uow, store, key, queued, run, timestamp)
 
         return self._write(work)
+
+    def _bind_directly(self, uow: UnitOfWork, store: LedgerStore, key: str, queued: str | None, run: str | None,
+                       timestamp: int) -> DeliveryRecord | None:
+        """The binding the call most likely asks for, as one guarded update without reading the row first: a
+        queued delivery of this entry gains its run, or an ownerless authorized one its owner. The guard is the
+        condition under which :meth:`_bind_after_reading` runs the same update, so a changed row is its result;
+        None (nothing changed) leaves the decision to it."""
+        if queued is not None and run is not None:
+            changed = store.bind_run(uow.connection, key, queued_id=queued, run_id=run, now=timestamp)
+        else:
+            changed = store.bind_authorized(uow.connection, key, queued_id=queued, run_id=run, now=timestamp)
+            if changed is not None and run is None:
+                self._wake(uow, "delivery")  # a newly queued delivery
+        return _public_delivery(changed)
+
+    def _bind_after_reading(self, uow: UnitOfWork, store: LedgerStore, key: str, queued: str | None,
+                            run: str | None, timestamp: int) -> DeliveryRecord | None:
+        connection = uow.connection
+        row = store.delivery(connection, key, lock=True)
+        if row is None:
+            return None
+        state, owner = row["state"], (row["queued_id"], row["run_id"])
+        # The row is locked (PostgreSQL FOR UPDATE; SQLite's write lock): the guarded updates match.
+        if state == "authorized":
+            row = store.bind_authorized(connection, key, queued_id=queued, run_id=run, now=timestamp)
+            if run is None:
+                self._wake(uow, "delivery")  # a newly queued delivery
+        elif state == "queued":
+            if owner != (queued, None):  # another queue entry, or a run is already bound
+                return None
+            if run is not None:
+                row = store.bind_run(connection, key, queued_id=row["queued_id"], run_id=run, now=timestamp)
+        elif state != "running" or owner != (queued, run):
+            return None
+        return _public_delivery(row)
 
     def defer_admission(self, envelope_id: str, *, error: str) -> DeliveryRecord | None:
         """Schedule another admission try of an ownerless ``authorized`` delivery (backoff); return the row."""
@@ -218,7 +203,7 @@ class Deliveries(Retrying):
     def nonterminal_for_chat(self, chat_id: str) -> list[DeliveryRecord]:
         """Every unfinished delivery targeting ``chat_id``, oldest first."""
         key = _key(chat_id, "chat_id")
-        return self._deliveries_where(D.c.target_chat_id == key, D.c.state.in_(NONTERMINAL_DELIVERY_STATES))
+        return self._deliveries_where(D.c.target_chat_id == key)
 
     def finish(
         self, envelope_id: str, *, succeeded: bool, result_text: str = "", error: str | None = None
@@ -236,14 +221,15 @@ class Deliveries(Retrying):
 
     def recoverable(self) -> list[DeliveryRecord]:
         """Every unfinished delivery (including ``prepared`` ones a crash left behind), oldest first."""
-        return self._deliveries_where(D.c.state.in_(NONTERMINAL_DELIVERY_STATES))
+        return self._deliveries_where()
 
     def for_run(self, run_id: str) -> DeliveryRecord | None:
         """The delivery owned by run ``run_id``, or None."""
         key = _key(run_id, "run_id")
-        return self._read(lambda uow: _public_delivery(_fetch(uow, D, D.c.run_id == key)))
+        return self._read(lambda uow: _public_delivery(self._store(uow).delivery_of_run(uow.connection, key)),
+                          one_statement=True)
 
     def nonterminal_for_connection(self, connection_id: str) -> list[DeliveryRecord]:
         """Every unfinished delivery received over ``connection_id``, oldest first."""
         key = _key(connection_id, "connection_id")
-        return self._deliveries_where(D.c.connection_id == key, D.c.state.in_(NONTERMINAL_DELIVERY_STATES))
+        return self._deliveries_where(D.c.connection_id == key)

@@ -5,14 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import ColumnElement, RowMapping, bindparam, select, update
+from sqlalchemy import ColumnElement
 
-from ..dialect import StoreDialect
 from ..errors import LedgerStateError
 from ..records import OutboundRecord
 from ..uow import UnitOfWork
 from .claims import (
-    EXPIRED_ERROR,
     MAX_RETRY_BATCH,
     _key,
     _limit,
@@ -20,43 +18,27 @@ from .claims import (
     outbound_claim,
 )
 from .retries import ERROR, Retrying, retry_machine
-from .rows import OUT, _outbound, _public_outbound, _public_rows, _returned
-
-# Before a chat's, route's or connection's pending intents are listed, those expiring by then fail.
-_EXPIRE_PENDING = (update(OUT).where(OUT.c.state == "pending", OUT.c.expires_at <= bindparam("now"))
-                   .values(state="failed", retry_at=None, last_error=EXPIRED_ERROR, updated_at=bindparam("expired_at")))
-
-
-def _insert_outbound(dialect: StoreDialect) -> Any:
-    """INSERT ... ON CONFLICT DO NOTHING RETURNING *: a concurrent prepare of the same id (PostgreSQL) returns
-    no row and becomes a replay (psycopg reports no rowcount for it). Its columns are the parameters'."""
-    return dialect.insert(OUT).on_conflict_do_nothing(index_elements=["request_id"]).returning(*OUT.c)
-
-
-_COMMIT = (
-    update(OUT).where(OUT.c.request_id == bindparam("key"), OUT.c.state == "pending")
-    .values(state="committed", response_json=bindparam("response"), retry_at=None, last_error=None,
-            updated_at=bindparam("now"))
-    .returning(*OUT.c))
+from .rows import OUT, _public_outbound, _public_rows, fetch_outbound
+from .store import OUTBOUND_WAITING, Row
 
 # A pending intent's send: retried with backoff until the Hub's response is committed, or failed.
 _SEND = retry_machine(
-    OUT, "request_id", (OUT.c.state == "pending",), retryable=lambda row, _: row["state"] == "pending",
+    "send", OUT, "request_id", OUTBOUND_WAITING, retryable=lambda row, _: row["state"] == "pending",
     attempts="attempts", retry_at="retry_at", last_error="last_error",
-    failed={"state": "failed", "retry_at": None, "last_error": ERROR}, fetch=_outbound, public=_public_outbound)
+    failed={"state": "failed", "retry_at": None, "last_error": ERROR}, fetch=fetch_outbound, public=_public_outbound)
 
 
 class OutboundIntents(Retrying):
     """Outbound intents (a part of :class:`~hostedrooms.ledger.DeliveryLedger`)."""
 
     def _pending_outbound_where(self, now: Any, *conditions: ColumnElement[bool]) -> list[OutboundRecord]:
+        """Pending intents matching ``conditions``, oldest first, after those expiring by ``now`` are failed."""
         timestamp = self._timestamp(now)
 
         def work(uow: UnitOfWork) -> list[OutboundRecord]:
-            uow.execute(_EXPIRE_PENDING, {"now": timestamp, "expired_at": timestamp})
-            statement = (select(OUT).where(OUT.c.state == "pending", *conditions)
-                         .order_by(*self._order(uow, table=OUT)))
-            return _public_rows(uow, statement, _public_outbound)
+            store = self._store(uow)
+            store.expire_pending(uow.connection, timestamp)
+            return _public_rows(uow, store.pending_outbound_where(*conditions), _public_outbound)
 
         return self._write(work)
 
@@ -74,22 +56,27 @@ class OutboundIntents(Retrying):
             snapshot=snapshot, body=body, action=action, expires_at=expires_at)
         timestamp = self._now()
 
-        def known(row: RowMapping) -> tuple[OutboundRecord, bool]:
+        def known(row: Row) -> tuple[OutboundRecord, bool]:
             if row["intent_digest"] != digest:
                 raise LedgerStateError("secure peer outbound intent changed")
             public = _public_outbound(row)
             assert public is not None
             return public, False
 
+        row_values = {**values, "intent_digest": digest, "snapshot_json": snapshot_text, "state": "pending",
+                      "retry_at": timestamp, "created_at": timestamp, "updated_at": timestamp}
+
         def work(uow: UnitOfWork) -> tuple[OutboundRecord, bool]:
-            row = _outbound(uow, request_id, lock=True)
-            if row is not None:
-                return known(row)
-            inserted = _returned(uow, uow.dialect.statement("ledger.insert_outbound", _insert_outbound), {
-                **values, "intent_digest": digest, "snapshot_json": snapshot_text, "state": "pending",
-                "retry_at": timestamp, "created_at": timestamp, "updated_at": timestamp})
+            store, connection = self._store(uow), uow.connection
+            # Read first (the full path), or insert first: the insert does nothing for a known id, and the row it
+            # then reads is the one the full path would have read.
+            if not store.fast_path:
+                row = store.outbound(connection, request_id, lock=True)
+                if row is not None:
+                    return known(row)
+            inserted = store.insert_outbound(connection, row_values)
             if inserted is None:
-                row = _outbound(uow, request_id)
+                row = store.outbound(connection, request_id)
                 assert row is not None
                 return known(row)
             public = _public_outbound(inserted)
@@ -122,7 +109,8 @@ class OutboundIntents(Retrying):
     def outbound(self, request_id: str) -> OutboundRecord | None:
         """The outbound intent ``request_id``, or None."""
         key = _key(request_id, "request_id")
-        return self._read(lambda uow: _public_outbound(_outbound(uow, key)))
+        return self._read(lambda uow: _public_outbound(self._store(uow).outbound(uow.connection, key)),
+                          one_statement=True)
 
     def commit_outbound(self, request_id: str, response: Mapping[str, Any]) -> OutboundRecord | None:
         """Store the Hub's response of a pending intent (idempotent; a different response raises)."""
@@ -130,7 +118,14 @@ class OutboundIntents(Retrying):
         text, timestamp = _response_text(response), self._now()
 
         def work(uow: UnitOfWork) -> OutboundRecord | None:
-            row = _outbound(uow, key, lock=True)
+            store, connection = self._store(uow), uow.connection
+            if store.fast_path:
+                # A pending intent (the common call) as one guarded update: the reading path runs the same update
+                # exactly when the row is pending, so a changed row is its result.
+                changed = store.commit_outbound(connection, key, response=text, now=timestamp)
+                if changed is not None:
+                    return _public_outbound(changed)
+            row = store.outbound(connection, key, lock=True)
             if row is None:
                 return None
             if row["state"] == "committed" and str(row["response_json"] or "") != text:
@@ -138,7 +133,7 @@ class OutboundIntents(Retrying):
             if row["state"] != "pending":
                 return _public_outbound(row)
             # The row is locked (PostgreSQL FOR UPDATE; SQLite's write lock): unchanged when the guard misses.
-            changed = _returned(uow, _COMMIT, {"key": key, "response": text, "now": timestamp})
+            changed = store.commit_outbound(connection, key, response=text, now=timestamp)
             return _public_outbound(row if changed is None else changed)
 
         return self._write(work)
@@ -160,7 +155,6 @@ class OutboundIntents(Retrying):
         count = _limit(limit, MAX_RETRY_BATCH, "secure peer outbound recovery limit is invalid")
 
         def work(uow: UnitOfWork) -> list[OutboundRecord]:
-            statement = select(OUT).where(OUT.c.state == "pending").order_by(*self._order(uow, table=OUT))
-            return _public_rows(uow, statement, _public_outbound, count)
+            return _public_rows(uow, self._store(uow).pending_outbound_where(), _public_outbound, count)
 
         return self._read(work)

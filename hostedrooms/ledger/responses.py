@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, update
+from sqlalchemy import bindparam
 
 from ..errors import LedgerStateError
 from ..records import DeliveryRecord
@@ -15,40 +15,18 @@ from .claims import (
     response_claim,
 )
 from .retries import Retrying, retry_machine
-from .rows import D, _delivery, _public_delivery, _returned
-
-_ADMITTED = D.c.state.in_(ACTIVE_DELIVERY_STATES)
-# Guarded UPDATE ... RETURNING: the changed row, or none when the guard matched nothing (built once).
-_PREPARE = (
-    update(D).where(D.c.envelope_id == bindparam("key"), D.c.response_request_digest.is_(None),
-                    D.c.response_committed == 0, _ADMITTED)
-    .values(response_request_id=bindparam("request"), response_request_digest=bindparam("digest"),
-            response_body=bindparam("body"), response_request_response=bindparam("request_response"),
-            response_retry_at=bindparam("now"), response_attempts=0, response_last_error=None,
-            updated_at=bindparam("now"))
-    .returning(*D.c))
-_COMMIT_ANY = (
-    update(D).where(D.c.envelope_id == bindparam("key"), _ADMITTED, D.c.response_committed == 0)
-    .values(response_committed=1, response_retry_at=None, response_last_error=None, updated_at=bindparam("now"))
-    .returning(*D.c))
-_COMMIT = _COMMIT_ANY.where(D.c.response_request_id == bindparam("request"))
-_CLEAR = (
-    update(D).where(D.c.envelope_id == bindparam("key"), D.c.response_request_id == bindparam("request"),
-                    D.c.response_committed == 0, _ADMITTED)
-    .values(response_request_id=None, response_request_digest=None, response_body=None,
-            response_request_response=None, response_retry_at=None, response_attempts=0,
-            response_last_error=None, updated_at=bindparam("now"))
-    .returning(*D.c))
+from .rows import D, _public_delivery, fetch_delivery
+from .store import RESPONSE_WAITING
 
 # An uncommitted response intent (``request``): retried with backoff until the Hub has it, or cleared.
 _RESPONSE = retry_machine(
-    D, "envelope_id", (_ADMITTED, D.c.response_request_id.is_not(None), D.c.response_committed == 0),
+    "response", D, "envelope_id", RESPONSE_WAITING,
     guard=(D.c.response_request_id == bindparam("request"),),
     retryable=lambda row, guard: (row["state"] in ACTIVE_DELIVERY_STATES
                                   and row["response_request_id"] == guard["request"]
                                   and int(row["response_committed"] or 0) == 0),
     attempts="response_attempts", retry_at="response_retry_at", last_error="response_last_error", failed=None,
-    fetch=_delivery, public=_public_delivery)
+    fetch=fetch_delivery, public=_public_delivery)
 
 
 class ResponseIntents(Retrying):
@@ -61,9 +39,19 @@ class ResponseIntents(Retrying):
         key = _key(envelope_id, "envelope_id")
         digest = response_claim(request_id=request_id, body=body, request_response=request_response)
         timestamp = self._now()
+        params = {"request": request_id, "digest": digest, "body": body, "request_response": int(request_response),
+                  "now": timestamp}
 
         def work(uow: UnitOfWork) -> DeliveryRecord | None:
-            row = _delivery(uow, key, lock=True)
+            store, connection = self._store(uow), uow.connection
+            if store.fast_path:
+                # The common call (a request delivery with no intent yet) as one guarded update: its guard is what
+                # the reading path checks before the same update, so a changed row is that path's result.
+                changed = store.prepare_response(connection, key, direct=True, params=params)
+                if changed is not None:
+                    self._wake(uow, "response")
+                    return _public_delivery(changed)
+            row = store.delivery(connection, key, lock=True)
             if row is None or row["state"] not in ACTIVE_DELIVERY_STATES or row["kind"] == "instruction":
                 return None
             if row["response_request_digest"] is not None:
@@ -71,9 +59,7 @@ class ResponseIntents(Retrying):
                     raise LedgerStateError("secure peer response intent changed")
                 return _public_delivery(row)
             # The row is locked (PostgreSQL FOR UPDATE; SQLite's write lock): unchanged when the guard misses.
-            changed = _returned(uow, _PREPARE, {
-                "key": key, "request": request_id, "digest": digest, "body": body,
-                "request_response": int(request_response), "now": timestamp})
+            changed = store.prepare_response(connection, key, direct=False, params=params)
             if changed is not None:
                 self._wake(uow, "response")
             return _public_delivery(row if changed is None else changed)
@@ -87,11 +73,11 @@ class ResponseIntents(Retrying):
         timestamp = self._now()
 
         def work(uow: UnitOfWork) -> DeliveryRecord | None:
-            statement = _COMMIT_ANY if request is None else _COMMIT
-            changed = uow.execute(statement, {"key": key, "request": request, "now": timestamp}).mappings().all()
+            store = self._store(uow)
+            changed = store.commit_response(uow.connection, key, request_id=request, now=timestamp)
             if len(changed) > 1:
                 raise LedgerStateError("secure peer response state is ambiguous")
-            return _public_delivery(changed[0] if changed else _delivery(uow, key))
+            return _public_delivery(changed[0] if changed else store.delivery(uow.connection, key))
 
         return self._write(work)
 
@@ -101,8 +87,9 @@ class ResponseIntents(Retrying):
         timestamp = self._now()
 
         def work(uow: UnitOfWork) -> DeliveryRecord | None:
-            changed = _returned(uow, _CLEAR, {"key": key, "request": request, "now": timestamp})
-            return _public_delivery(_delivery(uow, key) if changed is None else changed)
+            store = self._store(uow)
+            changed = store.clear_response(uow.connection, key, request_id=request, now=timestamp)
+            return _public_delivery(store.delivery(uow.connection, key) if changed is None else changed)
 
         return self._write(work)
 

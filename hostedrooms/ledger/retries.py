@@ -15,80 +15,121 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import BindParameter, ColumnElement, RowMapping, Table, bindparam, func, select, update
+from sqlalchemy import ColumnElement, Connection, Table, bindparam, case, func, update
 
 from ..telemetry import count_retry
 from ..uow import UnitOfWork
 from .base import LedgerBase
-from .claims import _error_text, retry_delay
-from .rows import _public_rows, _returned
+from .claims import RETRY_EXPONENT_CAP, _error_text, retry_delay
+from .rows import _public_rows
+from .store import ERROR, LedgerStore, Row
 
 _log = logging.getLogger(__name__)
-#: Where the caller's error text goes in a failure's values (see :func:`retry_machine`).
-ERROR: BindParameter[Any] = bindparam("v_error")
+#: The attempt counts a retry counts in SQL (:meth:`RetryMachine.retry_direct_statement`); a row outside them (left
+#: by hand or by the reference) takes the path that reads it first.
+_DIRECT_ATTEMPTS = 1_000_000
+#: The clock readings it takes (far from the 64-bit bounds, where the sum would overflow differently in SQL).
+_DIRECT_NOW = 2**62
 
 #: The public record of a row (DeliveryRecord, OutboundRecord).
 _R = TypeVar("_R")
-Fetch = Callable[..., RowMapping | None]  # fetch(uow, key, *, lock=False)
-Retryable = Callable[[RowMapping, Mapping[str, Any]], bool]
+Fetch = Callable[..., Row | None]  # fetch(store, connection, key, *, lock=False)
+Retryable = Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
+
+__all__ = ["ERROR", "RetryMachine", "Retrying", "retry_machine"]
 
 
 @dataclass(frozen=True, slots=True)
 class RetryMachine(Generic[_R]):
     """One table's retry/fail transitions and queue (build with :func:`retry_machine`); ``public`` makes a row
-    its public record."""
+    its public record. Its statements are built by :meth:`retry_statement` and :meth:`fail_statement` and run by
+    the ledger's store."""
 
+    name: str
     table: Table
     waiting: tuple[ColumnElement[bool], ...]
+    where: tuple[ColumnElement[bool], ...]
     retry_at: str
     attempts: str
+    last_error: str
+    failed: Mapping[str, Any] | None
     fetch: Fetch
-    public: Callable[[RowMapping | None], _R | None]
+    public: Callable[[Any], _R | None]
     retryable: Retryable
-    retry_statement: Any
-    fail_statement: Any
 
-    def retry(self, uow: UnitOfWork, key: str, *, error: str, now: int, **guard: Any) -> _R | None:
+    def retry_statement(self) -> Any:
+        """The guarded retry: attempts, next try and last error set (``v_attempts``, ``v_retry_at``, ``v_error``)."""
+        values = {self.attempts: bindparam("v_attempts"), self.retry_at: bindparam("v_retry_at"),
+                  self.last_error: ERROR}
+        return _guarded(self.table, self.where, values)
+
+    def retry_direct_statement(self) -> Any:
+        """The guarded retry as one statement, for rows whose attempt count is between 0 and a bound: the count
+        grows by one and the next try is due :func:`retry_delay` of it after ``v_now``, the schedule written out
+        from retry_delay itself (``v_error``, ``v_now``)."""
+        counted = func.coalesce(self.table.c[self.attempts], 0)
+        attempts = counted + 1
+        delay = case(*((attempts == n, retry_delay(n)) for n in range(1, RETRY_EXPONENT_CAP)),
+                     else_=retry_delay(RETRY_EXPONENT_CAP))
+        now = bindparam("v_now", type_=self.table.c[self.retry_at].type)
+        values = {self.attempts: attempts, self.retry_at: now + delay,
+                  self.last_error: ERROR}
+        return _guarded(self.table, (*self.where, counted.between(0, _DIRECT_ATTEMPTS)), values)
+
+    def fail_statement(self) -> Any:
+        """The guarded failure (:data:`ERROR` stands for the error text)."""
+        assert self.failed is not None
+        return _guarded(self.table, self.where, self.failed)
+
+    def retry(self, store: LedgerStore, connection: Connection, key: str, *, error: str, now: int,
+              **guard: Any) -> _R | None:
         """Count one more failed try of the row ``key`` and schedule the next; return the row.
 
         The row is read locked (PostgreSQL ``FOR UPDATE``; SQLite's write lock) for its attempt count, so the
-        guarded update matches exactly when ``retryable`` says so; otherwise the row is returned unchanged.
+        guarded update matches exactly when ``retryable`` says so; otherwise the row is returned unchanged. First,
+        the retry is tried as one statement counting in SQL: its guard implies ``retryable``, and its values are
+        those the update after reading would set, so a changed row is that path's result.
         """
-        row = self.fetch(uow, key, lock=True)
+        if store.fast_path and -_DIRECT_NOW < now < _DIRECT_NOW:
+            changed = store.retry_directly(connection, self, {**guard, "key": key, "v_error": error, "v_now": now})
+            if changed is not None:
+                count_retry(f"ledger.{self.table.name}")
+                return self.public(changed)
+        row = self.fetch(store, connection, key, lock=True)
         if row is None or not self.retryable(row, guard):
             return self.public(row)
         attempts = int(row[self.attempts] or 0) + 1
-        changed = _returned(uow, self.retry_statement, {
+        changed = store.retry_waiting(connection, self, {
             **guard, "key": key, "v_attempts": attempts, "v_retry_at": now + retry_delay(attempts), "v_error": error,
             "v_now": now})
         if changed is not None:
             count_retry(f"ledger.{self.table.name}")
         return self.public(row if changed is None else changed)
 
-    def fail(self, uow: UnitOfWork, key: str, *, error: str, now: int, **guard: Any) -> _R | None:
+    def fail(self, store: LedgerStore, connection: Connection, key: str, *, error: str, now: int,
+             **guard: Any) -> _R | None:
         """Fail the row ``key`` while its guard holds; return the row as it now stands (None when missing)."""
-        changed = _returned(uow, self.fail_statement, {**guard, "key": key, "v_error": error, "v_now": now})
-        return self.public(self.fetch(uow, key) if changed is None else changed)
+        changed = store.fail_waiting(connection, self, {**guard, "key": key, "v_error": error, "v_now": now})
+        return self.public(self.fetch(store, connection, key) if changed is None else changed)
 
 
 def retry_machine(
-    table: Table, key: str, waiting: tuple[ColumnElement[bool], ...], *, retryable: Retryable, attempts: str,
-    retry_at: str, last_error: str, failed: Mapping[str, Any] | None, fetch: Fetch,
-    public: Callable[[RowMapping | None], _R | None], guard: tuple[ColumnElement[bool], ...] = (),
+    name: str, table: Table, key: str, waiting: tuple[ColumnElement[bool], ...], *, retryable: Retryable,
+    attempts: str, retry_at: str, last_error: str, failed: Mapping[str, Any] | None, fetch: Fetch,
+    public: Callable[[Any], _R | None], guard: tuple[ColumnElement[bool], ...] = (),
 ) -> RetryMachine[_R]:
-    """The retry/fail transitions of rows of ``table`` whose ``key`` column is bound as ``:key``.
+    """The retry/fail transitions (``name``: unique per ledger) of rows of ``table`` whose ``key`` column is bound
+    as ``:key``.
 
     A row may be retried or failed while ``waiting`` and ``guard`` hold (``guard`` narrows a call to one intent
     and may bind more parameters, passed to the calls by name); ``retryable`` is the same test on a fetched row.
     A retry sets the ``attempts``, ``retry_at`` and ``last_error`` columns; a failure sets ``failed``
-    (:data:`ERROR` stands for the error text). Both set ``updated_at``. The statements are built here, once.
+    (:data:`ERROR` stands for the error text). Both set ``updated_at``.
     """
-    where = (table.c[key] == bindparam("key"), *guard, *waiting)
-    retry = {attempts: bindparam("v_attempts"), retry_at: bindparam("v_retry_at"), last_error: ERROR}
     return RetryMachine(
-        table=table, waiting=waiting, retry_at=retry_at, attempts=attempts, fetch=fetch, public=public,
-        retryable=retryable, retry_statement=_guarded(table, where, retry),
-        fail_statement=_guarded(table, where, failed) if failed is not None else None)
+        name=name, table=table, waiting=waiting, where=(table.c[key] == bindparam("key"), *guard, *waiting),
+        retry_at=retry_at, attempts=attempts, last_error=last_error, failed=failed, fetch=fetch, public=public,
+        retryable=retryable)
 
 
 def _guarded(table: Table, where: tuple[ColumnElement[bool], ...], values: Mapping[str, Any]) -> Any:
@@ -100,23 +141,20 @@ class Retrying(LedgerBase):
 
     def _retry(self, machine: RetryMachine[_R], key: str, error: Any, **guard: Any) -> _R | None:
         text, timestamp = _error_text(error), self._now()
-        return _logged("ledger.retry", machine, key,
-                       self._write(lambda uow: machine.retry(uow, key, error=text, now=timestamp, **guard)))
+        return _logged("ledger.retry", machine, key, self._write(
+            lambda uow: machine.retry(self._store(uow), uow.connection, key, error=text, now=timestamp, **guard)))
 
     def _fail(self, machine: RetryMachine[_R], key: str, error: Any) -> _R | None:
         text, timestamp = _error_text(error), self._now()
-        return _logged("ledger.failed", machine, key, self._write(lambda uow: machine.fail(uow, key, error=text,
-                                                                                          now=timestamp)))
+        return _logged("ledger.failed", machine, key, self._write(
+            lambda uow: machine.fail(self._store(uow), uow.connection, key, error=text, now=timestamp)))
 
     def _due(self, machine: RetryMachine[_R], count: int, now: Any) -> list[_R]:
         """At most ``count`` waiting rows whose retry is due at ``now``: soonest first, then oldest."""
         timestamp = self._timestamp(now)
-        due = func.coalesce(machine.table.c[machine.retry_at], 0)
 
         def work(uow: UnitOfWork) -> list[_R]:
-            statement = (select(machine.table).where(*machine.waiting, due <= timestamp)
-                         .order_by(*self._order(uow, due, table=machine.table)))
-            return _public_rows(uow, statement, machine.public, count)
+            return _public_rows(uow, self._store(uow).due(machine, timestamp), machine.public, count)
 
         return self._read(work)
 

@@ -1,23 +1,21 @@
-"""Ledger rows: lookups by key, ordered listings, the row a guarded UPDATE returned, and decoding rows into the
-public shapes."""
+"""Ledger rows: decoding rows into the public shapes, and ordered listings that skip undecodable rows."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import ColumnElement, RowMapping, Select, Table, bindparam, select
+from sqlalchemy import Connection, Select
 
-from ..dialect import StoreDialect
 from ..errors import StorageError
-from ..models import deliveries, outbound_intents
 from ..records import DeliveryRecord, OutboundRecord
 from ..uow import UnitOfWork
 from ..validation import stored_json
+from .store import OUT as OUT
+from .store import D as D
+from .store import LedgerStore, Row
 
-D = deliveries
-OUT = outbound_intents
 _log = logging.getLogger("hostedrooms.ledger")
 #: A public record type (DeliveryRecord, OutboundRecord).
 _R = TypeVar("_R")
@@ -29,7 +27,7 @@ _R = TypeVar("_R")
 # stay stored until they expire or are finished, and ``verify`` reports them.
 
 
-def _public_delivery(row: RowMapping | None) -> DeliveryRecord | None:
+def _public_delivery(row: Mapping[str, Any] | None) -> DeliveryRecord | None:
     if row is None:
         return None
     item = dict(row)
@@ -37,7 +35,7 @@ def _public_delivery(row: RowMapping | None) -> DeliveryRecord | None:
     return cast(DeliveryRecord, item)
 
 
-def _public_outbound(row: RowMapping | None) -> OutboundRecord | None:
+def _public_outbound(row: Mapping[str, Any] | None) -> OutboundRecord | None:
     if row is None:
         return None
 
@@ -51,7 +49,7 @@ def _public_outbound(row: RowMapping | None) -> OutboundRecord | None:
     return cast(OutboundRecord, item)
 
 
-def _listed(public: Callable[[RowMapping], _R | None], row: RowMapping) -> _R | None:
+def _listed(public: Callable[[Any], _R | None], row: Any) -> _R | None:
     """``public(row)``, or None (with a warning) for a row whose stored JSON cannot be decoded."""
     try:
         return public(row)
@@ -61,7 +59,7 @@ def _listed(public: Callable[[RowMapping], _R | None], row: RowMapping) -> _R | 
 
 
 def _public_rows(
-    uow: UnitOfWork, statement: Select[Any], public: Callable[[RowMapping], _R | None], limit: int | None = None,
+    uow: UnitOfWork, statement: Select[Any], public: Callable[[Any], _R | None], limit: int | None = None,
 ) -> list[_R]:
     """The decodable rows of ``statement`` in order, at most ``limit``: rows skipped as undecodable do not count,
     so the next ones are read instead."""
@@ -83,39 +81,11 @@ def _public_rows(
         offset += len(rows)
 
 
-def _fetch(uow: UnitOfWork, table: Table, key: ColumnElement[bool], *, lock: bool = False) -> RowMapping | None:
-    statement = select(table).where(key)
-    if lock:
-        statement = uow.dialect.for_update(statement)
-    return uow.execute(statement).mappings().first()
+def fetch_delivery(store: LedgerStore, connection: Connection, envelope_id: str, *, lock: bool = False) -> Row | None:
+    """The delivery row of ``envelope_id`` (a retry machine's fetch)."""
+    return store.delivery(connection, envelope_id, lock=lock)
 
 
-# Built once: a row is read by key several times per transition, and building the statement (cache key included)
-# cost more than running it. The locking variants differ by backend: StoreDialect.statement() keeps one per backend.
-_SELECT_DELIVERY = select(D).where(D.c.envelope_id == bindparam("key"))
-_SELECT_OUTBOUND = select(OUT).where(OUT.c.request_id == bindparam("key"))
-
-
-def _lock_delivery(dialect: StoreDialect) -> Select[Any]:
-    return dialect.for_update(_SELECT_DELIVERY)
-
-
-def _lock_outbound(dialect: StoreDialect) -> Select[Any]:
-    return dialect.for_update(_SELECT_OUTBOUND)
-
-
-def _delivery(uow: UnitOfWork, envelope_id: str, *, lock: bool = False) -> RowMapping | None:
-    """The delivery row of ``envelope_id`` (locked until the transaction ends with ``lock``), or None."""
-    statement = uow.dialect.statement("ledger.lock_delivery", _lock_delivery) if lock else _SELECT_DELIVERY
-    return uow.execute(statement, {"key": envelope_id}).mappings().first()
-
-
-def _outbound(uow: UnitOfWork, request_id: str, *, lock: bool = False) -> RowMapping | None:
-    """The outbound intent row of ``request_id`` (locked until the transaction ends with ``lock``), or None."""
-    statement = uow.dialect.statement("ledger.lock_outbound", _lock_outbound) if lock else _SELECT_OUTBOUND
-    return uow.execute(statement, {"key": request_id}).mappings().first()
-
-
-def _returned(uow: UnitOfWork, statement: Any, params: dict[str, Any]) -> RowMapping | None:
-    """The row a guarded ``UPDATE ... RETURNING`` changed, or None when its guard matched no row."""
-    return uow.execute(statement, params).mappings().first()
+def fetch_outbound(store: LedgerStore, connection: Connection, request_id: str, *, lock: bool = False) -> Row | None:
+    """The outbound intent row of ``request_id`` (a retry machine's fetch)."""
+    return store.outbound(connection, request_id, lock=lock)
