@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from sqlalchemy import func, select
-
 from ..telemetry import traced_methods
-from ..uow import UnitOfWork
-from .claims import NONTERMINAL_DELIVERY_STATES
 from .deliveries import Deliveries
 from .outbound import OutboundIntents
 from .responses import ResponseIntents
 from .retention import Retention
-from .rows import OUT, D
 
 #: The public operations, each one span (hostedrooms.telemetry; docs/observability.md).
 _TRACED = (
@@ -52,15 +45,4 @@ class DeliveryLedger(Deliveries, ResponseIntents, OutboundIntents, Retention):
         state and ``("outbound", "pending")``, zeros included (one read transaction; the
         ``hostedrooms.ledger.backlog`` gauge of :func:`hostedrooms.telemetry.observe_ledger`)."""
 
-        def work(uow: UnitOfWork) -> dict[tuple[str, str], int]:
-            counts = {("deliveries", state): 0 for state in NONTERMINAL_DELIVERY_STATES}
-            counts["outbound", "pending"] = 0
-            for table, column, states in (("deliveries", D.c.state, NONTERMINAL_DELIVERY_STATES),
-                                          ("outbound", OUT.c.state, ("pending",))):
-                statement = select(column, func.count()).where(column.in_(states)).group_by(column)
-                rows: list[Any] = list(uow.execute(statement))
-                for state, count in rows:
-                    counts[table, str(state)] = int(count)
-            return counts
-
-        return self._read(work)
+        return self._read(lambda uow: self._store(uow).backlog(uow.connection))

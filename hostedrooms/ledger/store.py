@@ -395,6 +395,17 @@ class LedgerStore:
         due = func.coalesce(spec.table.c[spec.retry_at], 0)
         return select(spec.table).where(*spec.waiting, due <= now).order_by(*self.order(spec.table, due))
 
+    def backlog(self, connection: Connection) -> dict[tuple[str, str], int]:
+        """The non-terminal rows by ``(table, state)``, zeros included (see ``DeliveryLedger.backlog``)."""
+        counts = {("deliveries", state): 0 for state in NONTERMINAL_DELIVERY_STATES}
+        counts["outbound", "pending"] = 0
+        for table, column, states in (("deliveries", deliveries.c.state, NONTERMINAL_DELIVERY_STATES),
+                                      ("outbound", outbound_intents.c.state, ("pending",))):
+            statement = select(column, func.count()).where(column.in_(states)).group_by(column)
+            for state, count in connection.execute(statement):
+                counts[table, str(state)] = int(count)
+        return counts
+
     def prune(self, connection: Connection, cutoff: int) -> int:
         """Delete finished deliveries and intents last changed before ``cutoff``; return how many."""
         removed = 0
