@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -271,6 +272,51 @@ def start_standby(primary: Cluster, name: str = "standby1", *, synchronous: bool
                 raise RuntimeError("the standby did not become synchronous")
             time.sleep(0.02)
     return standby
+
+
+@dataclass
+class StandbyPair:
+    """A primary and its streaming standby, both holding ``database``."""
+
+    primary: Cluster
+    standby: Cluster
+    database: str
+
+    @property
+    def primary_url(self) -> str:
+        return self.primary.database_url(self.database)
+
+    @property
+    def standby_url(self) -> str:
+        return self.standby.database_url(self.database)
+
+    @property
+    def url(self) -> str:
+        """The multi-host URL over both servers (whichever is the primary)."""
+        return multi_host_url(self.database, self.primary, self.standby)
+
+    def stop(self) -> None:
+        """Stop both servers and delete their files."""
+        self.standby.stop()
+        self.primary.stop()
+
+
+def start_pair(database: str = "hostedrooms_ha", *, synchronous: bool = False,
+               prepare: Callable[[str], None] | None = None, bin_dir: Path | None = None) -> StandbyPair:
+    """A new cluster holding ``database`` (first given to ``prepare(url)``, say to migrate it) and a streaming
+    standby of it (:func:`start_standby`)."""
+    if not database.replace("_", "").isalnum():
+        raise ValueError("a database name here is letters, digits and _")
+    primary = start(bin_dir=bin_dir)
+    try:
+        primary.psql(f"CREATE DATABASE {database}")
+        if prepare is not None:
+            prepare(primary.database_url(database))
+        standby = start_standby(primary, synchronous=synchronous)
+    except BaseException:
+        primary.stop()
+        raise
+    return StandbyPair(primary, standby, database)
 
 
 def multi_host_url(database: str, *servers: Cluster) -> str:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engines import EngineSource, resolve_engine
-from ..errors import InvalidInputError
+from ..errors import HostedRoomError, InvalidInputError
 from ..limits import Limits, in_force
 from ..lineage import check_lineage, lost_event, same_event
 from ..records import EventPage, EventRecord
@@ -73,7 +73,10 @@ class FollowCursor:
         cursor = cls(_room_id(room_id, lim), _non_negative(since_seq, "since_seq"),
                      _bounded_limit(limit, lim.MAX_LOG_LIMIT))
         if lineage is not None:
-            cursor.lineage = check_lineage(lineage, error=InvalidInputError, label="lineage")
+            try:
+                cursor.lineage = check_lineage(lineage)
+            except HostedRoomError as exc:
+                raise InvalidInputError(str(exc), field="lineage") from None
         if last_event is not None:
             if not isinstance(last_event, Mapping) or last_event.get("seq") != cursor.since or not cursor.since:
                 raise InvalidInputError("last_event must be the event read at since_seq (an event dict)",

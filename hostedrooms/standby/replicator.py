@@ -526,15 +526,17 @@ class Replicator:
 
     # -- reading the source (every value validated before use) ---------------------------------------------------
 
-    def _read_page(self, room_id: str, since: int, budget: _Budget) -> CheckedPage:
-        """The source's page of ``room_id`` after ``since``, validated (SourceProtocolError names the room and the
-        field), charged to the pass's page and byte bounds."""
+    def _read_page(self, room_id: str, since: int, budget: _Budget, *, extra: int = 0) -> CheckedPage:
+        """The source's page of ``room_id`` after ``since`` (``extra`` events more than ``page_limit``, within
+        MAX_LOG_LIMIT), validated (SourceProtocolError names the room and the field), charged to the pass's page
+        and byte bounds."""
         budget.page()
-        raw = call_source("page", self.source.read_events, room_id, since_seq=since, limit=self.page_limit)
+        limit = min(self.page_limit + extra, max(self.page_limit, int(in_force(self.limits).MAX_LOG_LIMIT)))
+        raw = call_source("page", self.source.read_events, room_id, since_seq=since, limit=limit)
         try:
             page = validate_page(raw, room_id=room_id, limits=self.limits)
-            if len(page.events) > self.page_limit:
-                raise HostedRoomError(f"page.events holds more than the {self.page_limit} events asked for")
+            if len(page.events) > limit:
+                raise HostedRoomError(f"page.events holds more than the {limit} events asked for")
         except HostedRoomError as exc:
             raise SourceProtocolError(f"the source's page of room {room_id!r} after seq {since} is invalid: "
                                       f"{exc}") from None
@@ -642,11 +644,13 @@ class Replicator:
         lineage_check = replica is not None and since > 0 and known is _UNKNOWN
         disbanded = head.disbanded
         while self.max_pages_per_room is None or report.pages < self.max_pages_per_room:
+            # The lineage check's early event comes on top of the page (the fork check's, as it always did, not).
             early = fork_check or lineage_check
-            page = self._read_page(room_id, since - 1 if early else since, budget)
+            page = self._read_page(room_id, since - 1 if early else since, budget,
+                                   extra=1 if lineage_check and not fork_check else 0)
             if not early and replica is not None and since > 0 and page.lineage != known:
                 lineage_check = True  # the source's store changed lineage: read again, one event early
-                page = self._read_page(room_id, since - 1, budget)
+                page = self._read_page(room_id, since - 1, budget, extra=1)
             if fork_check or lineage_check:
                 assert replica is not None
                 try:
