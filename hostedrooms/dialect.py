@@ -574,6 +574,10 @@ class PostgreSQLDialect(StoreDialect):
             url, pool_size=1, max_overflow=4, pool_timeout=seconds, connect_args=connect_args)
 
     def normalise_url(self, url: URL) -> URL:
+        hosts = url.query.get("host")
+        if isinstance(hosts, str) and "," in hosts:
+            # libpq's multi-host form (host=h1:p1,h2:p2), as SQLAlchemy takes it: one host parameter per server.
+            url = url.update_query_dict({"host": tuple(hosts.split(","))})
         if url.get_driver_name() in ("psycopg2", "psycopg", ""):
             return url.set(drivername="postgresql+psycopg")
         return url
