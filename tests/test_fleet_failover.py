@@ -71,7 +71,8 @@ def standby_log(pg_standby_pair: pgcluster.StandbyPair) -> list[dict[str, Any]]:
 
 
 def test_a_hot_standby_serves_every_read(pg_standby_pair: pgcluster.StandbyPair,
-                                         standby_log: list[dict[str, Any]]) -> None:
+                                         standby_log: list[dict[str, Any]],
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     with engine_of(pg_standby_pair.primary_url) as primary, engine_of(pg_standby_pair.standby_url) as standby:
         page = rooms.read_events(standby, room_id=ROOM)
         assert page == rooms.read_events(primary, room_id=ROOM)  # the same lineage: one history
@@ -87,6 +88,10 @@ def test_a_hot_standby_serves_every_read(pg_standby_pair: pgcluster.StandbyPair,
             assert source.change_token() is not None
         finally:
             source.close()
+    for argv, shown in ((["rooms"], ROOM), (["log", ROOM], '{"text":"text 3"}'),
+                        (["verify", "--expect-head", f"{ROOM}/3/e3"], "verify: clean")):
+        code, out, err = run_cli(capsys, *argv, "--url", pg_standby_pair.standby_url)
+        assert code == 0 and shown in out and not err, (argv, out, err)
 
 
 def test_a_hot_standby_refuses_writes_and_follow_as_read_only(
