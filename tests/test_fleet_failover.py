@@ -174,27 +174,29 @@ class _Writers:
         self.engine.dispose()
 
 
+@pytest.mark.parametrize(("writers", "before", "after"), [
+    (4, 20, 20), pytest.param(16, 500, 500, marks=pytest.mark.slow)])
 def test_synchronous_failover_through_a_multi_host_url_loses_no_acknowledged_append(
-        pg_pair_factory: Callable[..., pgcluster.StandbyPair]) -> None:
+        pg_pair_factory: Callable[..., pgcluster.StandbyPair], writers: int, before: int, after: int) -> None:
     pair = pg_pair_factory(synchronous=True)
     with engine_of(pair.url) as engine:
         make_room(engine, ROOM)
-        before = rooms.read_events(engine, room_id=ROOM)["lineage"]
-        with _Writers(pair.url, writers=4) as writers:
-            writers.wait_for(20)
+        lineage = rooms.read_events(engine, room_id=ROOM)["lineage"]
+        with _Writers(pair.url, writers=writers) as load:
+            load.wait_for(before)
             pair.primary.halt()  # as a crash: in-flight appends are never acknowledged
             pair.standby.promote()
-            promoted = writers.wait_for(0)
-            writers.wait_for(promoted + 20)  # the writers resumed on the new primary
-        assert not writers.other, writers.other
-        assert writers.unavailable > 0  # the writers were appending when the primary died
+            promoted = load.wait_for(0)
+            load.wait_for(promoted + after)  # the writers resumed on the new primary
+        assert not load.other, load.other
+        assert load.unavailable > 0  # the writers were appending when the primary died
         log = _whole_log(engine)
     assert [event["seq"] for event in log] == list(range(1, len(log) + 1))
     stored = {event["event_id"]: event for event in log}
-    assert len(stored) == len(log) >= len(writers.acknowledged)  # each once (a retry replays, never duplicates)
-    for event in writers.acknowledged:
+    assert len(stored) == len(log) >= len(load.acknowledged)  # each once (a retry replays, never duplicates)
+    for event in load.acknowledged:
         assert stored[event["event_id"]]["seq"] == event["seq"]
-    assert _whole_page(pair.url)["lineage"] != before
+    assert _whole_page(pair.url)["lineage"] != lineage
 
 
 def _whole_log(engine: Engine) -> list[dict[str, Any]]:
