@@ -62,6 +62,17 @@ def test_every_page_carries_the_stores_lineage(engine: Engine, backend: str) -> 
     assert rooms.read_events(engine, room_id=ROOM, since_seq=1)["lineage"] == page["lineage"]  # cached: the same
 
 
+def test_the_lineage_is_read_once_per_pooled_connection(engine: Engine, backend: str) -> None:
+    _log(engine, 1)
+    statements: list[str] = []
+    sa.event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    engine.dispose()  # a fresh pool: one connection for the reads below, taken in turn
+    for _ in range(20):
+        rooms.read_events(engine, room_id=ROOM)
+    assert engine.pool.checkedin() == 1
+    assert sum("pg_control_system" in statement for statement in statements) == (backend == "postgresql")
+
+
 # --- follow(): a resumed follower checks its last event ------------------------------------------------------
 
 
