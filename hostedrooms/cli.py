@@ -295,7 +295,8 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     progress = Progress()
     with _engine(args) as engine:
         _require_schema(engine)
-        found = verify(engine, progress=lambda name: progress(f"verifying {name} ..."))
+        found = verify(engine, progress=lambda name: progress(f"verifying {name} ..."),
+                       expect_heads=args.expect_head or ())
     progress.done()
     for violation in found:
         out.write(f"{terminal_text(violation)}\n")
@@ -778,7 +779,10 @@ def build_parser() -> argparse.ArgumentParser:
     command("replicas", cmd_replicas, "list replicas")
     command("deliveries", cmd_deliveries, "list secure-peer deliveries").add_argument(
         "--state", choices=("prepared", "authorized", "queued", "running", "completed", "failed"))
-    command("verify", cmd_verify, "check every store invariant; exit 1 on violations")
+    command("verify", cmd_verify, "check every store invariant; exit 1 on violations").add_argument(
+        "--expect-head", action="append", metavar="ROOM/SEQ/EVENT_ID",
+        help="an event a reader remembers (repeatable): a violation when it is gone or another event holds its seq "
+             "(a failover onto a standby that lacked it)")
     _add_status(command("status", cmd_status, "a store's limits, ledger backlog and replica lag in one read; exit "
                         "0 ok, 1 warning, 2 critical, 3 unknown"))
     _add_alembic_ini(command("alembic-ini", cmd_alembic_ini, "write an alembic.ini for the installed package",

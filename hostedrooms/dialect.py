@@ -44,6 +44,7 @@ from sqlalchemy import (
     func,
     select,
     table,
+    text,
 )
 from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy.dialects import postgresql, sqlite
@@ -129,6 +130,12 @@ class StoreDialect:
     def snapshot_reads(self, connection: Connection) -> None:
         """Make the transaction just begun on ``connection`` (no statement run yet) one read-only snapshot, so
         several statements agree with each other (SQLite: a read transaction already is one, from its first read)."""
+
+    def lineage(self, connection: Connection) -> str:
+        """The store's lineage: an identity of the history it holds, which changes when another copy of that
+        history takes over (a standby promoted). SQLite: the constant :data:`SQLITE_LINEAGE` (a file is never
+        promoted; an older copy of it put back is not detected by lineage)."""
+        return SQLITE_LINEAGE
 
     def insert(self, table: Table) -> UpsertInsert:
         """An INSERT that supports ``ON CONFLICT`` upserts."""
@@ -506,6 +513,28 @@ class PostgreSQLDialect(StoreDialect):
     def for_update(self, stmt: _S) -> _S:
         return stmt.with_for_update()
 
+    def lineage(self, connection: Connection) -> str:
+        """``postgresql:SYSTEM_IDENTIFIER:TIMELINE``: the cluster's system identifier (fixed at ``initdb``, copied
+        by ``pg_basebackup``) and the timeline it writes (a primary) or replays (a standby), which every
+        promotion (and every point-in-time restore) increments. A primary's timeline is read from the WAL file
+        name of its insert position, exact from the moment it accepts writes (``pg_control_checkpoint()`` lags
+        until the next checkpoint). Read once per pooled connection: a primary's cannot change under an open
+        connection. A standby's (it may be promoted while the connection stays open) and one read through a
+        transaction pooler (whose next transaction may reach another server) are read on every call."""
+        info = connection.info
+        cached = info.get(_LINEAGE_INFO)
+        if cached is not None:
+            return str(cached)
+        row = _LINEAGE.first(connection, {})
+        assert row is not None  # one row, always
+        system, recovering, walfile, replayed = row
+        timeline = int(str(walfile)[:8], 16) if walfile is not None else int(replayed)
+        lineage = f"postgresql:{system}:{timeline}"
+        pooler = pooler_of(connection.engine)
+        if not recovering and (pooler is None or pooler.mode != "transaction"):
+            info[_LINEAGE_INFO] = lineage
+        return lineage
+
     def begin_statement_reads(self, connection: Connection) -> None:
         # Each statement is its own transaction (autocommit); the pool restores the engine's isolation level
         # when the connection is returned.
@@ -553,6 +582,10 @@ class PostgreSQLDialect(StoreDialect):
             url, pool_size=1, max_overflow=4, pool_timeout=seconds, connect_args=connect_args)
 
     def normalise_url(self, url: URL) -> URL:
+        hosts = url.query.get("host")
+        if isinstance(hosts, str) and "," in hosts:
+            # libpq's multi-host form (host=h1:p1,h2:p2), as SQLAlchemy takes it: one host parameter per server.
+            url = url.update_query_dict({"host": tuple(hosts.split(","))})
         if url.get_driver_name() in ("psycopg2", "psycopg", ""):
             return url.set(drivername="postgresql+psycopg")
         return url
@@ -692,6 +725,19 @@ def check_listen_through(engine: Engine) -> URL | None:
             "with pooler='transaction'; give listen_url=... (a direct connection to PostgreSQL, bypassing the "
             "pooler) for follow() and ledger wake-ups")
     return pooler.listen_url
+
+
+#: The lineage of every SQLite store (see :meth:`StoreDialect.lineage`).
+SQLITE_LINEAGE = "sqlite"
+_LINEAGE_INFO = "hostedrooms_lineage"
+# A primary: the WAL file of its insert position names its timeline. A standby (pg_walfile_name() refuses during
+# recovery): the timeline its WAL receiver streams, else the last restart point's.
+_LINEAGE = HotStatement(text(
+    "SELECT s.system_identifier::text, pg_is_in_recovery(), "
+    "CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_insert_lsn()) END, "
+    "CASE WHEN pg_is_in_recovery() THEN COALESCE((SELECT received_tli FROM pg_stat_wal_receiver), "
+    "(SELECT timeline_id FROM pg_control_checkpoint())) END "
+    "FROM pg_control_system() s"))
 
 
 #: What hostedrooms relies on that these PostgreSQL-compatible engines lack (see :func:`refuse_engine`).

@@ -168,6 +168,20 @@ class StoreReadOnlyError(StoreConfigurationError):
     with ``target_session_attrs=read-write`` finds it after a failover)."""
 
 
+class StoreLineageError(StorageError):
+    """The store's history is not the one the caller read before: its lineage changed (a standby was promoted, a
+    backup restored) and an event the caller had already read is gone or different there (an asynchronous
+    standby lacked it, and its seq may hold another event now). Raised to a reader resuming with what it last
+    saw (``follow()``'s cursor, its ``last_event``); never retryable as is: what the caller derived from the lost
+    events must be reconciled by someone. ``room_id`` and ``seq`` name the event; ``previous`` and ``current``
+    are the lineages (either may be None where unknown)."""
+
+    def __init__(self, message: str, *, room_id: str | None = None, seq: int | None = None,
+                 previous: str | None = None, current: str | None = None) -> None:
+        super().__init__(message)
+        self.room_id, self.seq, self.previous, self.current = room_id, seq, previous, current
+
+
 #: How to install or update the schema; every SchemaMissingError says so.
 UPGRADE_HINT = "run `hostedrooms upgrade`"
 

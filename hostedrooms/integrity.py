@@ -3,12 +3,17 @@
 Each check is one aggregate query, or one streamed scan where a rule needs Python (decoding stored JSON): nothing
 is loaded whole, and everything runs in one read-only transaction, so a large database is verified in bounded
 memory and without taking the write lock. ``verify`` changes nothing.
+
+``expect_heads`` adds the check no invariant can make: that events a reader remembers are still there, as they
+were. After a failover onto an asynchronous standby the log can be contiguous and every invariant hold while
+acknowledged events are gone and their seqs hold other events (:mod:`hostedrooms.lineage`); a remembered head
+(room, seq, event id, and the content where given) that is gone or different is reported as ``expected_head``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +22,8 @@ from sqlalchemy import Connection, Engine
 
 from .db import Target, create_engine
 from .dialect import StoreDialect, dialect_for
+from .errors import HostedRoomError, InvalidInputError
+from .limits import in_force
 from .models import (
     DELIVERY_STATES,
     deliveries,
@@ -27,7 +34,7 @@ from .models import (
     retired_ids,
     rooms,
 )
-from .rooms import event_page_checker
+from .rooms import event_page_checker, validate_event_id, validate_room_id
 from .uow import UnitOfWork
 from .validation import json_depth_within, max_json_depth
 
@@ -238,12 +245,96 @@ CHECKS: tuple[Check, ...] = (
     check_delivery_states, check_ledger_json, check_storage)
 
 
-def verify(target: Target, *, progress: Callable[[str], Any] | None = None) -> list[Violation]:
+@dataclass(frozen=True)
+class ExpectedHead:
+    """An event a reader remembers (the last it read of a room): ``room_id``, ``seq``, ``event_id`` and, where
+    known, its content (``kind``, ``actor``, ``authority_epoch``, ``payload``: compared when not None)."""
+
+    room_id: str
+    seq: int
+    event_id: str
+    kind: str | None = None
+    actor: Any = None
+    authority_epoch: int | None = None
+    payload: Any = None
+
+    @classmethod
+    def of(cls, value: Any) -> ExpectedHead:
+        """An ExpectedHead from itself, a ``(room_id, seq, event_id)`` tuple, ``"ROOM/SEQ/EVENT_ID"`` (room and
+        event ids may hold ``:``, never ``/``) or an event dict as ``read_events`` returns it (its content is
+        compared too); InvalidInputError (field ``expect_heads``) for anything else."""
+        if isinstance(value, ExpectedHead):
+            return value
+        if isinstance(value, str):
+            value = tuple(value.split("/"))
+        if isinstance(value, Mapping):
+            head = cls._checked(value.get("room_id"), value.get("seq"), value.get("event_id"))
+            return cls(head.room_id, head.seq, head.event_id, value.get("kind"), value.get("actor"),
+                       value.get("authority_epoch"), value.get("payload"))
+        if isinstance(value, tuple) and len(value) == 3:
+            return cls._checked(*value)
+        raise InvalidInputError("an expected head is ROOM/SEQ/EVENT_ID, a (room_id, seq, event_id) tuple or an "
+                                "event dict", field="expect_heads")
+
+    @classmethod
+    def _checked(cls, room_id: Any, seq: Any, event_id: Any) -> ExpectedHead:
+        lim = in_force(None)
+        if isinstance(seq, str) and seq.isascii() and seq.isdigit() and len(seq) <= 19:
+            seq = int(seq)
+        try:
+            room = validate_room_id(room_id, lim)
+            event = validate_event_id(event_id, lim)
+        except HostedRoomError as exc:
+            raise InvalidInputError(f"an expected head is invalid: {exc}", field="expect_heads") from None
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= 2**63 - 1:
+            raise InvalidInputError("an expected head's seq must be a positive integer", field="expect_heads")
+        return cls(room, seq, event)
+
+
+def check_expected_head(connection: Connection, head: ExpectedHead) -> Iterator[Violation]:
+    """The event ``head`` names is in the store (its rooms, else its replicas), the same event."""
+    subject = f"{head.room_id} seq {head.seq}"
+    row = None
+    for table in (events, replica_events):
+        row = connection.execute(sa.select(table.c.event_id, table.c.kind, table.c.actor_json,
+                                           table.c.authority_epoch, table.c.payload_json).where(
+            table.c.room_id == head.room_id, table.c.seq == head.seq)).first()
+        if row is not None:
+            break
+    if row is None:
+        yield Violation("expected_head", subject, f"event {head.event_id!r} is gone: the store holds no such seq "
+                        "(a failover onto a standby that lacked it?)")
+        return
+    if row.event_id != head.event_id:
+        yield Violation("expected_head", subject, f"holds event {row.event_id!r}, not the remembered "
+                        f"{head.event_id!r}: the seq was reused (a failover onto a standby that lacked it?)")
+        return
+    differs = [name for name, stored, expected in (
+        ("kind", row.kind, head.kind), ("authority_epoch", row.authority_epoch, head.authority_epoch),
+        ("actor", _decoded(row.actor_json), head.actor), ("payload", _decoded(row.payload_json), head.payload))
+        if expected is not None and stored != expected]
+    if differs:
+        yield Violation("expected_head", subject, f"event {head.event_id!r} has other content ({', '.join(differs)})")
+
+
+def _decoded(text: Any) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def verify(target: Target, *, progress: Callable[[str], Any] | None = None,
+           expect_heads: Iterable[Any] = ()) -> list[Violation]:
     """Check every invariant of the hostedrooms store in ``target``; return the violations (empty: clean).
 
     ``progress`` (optional) is called with each check's name before it runs. A path or URL naming a SQLite
     file that does not exist raises :class:`~hostedrooms.errors.StoreMissingError`; nothing is created.
+    ``expect_heads``: remembered events to find as they were (:class:`ExpectedHead`, ``(room_id, seq,
+    event_id)``, ``"ROOM/SEQ/EVENT_ID"`` or an event dict; checked before anything is opened); one gone or
+    different is an ``expected_head`` violation.
     """
+    heads = [ExpectedHead.of(head) for head in expect_heads]
     engine = create_engine(target, create=False)
     try:
         with UnitOfWork(engine, write=False) as uow:
@@ -253,6 +344,10 @@ def verify(target: Target, *, progress: Callable[[str], Any] | None = None) -> l
                 if progress is not None:
                     progress(check.__name__.removeprefix("check_"))
                 found.extend(check(uow.connection, dialect))
+            if heads and progress is not None:
+                progress("expected_heads")
+            for head in heads:
+                found.extend(check_expected_head(uow.connection, head))
             return found
     finally:
         if not isinstance(target, Engine):

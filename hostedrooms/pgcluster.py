@@ -7,6 +7,11 @@ refuses to run as root, so as root it runs as the ``postgres`` user. Durability 
 
 :func:`start_pgbouncer` puts Debian's ``pgbouncer`` (when installed) in front of such a cluster, in transaction
 pooling mode, for the pooler tests.
+
+:func:`start_standby` adds a streaming hot standby to such a cluster (``pg_basebackup -R -X stream -C -S``, a
+replication slot of its own, an ``application_name`` the primary can name in ``synchronous_standby_names``);
+:meth:`Cluster.promote` promotes it, and :func:`multi_host_url` builds the libpq multi-host URL
+(``target_session_attrs=read-write``) that finds whichever server is the primary, for the failover tests.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,13 +78,52 @@ class Cluster:
         """An admin URL (role with CREATEDB) to the ``postgres`` database."""
         return f"postgresql+psycopg://{ROLE}:{PASSWORD}@127.0.0.1:{self.port}/postgres"
 
+    def database_url(self, database: str) -> str:
+        """The URL of ``database`` on this server (same role and password)."""
+        return f"postgresql+psycopg://{ROLE}:{PASSWORD}@127.0.0.1:{self.port}/{database}"
+
     def stop(self) -> None:
         """Stop the server immediately and delete its files."""
+        self.halt()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def halt(self, mode: str = "immediate") -> None:
+        """Stop the server (``immediate``: as a crash would; ``fast``: a clean shutdown), keeping its files."""
         subprocess.run(
-            _as_server_user([str(self.bin_dir / "pg_ctl"), "-D", str(self.directory / "data"), "-m", "immediate",
+            _as_server_user([str(self.bin_dir / "pg_ctl"), "-D", str(self.directory / "data"), "-m", mode,
                              "-w", "stop"]),
             check=False, capture_output=True)
-        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def restart(self) -> None:
+        """Start a halted server again on its own port and socket folder."""
+        _run([str(self.bin_dir / "pg_ctl"), "-D", str(self.directory / "data"), "-o", _server_options(
+            self.port, self.directory), "-l", str(self.directory / "server.log"), "-w", "-t", "60", "start"])
+        _wait_ready(self)
+
+    def promote(self) -> None:
+        """Promote a standby to primary (``pg_ctl promote``, waiting until it accepts writes)."""
+        _run([str(self.bin_dir / "pg_ctl"), "-D", str(self.directory / "data"), "-w", "-t", "60", "promote"])
+
+    def psql(self, sql: str, database: str = "postgres") -> str:
+        """Run ``sql`` through ``psql`` as the cluster's admin role; its unaligned output, stripped."""
+        result = subprocess.run(
+            [str(self.bin_dir / "psql"), "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p",
+             str(self.port), "-U", ROLE, "-d", database, "-c", sql],
+            capture_output=True, text=True, check=False, env={**os.environ, "PGPASSWORD": PASSWORD})
+        if result.returncode != 0:
+            raise RuntimeError(f"psql failed: {result.stderr.strip()}")
+        return result.stdout.strip()
+
+    def wait_replayed(self, standby: Cluster, timeout: float = 60.0) -> None:
+        """Wait until ``standby`` has replayed everything this primary has written so far (compares LSNs: a
+        condition, not a guess)."""
+        target = self.psql("SELECT pg_current_wal_insert_lsn()")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if standby.psql(f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn") == "t":
+                return
+            time.sleep(0.02)
+        raise RuntimeError(f"the standby did not replay up to {target}")
 
 
 def find_pgbouncer() -> Path | None:
@@ -182,13 +227,105 @@ def start(directory: Path | None = None, *, bin_dir: Path | None = None) -> Clus
     _run([str(bin_dir / "initdb"), "-D", str(data), "-U", ROLE, f"--pwfile={pwfile}", "-A", "scram-sha-256",
           "--auth-local=trust", "-E", "UTF8", "--locale=C.UTF-8"])
     port = _free_port()
-    options = (f"-c listen_addresses=127.0.0.1 -p {port} -k {directory} -c fsync=on -c synchronous_commit=on "
-               "-c max_connections=200 -c shared_buffers=128MB")
-    _run([str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(directory / "server.log"), "-w",
-          "-t", "60", "start"])
+    _run([str(bin_dir / "pg_ctl"), "-D", str(data), "-o", _server_options(port, directory), "-l",
+          str(directory / "server.log"), "-w", "-t", "60", "start"])
     cluster = Cluster(directory=directory, bin_dir=bin_dir, port=port)
     _wait_ready(cluster)
     return cluster
+
+
+def _server_options(port: int, directory: Path) -> str:
+    # wal_level, max_wal_senders and hot_standby are PostgreSQL's defaults, spelled out: a standby needs them.
+    return (f"-c listen_addresses=127.0.0.1 -p {port} -k {directory} -c fsync=on -c synchronous_commit=on "
+            "-c max_connections=200 -c shared_buffers=128MB -c wal_level=replica -c max_wal_senders=10 "
+            "-c hot_standby=on")
+
+
+def start_standby(primary: Cluster, name: str = "standby1", *, synchronous: bool = False) -> Cluster:
+    """A streaming hot standby of ``primary`` on a free port: ``pg_basebackup -R -X stream -C -S NAME`` (a
+    replication slot of its own, so the primary keeps the WAL it has not received), ``application_name=NAME``
+    in its ``primary_conninfo``. ``synchronous``: the primary then names it in ``synchronous_standby_names``
+    (with ``synchronous_commit=on``, a commit is acknowledged only once the standby has flushed it).
+    ``name``: letters, digits and ``_``."""
+    if not name.replace("_", "").isalnum():
+        raise ValueError("a standby name is letters, digits and _")
+    directory = Path(tempfile.mkdtemp(prefix="hostedrooms-pg-", dir="/tmp"))
+    os.chmod(directory, 0o755)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        shutil.chown(directory, "postgres")
+    conninfo = (f"host=127.0.0.1 port={primary.port} user={ROLE} password={PASSWORD} "
+                f"application_name={name}")
+    data = directory / "data"
+    # --checkpoint=fast: the default spreads the backup's checkpoint over minutes when buffers are dirty.
+    _run([str(primary.bin_dir / "pg_basebackup"), "-d", conninfo, "-D", str(data), "-R", "-X", "stream",
+          "-C", "-S", name, "--checkpoint=fast"])
+    with open(data / "postgresql.auto.conf", "a", encoding="utf-8") as conf:
+        conf.write(f"primary_conninfo = '{conninfo}'\n")
+    port = _free_port()
+    standby = Cluster(directory=directory, bin_dir=primary.bin_dir, port=port)
+    standby.restart()
+    if synchronous:
+        primary.psql(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
+        primary.psql("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + 60
+        while primary.psql("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'") == "0":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the standby did not become synchronous")
+            time.sleep(0.02)
+    return standby
+
+
+@dataclass
+class StandbyPair:
+    """A primary and its streaming standby, both holding ``database``."""
+
+    primary: Cluster
+    standby: Cluster
+    database: str
+
+    @property
+    def primary_url(self) -> str:
+        return self.primary.database_url(self.database)
+
+    @property
+    def standby_url(self) -> str:
+        return self.standby.database_url(self.database)
+
+    @property
+    def url(self) -> str:
+        """The multi-host URL over both servers (whichever is the primary)."""
+        return multi_host_url(self.database, self.primary, self.standby)
+
+    def stop(self) -> None:
+        """Stop both servers and delete their files."""
+        self.standby.stop()
+        self.primary.stop()
+
+
+def start_pair(database: str = "hostedrooms_ha", *, synchronous: bool = False,
+               prepare: Callable[[str], None] | None = None, bin_dir: Path | None = None) -> StandbyPair:
+    """A new cluster holding ``database`` (first given to ``prepare(url)``, say to migrate it) and a streaming
+    standby of it (:func:`start_standby`)."""
+    if not database.replace("_", "").isalnum():
+        raise ValueError("a database name here is letters, digits and _")
+    primary = start(bin_dir=bin_dir)
+    try:
+        primary.psql(f"CREATE DATABASE {database}")
+        if prepare is not None:
+            prepare(primary.database_url(database))
+        standby = start_standby(primary, synchronous=synchronous)
+    except BaseException:
+        primary.stop()
+        raise
+    return StandbyPair(primary, standby, database)
+
+
+def multi_host_url(database: str, *servers: Cluster) -> str:
+    """A libpq multi-host URL of ``database`` over ``servers`` that connects to whichever is the primary
+    (``target_session_attrs=read-write``): what a fleet's gateways use to follow a failover."""
+    hosts = ",".join(f"127.0.0.1:{server.port}" for server in servers)
+    return (f"postgresql+psycopg://{ROLE}:{PASSWORD}@/{database}?host={hosts}"
+            "&target_session_attrs=read-write")
 
 
 def _run(argv: list[str]) -> None:

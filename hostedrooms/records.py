@@ -52,6 +52,7 @@ __all__ = [
     "RemoteRunReceipt",
     "RemoteRunRecord",
     "RenamedRoom",
+    "ReplayPage",
     "ReplicaLag",
     "ReplicaState",
     "ReplicasStatus",
@@ -118,16 +119,25 @@ class Authority(TypedDict):
     epoch: int
 
 
-class EventPage(TypedDict):
-    """A page of :func:`hostedrooms.rooms.read_events`: ``events`` after the requested seq, ``cursor`` (the last
-    seq returned, to pass as the next ``since_seq``), the room's ``latest_seq``, ``has_more`` (cursor <
-    latest_seq) and the ``authority`` that wrote the log (what :func:`hostedrooms.replicas.ingest_page` needs)."""
+class ReplayPage(TypedDict):
+    """The reference's replay page: ``events`` after the requested seq, ``cursor`` (the last seq returned, to pass
+    as the next ``since_seq``), the room's ``latest_seq``, ``has_more`` (cursor < latest_seq) and the
+    ``authority`` that wrote the log (what :func:`hostedrooms.replicas.ingest_page` needs). Its serialized form
+    fits MAX_LOG_PAGE_BYTES."""
 
     events: list[EventRecord]
     cursor: int
     latest_seq: int
     has_more: bool
     authority: Authority
+
+
+class EventPage(ReplayPage):
+    """A page of :func:`hostedrooms.rooms.read_events`: a :class:`ReplayPage` and the store's ``lineage``
+    (:mod:`hostedrooms.lineage`; added after the page was fitted to MAX_LOG_PAGE_BYTES, at most 128 characters
+    more). A page given to ``ingest_page`` may leave ``lineage`` out (a source that predates it)."""
+
+    lineage: str
 
 
 class RoomBase(TypedDict):

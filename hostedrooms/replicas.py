@@ -46,7 +46,8 @@ from .errors import (
 )
 from .identity import local_gateway_id as resolve_local_gateway_id
 from .limits import Limits, in_force
-from .records import Authority, DemotionResult, EventPage, IngestResult, PromotionResult, ReplicaState
+from .lineage import check_lineage
+from .records import Authority, DemotionResult, IngestResult, PromotionResult, ReplayPage, ReplicaState
 from .rooms import (
     CONTROL_EVENT_KINDS,
     PreparedEvent,
@@ -136,7 +137,7 @@ class CheckedPage:
     """A validated ``read_events`` page of one room (:func:`validate_page`): what :func:`ingest_page` stores.
 
     ``latest_seq`` is the page's claim (None when it made none), never below its own last event; ``cursor`` and
-    ``has_more`` are None when the page left them out."""
+    ``has_more`` are None when the page left them out, ``lineage`` too (a source that predates it)."""
 
     room_id: str
     gateway_id: str
@@ -146,6 +147,7 @@ class CheckedPage:
     cursor: int | None
     has_more: bool | None
     limits: Limits
+    lineage: str | None = None  # the source store's lineage (None: the page carried none)
 
     @property
     def authority(self) -> Authority:
@@ -227,7 +229,10 @@ def _validate_page(page: Any, room_id: str, lim: Limits) -> CheckedPage:
             raise ReplicaError("page.cursor is beyond page.latest_seq")
         if has_more is not None and has_more != (cursor < latest_seq):
             raise ReplicaError("page.has_more contradicts page.cursor and page.latest_seq")
-    return CheckedPage(room_id, gateway_id, epoch, events, latest_seq, cursor, has_more, lim)
+    lineage = page.get("lineage")
+    if lineage is not None:
+        check_lineage(lineage, error=ReplicaError, label="page.lineage")
+    return CheckedPage(room_id, gateway_id, epoch, events, latest_seq, cursor, has_more, lim, lineage)
 
 
 def _validate_event(raw: Any, room_id: str, page_epoch: int, lim: Limits) -> CheckedEvent:
@@ -294,7 +299,7 @@ def _created_at(value: Any) -> float | None:
 @traced("ingest_page")
 def ingest_page(
     engine: EngineSource, *, room_id: str, room_name: str, members: list[dict[str, Any]],
-    page: EventPage | dict[str, Any] | CheckedPage, now: float | None = None, limits: Limits | None = None,
+    page: ReplayPage | dict[str, Any] | CheckedPage, now: float | None = None, limits: Limits | None = None,
     supersede_latest_seq: int | None = None,
 ) -> IngestResult:
     """Persist one replay page of ``room_id`` (the verbatim result of the authority's ``read_events``, or what

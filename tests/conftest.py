@@ -10,6 +10,11 @@ Fixtures
 - ``pgbouncer_url`` / ``pgbouncer_direct_url``: a migrated database of its own reached through Debian's
   ``pgbouncer`` in transaction pooling mode (started for the session), and the same database directly; skips
   when pgbouncer is not installed, fails instead under ``HOSTEDROOMS_REQUIRE_POSTGRES=1``.
+- ``pg_standby_pair``: a primary and a streaming hot standby (a cluster of their own, started for the module: a
+  standby takes seconds), holding a migrated database, with asynchronous replication; ``pg_pair_factory`` starts
+  pairs for one test (``synchronous=True``: the primary names the standby in ``synchronous_standby_names``), for
+  tests that promote the standby. Both skip when Debian's PostgreSQL binaries are absent (fail instead under
+  ``HOSTEDROOMS_REQUIRE_POSTGRES=1``); every cluster is stopped and removed at the end.
 - ``api``: "sync" or "async": the public API a contract test calls (``tests/apis.py``; a module opts in with
   ``_api = use_api("rooms", ...)``, and each of its tests then runs against both APIs, on both backends).
 
@@ -25,7 +30,7 @@ how to enable them; ``HOSTEDROOMS_REQUIRE_POSTGRES=1`` (set by .ci/run) turns th
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +127,47 @@ def pgbouncer_url(_pgbouncer_database: tuple[str, str]) -> str:
 def pgbouncer_direct_url(_pgbouncer_database: tuple[str, str]) -> str:
     """The database of ``pgbouncer_url``, connected to directly (bypassing PgBouncer)."""
     return _pgbouncer_database[1]
+
+
+# --- a primary with a streaming standby (failover, hot standby reads) -------------------------------------------
+
+
+def _require_server_binaries() -> None:
+    if pgcluster.find_bin_dir() is None:
+        problem = "streaming standby tests need Debian's PostgreSQL server binaries (apt-get install postgresql)"
+        if os.environ.get(REQUIRE_PG_ENV) == "1":
+            pytest.fail(f"PostgreSQL is required ({REQUIRE_PG_ENV}=1) but unavailable: {problem}")
+        pytest.skip(problem)
+
+
+@pytest.fixture
+def pg_pair_factory() -> Iterator[Callable[..., pgcluster.StandbyPair]]:
+    """``start(synchronous=False)``: a new primary + streaming standby holding a migrated database; all stopped
+    and removed when the test ends."""
+    _require_server_binaries()
+    pairs: list[pgcluster.StandbyPair] = []
+
+    def start(*, synchronous: bool = False) -> pgcluster.StandbyPair:
+        pair = pgcluster.start_pair(synchronous=synchronous, prepare=testing.prepare_template)
+        pairs.append(pair)
+        return pair
+
+    try:
+        yield start
+    finally:
+        for pair in pairs:
+            pair.stop()
+
+
+@pytest.fixture(scope="module")
+def pg_standby_pair() -> Iterator[pgcluster.StandbyPair]:
+    """One primary + hot standby (asynchronous) per module; the tests using it must not promote it."""
+    _require_server_binaries()
+    pair = pgcluster.start_pair(prepare=testing.prepare_template)
+    try:
+        yield pair
+    finally:
+        pair.stop()
 
 
 # --- SQLite template ---------------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def test_every_ledger_method_has_its_coroutine() -> None:
 
 def test_verify_is_derived_too() -> None:
     assert aio.verify.__doc__ == integrity.verify.__doc__
-    assert list(inspect.signature(aio.verify).parameters)[1:] == ["progress"]
+    assert list(inspect.signature(aio.verify).parameters)[1:] == ["progress", "expect_heads"]
 
 
 def run(coroutine: Any) -> Any:

@@ -43,6 +43,7 @@ from hostedrooms.errors import (
     RoomHistoryExpiredError,
     RoomNotFoundError,
     StoreConfigurationError,
+    StoreLineageError,
 )
 
 _api = use_api("rooms", "peers", "replicas")  # the tests on a database run on both APIs
@@ -75,7 +76,9 @@ def test_each_class_keeps_the_base_the_reference_raised() -> None:
     InvalidInputError("invalid room_id", field="room_id"), LedgerInputError("x is invalid", field="x"),
     CapacityExceededError("full", limit="MAX_ACTIVE_ROOMS"), LedgerCapacityError("full", limit="L"),
     ReplicaCapacityError("full", limit="MAX_REPLICA_ROOMS"), MisuseError("wrong"), LedgerStateError("changed"),
-    LedgerPermissionError("secure peer delivery ledger is unsafe")], ids=lambda exc: type(exc).__name__)
+    LedgerPermissionError("secure peer delivery ledger is unsafe"),
+    StoreLineageError("lost", room_id="r1", seq=3, previous="postgresql:1:1", current="postgresql:1:2")],
+    ids=lambda exc: type(exc).__name__)
 def test_messages_and_attributes_survive_pickling(exc: BaseException) -> None:
     copy = pickle.loads(pickle.dumps(exc))
     assert (type(copy), str(copy), vars(copy)) == (type(exc), str(exc), vars(exc))

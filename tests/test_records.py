@@ -207,7 +207,8 @@ def test_replica_results_match_their_types(engine: Engine) -> None:
         "events": [{"room_id": "r1", "seq": 1, "event_id": "e1", "kind": "message.user",
                     "actor": {"kind": "user", "id": "u1"}, "authority_epoch": 1, "payload": {"text": "hi"},
                     "created_at": 10.0, "idempotent": False}],
-        "cursor": 1, "latest_seq": 1, "has_more": False, "authority": {"gateway_id": factories.A, "epoch": 1}}
+        "cursor": 1, "latest_seq": 1, "has_more": False, "authority": {"gateway_id": factories.A, "epoch": 1},
+        "lineage": "postgresql:7714842823913705813:2"}
     check(replicas.ingest_page, engine, room_id="r1", room_name="Team", members=[{"id": "m1"}], page=page)
     check(replicas.ingest_page, engine, room_id="r1", room_name="Team", members=[{"id": "m1"}], page=page)
     check(replicas.ingest_page, engine, room_id="r2", room_name="Other", members=[],

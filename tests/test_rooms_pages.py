@@ -206,7 +206,8 @@ def test_one_byte_over_the_budget_is_seen(
 ) -> None:
     _write(engine, _ONE, edits, start=start, now=now)
     page = read_events_exact(engine, room_id=ROOM)
-    size = len(json.dumps(page, ensure_ascii=False, separators=(",", ":")).encode())
+    replay = {key: value for key, value in page.items() if key != "lineage"}  # lineage: added after fitting
+    size = len(json.dumps(replay, ensure_ascii=False, separators=(",", ":")).encode())
     assert rooms.read_events(engine, room_id=ROOM, limits=lowered(MAX_LOG_PAGE_BYTES=size)) == page
     with pytest.raises(HostedRoomError, match="^hosted room event exceeds replay page limit$"):
         rooms.read_events(engine, room_id=ROOM, limits=lowered(MAX_LOG_PAGE_BYTES=size - 1))

@@ -9,13 +9,15 @@ A web service that must refuse an unknown room before it answers (an SSE stream'
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .. import rooms as _rooms
+from ..errors import InvalidInputError
 from ..limits import Limits
-from ..records import EventRecord
+from ..records import EventPage, EventRecord
 from ..rooms.follow import FollowCursor
 from ..telemetry import follow_woke
 from ..wakeup import FALLBACK_INTERVAL, check_waitable
@@ -32,12 +34,14 @@ _room_state = service(_rooms.room_state)
 def follow(
     engine: AsyncEngine, room_id: str, since_seq: int = 0, *, limit: int = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
+    last_event: Mapping[str, Any] | None = None, lineage: str | None = None,
 ) -> AsyncGenerator[EventRecord, None]:
     """``async for event in follow(engine, room_id, since_seq)``: each event after ``since_seq``, in seq order,
     as it commits; ends after ``room.disbanded``. Arguments are checked here, before anything is opened. While it
     waits it holds no connection (the engine's one shared waiter wakes it); close the iterator
-    (``contextlib.aclosing``), cancel its task or its anyio cancel scope to unregister it."""
-    cursor = FollowCursor.start(room_id, since_seq, limit, limits)
+    (``contextlib.aclosing``), cancel its task or its anyio cancel scope to unregister it. ``last_event`` and
+    ``lineage``: resuming across a failover, as the synchronous ``follow()`` (StoreLineageError)."""
+    cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)
     checked = require_async_engine(engine)
     check_waitable(checked.sync_engine)  # behind a transaction pooler without listen_url: refused now
     return _follow(checked, cursor, poll_interval, fallback_interval, limits)
@@ -46,12 +50,13 @@ def follow(
 async def open_follow(
     engine: AsyncEngine, room_id: str, since_seq: int = 0, *, limit: int = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
+    last_event: Mapping[str, Any] | None = None, lineage: str | None = None,
 ) -> AsyncGenerator[EventRecord, None]:
     """``follow(...)``'s iterator, returned once the room was checked (one read): an unknown room raises
     RoomNotFoundError here, a purged one RoomHistoryExpiredError, a ``since_seq`` ahead of the log
     InvalidInputError, as the synchronous ``follow()`` does when called. ``events = await open_follow(engine,
     room_id, since)``, then answer and ``async for event in events``; nothing is held until it is iterated."""
-    cursor = FollowCursor.start(room_id, since_seq, limit, limits)
+    cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)
     checked = require_async_engine(engine)
     check_waitable(checked.sync_engine)
     cursor.check_room(await _room_state(checked, room_id=cursor.room_id, include_disbanded=True, limits=limits))
@@ -68,7 +73,7 @@ async def _follow(
             return
         woke = False
         while not cursor.done:
-            page = await _read_events(engine, **cursor.read_arguments(limits))
+            page = await _next_page(engine, cursor, limits)
             if woke:
                 follow_woke(page)
             for event in cursor.deliver(page):
@@ -76,3 +81,15 @@ async def _follow(
             woke = cursor.waiting
             if woke:
                 await wakeup.wait(fallback_interval)
+
+
+async def _next_page(engine: AsyncEngine, cursor: FollowCursor, limits: Limits | None) -> EventPage:
+    """The next page from the cursor; after a lineage change, once its last event was found unchanged (as the
+    synchronous ``follow()``)."""
+    try:
+        page = await _read_events(engine, **cursor.read_arguments(limits))
+    except InvalidInputError as exc:
+        raise cursor.lost(exc) from None
+    if cursor.lineage_changed(page):
+        cursor.confirm(page, await _read_events(engine, **cursor.check_arguments(limits)))
+    return page

@@ -13,7 +13,7 @@ from typing import Any
 from ..engines import EngineSource, resolve_engine
 from ..errors import InvalidInputError
 from ..limits import Limits, in_force
-from ..records import Actor, Authority, EventPage, EventRecord, NewEvent
+from ..records import Actor, Authority, EventPage, EventRecord, NewEvent, ReplayPage
 from ..store import RowLike, room_store
 from ..telemetry import count_appended, traced
 from ..uow import UnitOfWork
@@ -161,23 +161,32 @@ def _read(
     with UnitOfWork(resolve_engine(engine), write=False, statement_snapshots=True) as uow:
         store, connection = room_store(uow.dialect), uow.connection
         if exact:
-            return _read_plain(uow, room_id, since, page_size, page_bytes, include_disbanded)
+            return _with_lineage(_read_plain(uow, room_id, since, page_size, page_bytes, include_disbanded),
+                                 uow.dialect.lineage(connection))
         # The head and the page are read consistently with each other (store.read_page).
         head, rows, row_bytes = store.read_page(
             connection, room_id, since=since, limit=page_size, max_bytes=page_bytes,
             max_event_bytes=max_event_bytes(lim))
+        # After the page: a standby promoted in between still holds every event the page read.
+        lineage = uow.dialect.lineage(connection)
         room = require_room(uow, head, room_id, include_disbanded=include_disbanded)
     latest_seq = int(room["next_seq"]) - 1
     if since > latest_seq:
         raise InvalidInputError("since_seq is ahead of the hosted room log", field="since_seq")
     authority: Authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
-    return replay_page(room_id, rows, row_bytes, since=since, latest_seq=latest_seq, authority=authority,
-                       max_bytes=page_bytes)
+    return _with_lineage(replay_page(room_id, rows, row_bytes, since=since, latest_seq=latest_seq,
+                                     authority=authority, max_bytes=page_bytes), lineage)
+
+
+def _with_lineage(page: ReplayPage, lineage: str) -> EventPage:
+    """The page with the store's lineage (added after fitting: the reference's size rule is unchanged)."""
+    return {"events": page["events"], "cursor": page["cursor"], "latest_seq": page["latest_seq"],
+            "has_more": page["has_more"], "authority": page["authority"], "lineage": lineage}
 
 
 def _read_plain(
     uow: UnitOfWork, room_id: str, since: int, page_size: int, page_bytes: int, include_disbanded: bool
-) -> EventPage:
+) -> ReplayPage:
     """The plain path: the head, then the page through ``execute()``, each event decoded by event_to_dict, and
     fit_page, which serialises the page to check its size."""
     store, connection = room_store(uow.dialect), uow.connection

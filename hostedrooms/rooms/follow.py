@@ -10,6 +10,13 @@ therefore means every seq up to it is committed and readable; nothing below it c
 It waits between pages with a :class:`~hostedrooms.wakeup.Wakeup` entered before the first read (so a commit
 between a read and the wait still wakes it): ``NOTIFY`` on PostgreSQL with a re-read every
 ``fallback_interval`` seconds anyway, ``PRAGMA data_version`` polled every ``poll_interval`` seconds on SQLite.
+Across a failover: the cursor remembers the store's lineage (each page's ``lineage``) and the last event it
+handed out. When a page shows another lineage (a standby was promoted), it reads that event again in the store as
+it is now: the same seq, event id and content, and it goes on; gone or different (an asynchronous standby that
+lacked it was promoted), and it raises :class:`~hostedrooms.errors.StoreLineageError` instead of yielding other
+events at the same seqs. A follower started again after an error resumes safely the same way: pass the last
+event it handled as ``last_event`` (and the lineage it read it under, if known, as ``lineage``).
+
 It ends after yielding ``room.disbanded`` (nothing follows it), and raises what ``read_events`` raises:
 RoomHistoryExpiredError when the room was purged under it, RoomNotFoundError for an unknown room, InvalidInputError
 for a ``since_seq`` ahead of the log. The room is checked when ``follow()`` is called, before it returns the
@@ -31,8 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engines import EngineSource, resolve_engine
-from ..errors import InvalidInputError
+from ..errors import HostedRoomError, InvalidInputError
 from ..limits import Limits, in_force
+from ..lineage import check_lineage, lost_event, same_event
 from ..records import EventPage, EventRecord
 from ..telemetry import follow_woke, traced
 from ..wakeup import FALLBACK_INTERVAL, ROOM_EVENTS_CHANNEL, Wakeup, check_waitable
@@ -56,18 +64,67 @@ class FollowCursor:
     limit: int
     done: bool = False
     more: bool = False  # the last page said more events are already committed: read again without waiting
+    lineage: str | None = None  # the store's lineage as the last page showed it (None: not known yet)
+    last: Mapping[str, Any] | None = None  # the last event handed out (None: none known), checked on a change
 
     @classmethod
-    def start(cls, room_id: Any, since_seq: Any, limit: Any, limits: Limits | None) -> FollowCursor:
+    def start(cls, room_id: Any, since_seq: Any, limit: Any, limits: Limits | None, *, last_event: Any = None,
+              lineage: Any = None) -> FollowCursor:
         lim = in_force(limits)
-        return cls(_room_id(room_id, lim), _non_negative(since_seq, "since_seq"),
-                   _bounded_limit(limit, lim.MAX_LOG_LIMIT))
+        cursor = cls(_room_id(room_id, lim), _non_negative(since_seq, "since_seq"),
+                     _bounded_limit(limit, lim.MAX_LOG_LIMIT))
+        if lineage is not None:
+            try:
+                cursor.lineage = check_lineage(lineage)
+            except HostedRoomError as exc:
+                raise InvalidInputError(str(exc), field="lineage") from None
+        if last_event is not None:
+            if not isinstance(last_event, Mapping) or last_event.get("seq") != cursor.since or not cursor.since:
+                raise InvalidInputError("last_event must be the event read at since_seq (an event dict)",
+                                        field="last_event")
+            cursor.last = dict(last_event)
+        return cursor
 
     def check_room(self, state: Mapping[str, Any]) -> None:
         """Refuse a ``since_seq`` ahead of the room's log (``state``: ``room_state`` with ``include_disbanded``,
-        whose read already refused an unknown or purged room), as ``read_events`` would on the first read."""
+        whose read already refused an unknown or purged room), as ``read_events`` would on the first read; with
+        a ``last_event``, that event is gone: StoreLineageError."""
         if self.since > int(state["latest_seq"]):
+            if self.last is not None:
+                raise lost_event(self.room_id, self.last, None, previous=self.lineage, current=None)
             raise InvalidInputError("since_seq is ahead of the hosted room log", field="since_seq")
+
+    def lineage_changed(self, page: EventPage) -> bool:
+        """Whether ``page`` shows a lineage other than the cursor's while it holds an event to check (without
+        one, the page's lineage is simply adopted)."""
+        current = page.get("lineage")
+        if current == self.lineage:
+            return False
+        if self.last is None or not self.since:
+            self.lineage = current
+            return False
+        return True
+
+    def check_arguments(self, limits: Limits | None) -> dict[str, Any]:
+        """The keyword arguments of the ``read_events`` call that reads the last event handed out again."""
+        return {"room_id": self.room_id, "since_seq": self.since - 1, "limit": 1, "include_disbanded": True,
+                "limits": limits}
+
+    def confirm(self, page: EventPage, check: EventPage) -> None:
+        """After a lineage change: ``check`` (read with :meth:`check_arguments`) must hold the last event handed
+        out, the same event; then the cursor takes ``page``'s lineage. Otherwise StoreLineageError."""
+        assert self.last is not None
+        found = check["events"][0] if check["events"] else None
+        if found is None or not same_event(found, self.last):
+            raise lost_event(self.room_id, self.last, found, previous=self.lineage, current=page.get("lineage"))
+        self.lineage = page.get("lineage")
+
+    def lost(self, exc: InvalidInputError) -> Exception:
+        """A read from the cursor found the log ending before it: with an event handed out, that event is gone
+        (StoreLineageError); else ``exc`` as it is."""
+        if self.last is None or exc.field != "since_seq":
+            return exc
+        return lost_event(self.room_id, self.last, None, previous=self.lineage, current=None)
 
     def read_arguments(self, limits: Limits | None) -> dict[str, Any]:
         """The keyword arguments of the next ``read_events`` call."""
@@ -91,8 +148,10 @@ class FollowCursor:
         return events, bool(page["has_more"])
 
     def advance(self, event: Mapping[str, Any]) -> None:
-        """The event was yielded: the next read starts after it."""
+        """The event was yielded: the next read starts after it (and it is the one checked on a lineage
+        change)."""
         self.since = int(event["seq"])
+        self.last = event
 
     def deliver(self, page: EventPage) -> Iterator[EventRecord]:
         """The events of ``page`` to hand out, in order; each counts as handed out (the next read starts after
@@ -112,14 +171,19 @@ class FollowCursor:
 def follow(
     engine: EngineSource, room_id: str, since_seq: int = 0, *, limit: int = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
+    last_event: Mapping[str, Any] | None = None, lineage: str | None = None,
 ) -> Generator[EventRecord, None, None]:
     """Yield each event of ``room_id`` after ``since_seq``, in seq order, as it commits (see the module
     docstring); the dicts are ``read_events``' events. Ends after ``room.disbanded``.
 
     The arguments and the room are checked here, before the iterator is returned: an unknown room raises
     RoomNotFoundError, a purged one RoomHistoryExpiredError, a ``since_seq`` ahead of the log InvalidInputError
-    (one read; nothing stays open)."""
-    cursor = FollowCursor.start(room_id, since_seq, limit, limits)
+    (one read; nothing stays open).
+
+    ``last_event``: the event at ``since_seq`` this reader handled before (resuming a follower): it is checked
+    against the store unless ``lineage`` (the lineage it was read under) is the store's still; gone or different,
+    StoreLineageError. On a hot standby ``follow()`` raises StoreReadOnlyError (it cannot ``LISTEN``)."""
+    cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)
     source = resolve_engine(engine)
     check_waitable(source)  # behind a transaction pooler without listen_url: refused now, not at the first wait
     cursor.check_room(room_state(source, room_id=cursor.room_id, include_disbanded=True, limits=limits))
@@ -135,10 +199,21 @@ def _follow(
             return
         woke = False
         while not cursor.done:
-            page = read_events(engine, **cursor.read_arguments(limits))
+            page = _next_page(engine, cursor, limits)
             if woke:
                 follow_woke(page)
             yield from cursor.deliver(page)
             woke = cursor.waiting
             if woke:
                 wakeup.wait(fallback_interval)
+
+
+def _next_page(engine: Any, cursor: FollowCursor, limits: Limits | None) -> EventPage:
+    """The next page from the cursor; after a lineage change, once its last event was found unchanged."""
+    try:
+        page = read_events(engine, **cursor.read_arguments(limits))
+    except InvalidInputError as exc:
+        raise cursor.lost(exc) from None
+    if cursor.lineage_changed(page):
+        cursor.confirm(page, read_events(engine, **cursor.check_arguments(limits)))
+    return page

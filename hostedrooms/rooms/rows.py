@@ -16,7 +16,7 @@ from ..errors import (
     StorageError,
 )
 from ..limits import Limits, in_force
-from ..records import Authority, EventPage, EventRecord, RoomRecord
+from ..records import Authority, EventRecord, ReplayPage, RoomRecord
 from ..store import REPLAY_COLUMNS, RowLike
 from ..validation import (
     INT64_MAX,
@@ -133,7 +133,7 @@ def _unserialisable(room_id: str, page: Sequence[EventRecord]) -> StorageError:
     return StorageError(f"hosted room {room_id!r} holds a stored value that cannot be decoded (RecursionError)")
 
 
-def _page(events: list[EventRecord], cursor: int, latest_seq: int, authority: Authority) -> EventPage:
+def _page(events: list[EventRecord], cursor: int, latest_seq: int, authority: Authority) -> ReplayPage:
     return {"events": events, "cursor": cursor, "latest_seq": latest_seq, "has_more": cursor < latest_seq,
             "authority": authority}
 
@@ -141,13 +141,13 @@ def _page(events: list[EventRecord], cursor: int, latest_seq: int, authority: Au
 def fit_page(
     room_id: str, events: list[EventRecord], *, since: int, latest_seq: int, authority: Authority,
     max_bytes: int,
-) -> EventPage:
+) -> ReplayPage:
     """The replay page of ``events`` (read after ``since``): its longest prefix whose serialized page fits
     ``max_bytes``. An event too large for any page raises HostedRoomError (an empty page with ``has_more``
     would make a reader spin forever). The exact rule, serialising the page: :func:`replay_page` gives the same
     page without serialising it when a bound proves it fits, or when measuring its events finds the cut."""
 
-    def build(page: list[EventRecord]) -> EventPage:
+    def build(page: list[EventRecord]) -> ReplayPage:
         return _page(page, page[-1]["seq"] if page else since, latest_seq, authority)
 
     def fits(page: list[EventRecord]) -> bool:
@@ -371,7 +371,7 @@ def _surely_fits(
 def replay_page(
     room_id: str, rows: Sequence[tuple[Any, ...]], row_bytes: int, *, since: int, latest_seq: int,
     authority: Authority, max_bytes: int,
-) -> EventPage:
+) -> ReplayPage:
     """What :func:`fit_page` returns (or raises) for the events of ``rows``, usually without serialising the page.
 
     ``rows``: replay rows (:meth:`hostedrooms.store.RoomStore.replay_rows`), the :data:`REPLAY_COLUMNS` in order;

@@ -7,7 +7,8 @@ with one JSON object (``Content-Type: application/json``):
 ``GET {base}/rooms?after=ID&limit=N``                  ``{"rooms": [{"room_id", "authority_gateway_id",
                                                        "authority_epoch", "latest_seq", "disbanded"}, ...]}``
 ``GET {base}/rooms/{room_id}``                         ``{"room_id", "name", "members"}``
-``GET {base}/rooms/{room_id}/events?since_seq=S&limit=N``  the authority's ``read_events`` page, verbatim
+``GET {base}/rooms/{room_id}/events?since_seq=S&limit=N``  the authority's ``read_events`` page, verbatim (its
+                                                       ``lineage`` included)
 ``GET {base}/change``                                   ``{"token": "..."}`` (or ``null``: cannot tell)
 ====================================================  ==========================================================
 
@@ -46,6 +47,7 @@ from ..errors import (
     StoreUnavailableError,
 )
 from ..limits import Limits
+from ..lineage import check_lineage
 from ..validation import INT64_MAX, identifier, json_depth_within, max_json_depth
 from .heads import LISTING_PAGE, RoomHead
 from .source import PageSource, RoomInfo, SourceProtocolError, SourceUnavailableError
@@ -442,6 +444,8 @@ class HttpPageSource:
                 or not _int_within(page.get("cursor"), 0, INT64_MAX)
                 or not isinstance(page.get("has_more"), bool)):
             raise SourceProtocolError("the source's page is malformed")
+        if page.get("lineage") is not None:  # absent from a source that predates lineages
+            check_lineage(page["lineage"], error=SourceProtocolError, label="the source's page.lineage")
         return page
 
     def change_token(self) -> Hashable | None:

@@ -25,6 +25,13 @@ the source's head (lineage, latest seq) with what the local store holds:
 * when the source's lineage differs from the replica's (a claim, a promotion elsewhere, another source), the
   first page starts one event early: the source's event at the replica's ``last_seq`` must be the same event
   at an epoch the replica knows, or the source forked from this replica and the room is refused;
+* the source's store lineage (each page's ``lineage``: :mod:`hostedrooms.lineage`) is remembered per room,
+  with the replica it fed; a page showing another lineage (the source's PostgreSQL failed over to a standby), or
+  the first page of a room this replicator has not read yet, starts one event early too: the source's event at
+  the replica's ``last_seq`` must be the very event the replica holds (seq, id and content), or the source lost
+  events this replica had (an asynchronous standby was promoted, and its seqs may hold other events now) and the
+  room is refused with that reason instead of ingesting a diverged log. A caught-up replica reads no page, so
+  such a change is found at the room's next append on the source;
 * a disband is replicated like any event; a room whose disband is stored is then no longer read;
 * a refused page (a conflict, a regression, a fork, a hostile page) is reported with the reason and the room
   is backed off (1 s, doubling to 5 min): never retried in a hot loop.
@@ -57,6 +64,7 @@ from typing import Any
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
     HostedRoomError,
+    ReplicaError,
     RoomNotFoundError,
     StoreConfigurationError,
     StoreUnavailableError,
@@ -391,6 +399,9 @@ class Replicator:
         self._infos: dict[str, RoomInfo] = {}
         # Where the next pass starts its listing (after a pass that stopped at a bound), else None.
         self._resume_after: str | None = None
+        # Per room: the source store's lineage its replica was last fed under (a room absent: not read yet by
+        # this replicator, so its first page is checked against the replica's last event).
+        self._lineages: dict[str, str | None] = {}
 
     # -- one pass ----------------------------------------------------------------------------------------------
 
@@ -440,6 +451,8 @@ class Replicator:
                 self.backoff.keep_only(seen)
                 for room_id in [room for room in self._infos if room not in seen]:
                     del self._infos[room_id]
+                for room_id in [room for room in self._lineages if room not in seen]:
+                    del self._lineages[room_id]
             self._prune(report)
         if report.bound:
             last = report.rooms[-1].room_id if report.rooms else start_after
@@ -520,15 +533,17 @@ class Replicator:
 
     # -- reading the source (every value validated before use) ---------------------------------------------------
 
-    def _read_page(self, room_id: str, since: int, budget: _Budget) -> CheckedPage:
-        """The source's page of ``room_id`` after ``since``, validated (SourceProtocolError names the room and the
-        field), charged to the pass's page and byte bounds."""
+    def _read_page(self, room_id: str, since: int, budget: _Budget, *, extra: int = 0) -> CheckedPage:
+        """The source's page of ``room_id`` after ``since`` (``extra`` events more than ``page_limit``, within
+        MAX_LOG_LIMIT), validated (SourceProtocolError names the room and the field), charged to the pass's page
+        and byte bounds."""
         budget.page()
-        raw = call_source("page", self.source.read_events, room_id, since_seq=since, limit=self.page_limit)
+        limit = min(self.page_limit + extra, max(self.page_limit, int(in_force(self.limits).MAX_LOG_LIMIT)))
+        raw = call_source("page", self.source.read_events, room_id, since_seq=since, limit=limit)
         try:
             page = validate_page(raw, room_id=room_id, limits=self.limits)
-            if len(page.events) > self.page_limit:
-                raise HostedRoomError(f"page.events holds more than the {self.page_limit} events asked for")
+            if len(page.events) > limit:
+                raise HostedRoomError(f"page.events holds more than the {limit} events asked for")
         except HostedRoomError as exc:
             raise SourceProtocolError(f"the source's page of room {room_id!r} after seq {since} is invalid: "
                                       f"{exc}") from None
@@ -630,12 +645,25 @@ class Replicator:
         # event still updates the replica's authority.
         store_empty = replica is None or not _same_lineage(head, replica)
         fork_check = replica is not None and since > 0 and not _same_lineage(head, replica)
+        # The source store's lineage this replica was fed under; unknown (a room not read yet by this
+        # replicator): its first page is checked against the replica's last event.
+        known = self._lineages.get(room_id, _UNKNOWN)
+        lineage_check = replica is not None and since > 0 and known is _UNKNOWN
         disbanded = head.disbanded
         while self.max_pages_per_room is None or report.pages < self.max_pages_per_room:
-            page = self._read_page(room_id, since - 1 if fork_check else since, budget)
-            if fork_check:
+            # The lineage check's early event comes on top of the page (the fork check's, as it always did, not).
+            early = fork_check or lineage_check
+            page = self._read_page(room_id, since - 1 if early else since, budget,
+                                   extra=1 if lineage_check and not fork_check else 0)
+            if not early and replica is not None and since > 0 and page.lineage != known:
+                lineage_check = True  # the source's store changed lineage: read again, one event early
+                page = self._read_page(room_id, since - 1, budget, extra=1)
+            if fork_check or lineage_check:
                 assert replica is not None
-                _check_fork(page, since, replica)
+                try:
+                    _check_fork(page, since, replica)
+                except _Refused as exc:
+                    raise _lineage_refusal(exc, known, page) if lineage_check else exc from None
                 fork_check = False
             claim = page.latest_seq if page.latest_seq is not None else 0
             # A stored claim no stored event supports, which this page (read after it was stored) contradicts.
@@ -648,9 +676,14 @@ class Replicator:
                 if not store_empty and not unsupported:
                     break
             info = self._room_info(room_id, page)
-            result = ingest_page(self.target, room_id=room_id, room_name=info.name, members=info.members,
-                                 page=page, now=self._now(), limits=self.limits,
-                                 supersede_latest_seq=stored_latest if unsupported else None)
+            try:
+                result = ingest_page(self.target, room_id=room_id, room_name=info.name, members=info.members,
+                                     page=page, now=self._now(), limits=self.limits,
+                                     supersede_latest_seq=stored_latest if unsupported else None)
+            except ReplicaError as exc:  # the overlapping event differs from the replica's
+                raise _lineage_refusal(exc, known, page) if lineage_check else exc from None
+            lineage_check, known = False, page.lineage
+            self._lineages[room_id] = page.lineage
             stored, ingested = int(result["stored_seq"]), int(result["ingested"])
             page_claim = claim if page.latest_seq is not None else stored
             if unsupported:
@@ -878,6 +911,19 @@ _INFO_KINDS = frozenset({"room.renamed", "authority.claimed"})
 
 def _changes_info(page: CheckedPage) -> bool:
     return any(event.event.kind in _INFO_KINDS for event in page.events)
+
+
+#: No lineage remembered for a room yet.
+_UNKNOWN: Any = object()
+
+
+def _lineage_refusal(exc: Exception, known: Any, page: CheckedPage) -> _Refused:
+    """The refusal of a room whose replica's last event the source no longer holds as it was (checked after the
+    source's store lineage changed, or on the first read of the room by this replicator)."""
+    previous = "unknown" if known is _UNKNOWN else str(known)
+    return _Refused(f"the source's store lineage is {page.lineage} (was {previous}) and it no longer holds this "
+                    f"replica's last event as stored ({exc}): the source lost events this replica has (a standby "
+                    "that lacked them was promoted?); refusing to ingest a diverged log")
 
 
 def _check_fork(page: CheckedPage, since: int, replica: ReplicaHead) -> None:
