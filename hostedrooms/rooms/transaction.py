@@ -139,9 +139,12 @@ class RoomTransaction:
         self.store.lock_room_creation(self.uow.connection)
 
     def _lock_gateway(self) -> int:
-        """Lock every budget shard (once; exclusive mode); the exact gateway total."""
+        """Lock every budget shard (once; exclusive mode) and spread the free bytes again for this transaction's
+        limits (the last spread may have been for others); the exact gateway total."""
         if self._total is None:
-            self._total = self.store.lock_budget(self.uow.connection, self.limits.MAX_GATEWAY_EVENT_BYTES)
+            limit = self.limits.MAX_GATEWAY_EVENT_BYTES
+            self._total = total = self.store.lock_budget(self.uow.connection, limit)
+            self.store.settle_budget(self.uow.connection, total, limit)
         return self._total
 
     def _charge(self, delta: int) -> None:
