@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve()
-ACTOR = {"kind": "user", "id": "u1"}
+ACTOR: Any = {"kind": "user", "id": "u1"}
 PAYLOAD = {"text": "hello, this is a typical chat message of a modest length"}
 GATEWAY = "install:bench"
 CALLS = {"pg-append": 1000, "pg-batch100": 40, "pg-4writers": 300, "sqlite-10": 1000, "sqlite-10000": 1000}
@@ -133,6 +133,13 @@ def _run_child(checkout: Path, workload: str, admin_url: str | None, folder: str
     return float(outcome["events"]) / float(outcome["seconds"])
 
 
+def _report(title: str, ours: list[float], other_name: str, other: list[float]) -> None:
+    ratios = [mine / theirs for mine, theirs in zip(ours, other, strict=True)]
+    print(f"{title}: {statistics.median(ours):.0f} ev/s ({min(ours):.0f}-{max(ours):.0f}), {other_name} "
+          f"{statistics.median(other):.0f} ev/s ({min(other):.0f}-{max(other):.0f}); ratio median "
+          f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}), {len(ratios)} rounds", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", type=Path, help="the other checkout (its root folder)")
@@ -157,20 +164,19 @@ def main(argv: list[str] | None = None) -> int:
         cluster = pgcluster.start()
     try:
         with tempfile.TemporaryDirectory(prefix="escrow-ab-") as folder:
-            for workload in workloads:
-                rates: dict[str, list[float]] = {"this": [], "baseline": []}
-                for round_index in range(args.rounds):
-                    order = ["this", "baseline"] if round_index % 2 == 0 else ["baseline", "this"]
+            rates: dict[tuple[str, str], list[float]] = {(w, n): [] for w in workloads for n in checkouts}
+            for round_index in range(args.rounds):  # every workload in every round: rounds pair up across them
+                for workload in workloads:
+                    order = list(checkouts) if round_index % 2 == 0 else list(reversed(checkouts))
                     for name in order:
-                        rates[name].append(_run_child(checkouts[name], workload, cluster.url if cluster else None,
-                                                      folder))
-                ratios = [this / base for this, base in zip(rates["this"], rates["baseline"], strict=True)]
-                print(f"{workload}: this {statistics.median(rates['this']):.0f} ev/s "
-                      f"({min(rates['this']):.0f}-{max(rates['this']):.0f}), baseline "
-                      f"{statistics.median(rates['baseline']):.0f} ev/s "
-                      f"({min(rates['baseline']):.0f}-{max(rates['baseline']):.0f}); this/baseline median "
-                      f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}), {args.rounds} rounds",
-                      flush=True)
+                        rates[workload, name].append(_run_child(checkouts[name], workload,
+                                                                cluster.url if cluster else None, folder))
+            for workload in workloads:
+                _report(workload, rates[workload, "this"], "baseline", rates[workload, "baseline"])
+            if {"sqlite-10", "sqlite-10000"} <= set(workloads):
+                for name in checkouts:
+                    _report(f"{name}: sqlite-10000 vs sqlite-10", rates["sqlite-10000", name], "10 rooms",
+                            rates["sqlite-10", name])
     finally:
         if cluster is not None:
             cluster.stop()

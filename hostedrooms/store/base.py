@@ -176,7 +176,7 @@ def event_rows(room_id: str, first_seq: int, events: Sequence[EventLike], now: f
 
 
 class RoomStore:
-    """The room log on one backend: rooms, their events, retired ids, the room and gateway-budget locks.
+    """The room log on one backend: rooms, their events, retired ids, the room lock and the gateway budget shards.
 
     Every method runs on the caller's connection, inside the caller's transaction (a
     :class:`~hostedrooms.uow.UnitOfWork`); none commits. One instance per backend (:func:`hostedrooms.store.
