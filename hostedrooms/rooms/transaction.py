@@ -356,11 +356,12 @@ def run_room_write(
     which either commits everything it wrote or writes nothing (the retry then opens a transaction)."""
     bound = resolve_engine(engine)
     fast = not exclusive
-    autocommit = one_statement and room_store(dialect_for(bound)).autocommit_fast
+    store = room_store(dialect_for(bound))
     while True:
         try:
-            # (An autocommit unit is the statement-snapshot read unit: on PostgreSQL, no transaction at all.)
-            statement_only = fast and autocommit
+            # Only an attempt that runs nothing but the one-statement append may run in autocommit. (An autocommit
+            # unit is the statement-snapshot read unit: on PostgreSQL, no transaction at all.)
+            statement_only = fast and one_statement and store.autocommit_fast and store.fast_path
             with UnitOfWork(bound, write=not statement_only, statement_snapshots=statement_only) as uow:
                 result = body(RoomTransaction(uow, limits, exclusive=exclusive, fast=fast))
                 uow.commit()
