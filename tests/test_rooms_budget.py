@@ -121,6 +121,23 @@ def test_a_postgresql_append_is_one_round_trip(engine: Engine) -> None:
     assert _budget_problems(engine) == []
 
 
+def test_a_batch_stores_every_text_exactly(engine: Engine) -> None:
+    """The batch's rows travel as one JSON text on PostgreSQL: each text comes back exactly as written."""
+    make_room(engine, "r1")
+    message(engine, "r1", "warm")
+    texts = ['quote " backslash \\ slash /', "é ✓ 😀 \u2028 \u2029 \x7f", "\t\n\r", "{\"json\": [1]}", ""]
+    items = [{"event_id": f"t{n}", "kind": "message.user", "actor": dict(USER), "payload": {"text": text, "n": n}}
+             for n, text in enumerate(texts)]
+    written = rooms.append_events(engine, "r1", items, LOCAL, 1)
+    assert [row["idempotent"] for row in written] == [False] * len(texts)
+    page = rooms.read_events(engine, room_id="r1", since_seq=1, limit=10)["events"]
+    assert [(event["seq"], event["event_id"], event["payload"]) for event in page] == [
+        (n + 2, f"t{n}", {"text": text, "n": n}) for n, text in enumerate(texts)]
+    again = rooms.append_events(engine, "r1", items, LOCAL, 1)  # every id stored: the replay, nothing written
+    assert [(row["seq"], row["idempotent"]) for row in again] == [(n + 2, True) for n in range(len(texts))]
+    assert _budget_problems(engine) == []
+
+
 def test_concurrent_writers_of_one_id_store_one_row(engine: Engine) -> None:
     make_room(engine, "r1")
     message(engine, "r1", "warm")
