@@ -626,8 +626,9 @@ class RawOwnStatements(RawDriver):
                               payload_json=PAYLOAD_JSON)
             else:
                 statement = self.append_batch_sql
-                params.update(event_ids=event_ids, kinds=[KIND] * count, actor_jsons=[ACTOR_JSON] * count,
-                              authority_epochs=[1] * count, payload_jsons=[PAYLOAD_JSON] * count)
+                params["fast_rows"] = json.dumps([[event_id, KIND, ACTOR_JSON, 1, PAYLOAD_JSON]
+                                                  for event_id in event_ids], ensure_ascii=False,
+                                                 separators=(",", ":"))
             cursor.execute(statement.text, statement.bind(params))
             advanced = cursor.fetchone()
             if advanced is None or advanced[1] is not None:

@@ -113,14 +113,18 @@ _APPEND_BATCH = (
     "(room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at) "
     "SELECT CAST(:fast_room_id AS text), advanced.next_seq - :fast_count + item.ord - 1, item.row ->> 0, "
     "item.row ->> 1, item.row ->> 2, CAST(item.row ->> 3 AS bigint), item.row ->> 4, CAST(:fast_now AS float8) "
-    "FROM advanced, json_array_elements(CAST(:fast_rows AS json)) WITH ORDINALITY AS item(row, ord)) "
-    # An advance no shard could pay for divides by zero here: the whole statement fails, nothing is written.
-    "SELECT next_seq / (SELECT count(*) FROM charged), NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM advanced "
+    "FROM advanced, json_array_elements(CAST(:fast_rows AS json)) WITH ORDINALITY AS item(row, ord) RETURNING 1) "
+    # An advance no shard could pay for, or whose rows are not all there, divides by zero here: the whole
+    # statement fails, nothing is written.
+    "SELECT next_seq / ((SELECT count(*) FROM charged) "
+    "* CAST((SELECT count(*) FROM inserted) = :fast_count AS integer)), NULL, NULL, NULL, NULL, NULL, NULL, NULL "
+    "FROM advanced "
     "UNION ALL "
     "SELECT seq, room_id, event_id, kind, actor_json, authority_epoch, payload_json, created_at FROM stored")
 #: The rows of a batch as JSON text (exact: every text round-trips; validated texts hold no NUL).
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-#: SQLSTATE division_by_zero: the append's advance found no budget shard to pay for it (see the statements).
+#: SQLSTATE division_by_zero: the append's advance found no budget shard to pay for it, or (a batch) not every row
+#: was inserted (see the statements).
 _NO_SHARD_PAID = "22012"
 _STORED_KEYS = ("seq", "room_id", "event_id", "kind", "actor_json", "authority_epoch", "payload_json", "created_at")
 
