@@ -572,10 +572,10 @@ class RawInsert(RawDriver):
 
 
 class RawOwnStatements(RawDriver):
-    """hostedrooms' own one-statement append (its store's compiled SQL) through the raw driver: the guarded
-    advance, then the INSERT (on PostgreSQL the budgeted one), in one transaction. The floor of hostedrooms' design:
-    what its statements and schema cost with no Python layer around them (no validation, no pool, no
-    SQLAlchemy Connection, no result dicts)."""
+    """hostedrooms' own one-statement append (its store's compiled SQL) through the raw driver: on SQLite the
+    guarded advance, the budget counter and the INSERT in one transaction; on PostgreSQL the one data-modifying
+    statement in autocommit. The floor of hostedrooms' design: what its statements and schema cost with no
+    Python layer around them (no validation, no pool, no SQLAlchemy Connection, no result dicts)."""
 
     name = "raw-own-statements"
     label = "raw driver, hostedrooms' own append statements"
@@ -584,58 +584,68 @@ class RawOwnStatements(RawDriver):
     def open(self, round_index: int) -> None:
         from sqlalchemy import create_engine as sa_create_engine
 
-        from hostedrooms import limits, models
+        from hostedrooms import limits, models, rooms
         from hostedrooms.dialect import ROOM_EVENTS_CHANNEL, dialect_named
-        from hostedrooms.rooms.rules import max_event_bytes
-        from hostedrooms.store import GATEWAY_BYTES_LOCK_KEY, room_store
+        from hostedrooms.store import room_store
 
         raise_limits()
         super().open(round_index)
+        engine = _engine(self.ctx, self.state["target"])
+        rooms.prune_disbanded_rooms(engine)  # spreads the gateway budget (a fresh database's has no allowance)
+        engine.dispose()
         # The statements hostedrooms' store runs (private attributes: read here to run them without the library),
         # compiled for this backend's driver as SQLAlchemy compiles them.
         dialect = sa_create_engine("postgresql+psycopg://" if self.ctx.postgres else "sqlite://").dialect
         store: Any = room_store(dialect_named(dialect.name))  # type: ignore[arg-type]
         columns = [column.name for column in models.events.c]
-        single = store._budgeted_insert.statement if self.ctx.postgres else store._insert_event.statement
-        self.advance = _Bound(store._advance.statement, dialect)
-        self.insert_one = _Bound(single, dialect, columns)
-        self.insert_many = _Bound(store._insert_event.statement, dialect, columns)
+        if self.ctx.postgres:
+            self.connection.autocommit = True  # the one statement commits itself
+            self.append_one_sql = _Bound(store._append_one.statement, dialect)
+            self.append_batch_sql = _Bound(store._append_batch.statement, dialect)
+        else:
+            self.advance = _Bound(store._advance.statement, dialect)
+            self.charge = _Bound(store._charge.statement, dialect)
+            self.insert_many = _Bound(store._insert_event.statement, dialect, columns)
         self.fixed = {"fast_room_id": self.room_id, "fast_gateway_id": GATEWAY, "fast_epoch": 1,
                       "fast_max_room_bytes": limits.MAX_ROOM_EVENT_BYTES,
-                      "fast_max_gateway_bytes": limits.MAX_GATEWAY_EVENT_BYTES}
-        if self.ctx.postgres:  # the budget key and follower channel the advance binds (the public schema's)
-            key = GATEWAY_BYTES_LOCK_KEY
-            self.fixed |= {"budget_key": key, "budget_high": (key >> 32) & 0xFFFFFFFF, "budget_low": key & 0xFFFFFFFF,
-                           "notify_channel": ROOM_EVENTS_CHANNEL}
+                      "fast_spread_limit": limits.MAX_GATEWAY_EVENT_BYTES,
+                      "notify_channel": ROOM_EVENTS_CHANNEL}  # the public schema's follower channel
         self.max_events = limits.MAX_EVENTS_PER_ROOM
-        self.per_writer = max_event_bytes()
         self.event_bytes = len((KIND + ACTOR_JSON + PAYLOAD_JSON).encode())  # and the id's (ASCII) length
 
     def _append(self, event_ids: list[str]) -> int:
         now, count = time.time(), len(event_ids)
         size = sum(len(event_id) for event_id in event_ids) + count * self.event_bytes
+        params = {**self.fixed, "fast_count": count, "fast_size": size, "fast_now": now,
+                  "fast_max_events": self.max_events - count + 1}
         cursor = self.connection.cursor()
-        cursor.execute("BEGIN" if self.ctx.postgres else "BEGIN IMMEDIATE")
-        cursor.execute(self.advance.text, self.advance.bind({
-            **self.fixed, "fast_count": count, "fast_size": size, "fast_now": now,
-            "fast_max_events": self.max_events - count + 1}))
+        if self.ctx.postgres:
+            if count == 1:
+                statement = self.append_one_sql
+                params.update(event_id=event_ids[0], kind=KIND, actor_json=ACTOR_JSON, authority_epoch=1,
+                              payload_json=PAYLOAD_JSON)
+            else:
+                statement = self.append_batch_sql
+                params["fast_rows"] = json.dumps([[event_id, KIND, ACTOR_JSON, 1, PAYLOAD_JSON]
+                                                  for event_id in event_ids], ensure_ascii=False,
+                                                 separators=(",", ":"))
+            cursor.execute(statement.text, statement.bind(params))
+            advanced = cursor.fetchone()
+            if advanced is None or advanced[1] is not None:
+                raise RuntimeError("the one-statement append did not apply")
+            return count
+        cursor.execute("BEGIN IMMEDIATE")
+        cursor.execute(self.advance.text, self.advance.bind(params))
         advanced = cursor.fetchone()
         if advanced is None:
             raise RuntimeError("the guarded advance did not apply")
+        cursor.execute(self.charge.text, self.charge.bind(params))
         first = int(advanced[0]) - count
         rows = [(self.room_id, first + index, event_id, KIND, ACTOR_JSON, 1, PAYLOAD_JSON, now)
                 for index, event_id in enumerate(event_ids)]
-        if count == 1 and self.ctx.postgres:  # the INSERT ... SELECT that checks the gateway budget
-            budget = self.fixed["fast_max_gateway_bytes"] - (int(advanced[2]) - 1) * self.per_writer
-            cursor.execute(self.insert_one.text, self.insert_one.bind_row(rows[0], budget=budget))
-            if cursor.rowcount != 1:
-                raise RuntimeError("the budgeted insert did not apply")
-        elif count == 1:
-            cursor.execute(self.insert_one.text, self.insert_one.bind_row(rows[0]))
+        if count == 1:
+            cursor.execute(self.insert_many.text, self.insert_many.bind_row(rows[0]))
         else:
-            if self.ctx.postgres:  # the gateway total, read after the sharers were counted
-                cursor.execute("SELECT COALESCE(SUM(event_bytes), 0) FROM hosted_rooms")
-                cursor.fetchone()
             cursor.executemany(self.insert_many.text, [self.insert_many.bind_row(row) for row in rows])
         cursor.execute("COMMIT")
         return count
@@ -676,7 +686,8 @@ class SQLAlchemyFloor(Hostedrooms):
         self.store: Any = room_store(dialect_for(self.engine))
         self.limits = limits
         self.fixed = {"fast_room_id": self.room_id, "fast_max_room_bytes": limits.MAX_ROOM_EVENT_BYTES,
-                      "fast_max_gateway_bytes": limits.MAX_GATEWAY_EVENT_BYTES}
+                      "fast_spread_limit": limits.MAX_GATEWAY_EVENT_BYTES}
+        self.rooms.prune_disbanded_rooms(self.engine)  # spreads the gateway budget (a fresh database's has none)
 
     def _prepare(self, items: list[dict[str, Any]]) -> list[tuple[Any, dict[str, str]]]:
         """Each item validated as ``append_events`` validates it: the event to insert and its normalised actor."""
@@ -694,9 +705,11 @@ class SQLAlchemyFloor(Hostedrooms):
         """The guarded advance and the INSERT in one transaction; the rows written."""
         with self.engine.connect() as connection:
             connection.begin()
-            advanced = self.store._advance.first(connection, self._advance_params(events, now))
+            params = self._advance_params(events, now)
+            advanced = self.store._advance.first(connection, params)
             if advanced is None:
                 raise RuntimeError("the guarded advance did not apply")
+            self.store._charge.rowcount(connection, params)
             rows = self.event_rows(self.room_id, int(advanced[0]) - len(events), events, now)
             self.store.insert_events(connection, rows)
             connection.commit()
@@ -750,6 +763,7 @@ class PooledDBAPIFloor(SQLAlchemyFloor):
         super().open(round_index)
         columns = [column.name for column in models.events.c]
         self.advance = _Bound(self.store._advance.statement, self.engine.dialect)
+        self.charge = _Bound(self.store._charge.statement, self.engine.dialect)
         self.insert = _Bound(self.store._insert_event.statement, self.engine.dialect, columns)
         self.pick = operator.itemgetter(*columns)  # a row dict's values in column order
 
@@ -759,10 +773,12 @@ class PooledDBAPIFloor(SQLAlchemyFloor):
             cursor = connection.cursor()
             cursor.execute("BEGIN IMMEDIATE")
             try:
-                cursor.execute(self.advance.text, self.advance.bind(self._advance_params(events, now)))
+                params = self._advance_params(events, now)
+                cursor.execute(self.advance.text, self.advance.bind(params))
                 advanced = cursor.fetchone()
                 if advanced is None:
                     raise RuntimeError("the guarded advance did not apply")
+                cursor.execute(self.charge.text, self.charge.bind(params))
                 rows = self.event_rows(self.room_id, int(advanced[0]) - len(events), events, now)
                 values = [self.pick(row) for row in rows]
                 if len(values) == 1:

@@ -26,6 +26,7 @@ from .errors import HostedRoomError, InvalidInputError
 from .limits import in_force
 from .models import (
     DELIVERY_STATES,
+    budget,
     deliveries,
     events,
     outbound_intents,
@@ -233,6 +234,20 @@ def check_delivery_states(connection: Connection, _dialect: StoreDialect) -> Ite
         yield Violation("delivery_states", envelope_id, "response committed without a request id")
 
 
+def check_budget(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+    """The gateway byte budget's shards account for exactly every room's ``event_bytes`` (live and disbanded),
+    and their allowances promise no more than the limit they were spread for (or the total, when above it)."""
+    used, allowance, limit = connection.execute(sa.select(
+        sa.func.coalesce(sa.func.sum(budget.c.used), 0), sa.func.coalesce(sa.func.sum(budget.c.allowance), 0),
+        sa.func.coalesce(sa.func.max(budget.c.spread_limit), 0))).one()
+    total = connection.execute(sa.select(sa.func.coalesce(sa.func.sum(rooms.c.event_bytes), 0))).scalar_one()
+    if int(used) != int(total):
+        yield Violation("budget", "gateway", f"budget shards account for {used} bytes, rooms hold {total}")
+    if int(allowance) > max(int(limit), int(used)):
+        yield Violation("budget", "gateway",
+                        f"budget allowances total {allowance} bytes, above the {limit} they were spread for")
+
+
 def check_storage(connection: Connection, dialect: StoreDialect) -> Iterator[Violation]:
     """The database engine's own integrity check (SQLite ``PRAGMA integrity_check``)."""
     for problem in dialect.integrity_problems(connection):
@@ -242,7 +257,7 @@ def check_storage(connection: Connection, dialect: StoreDialect) -> Iterator[Vio
 CHECKS: tuple[Check, ...] = (
     check_room_seqs, check_orphan_events, check_event_bytes, check_event_ids_unique, check_event_epochs,
     check_readable_events, check_disbanded_retired, check_replica_logs, check_delivery_owners,
-    check_delivery_states, check_ledger_json, check_storage)
+    check_delivery_states, check_ledger_json, check_budget, check_storage)
 
 
 @dataclass(frozen=True)

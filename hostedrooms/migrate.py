@@ -312,6 +312,20 @@ def include_object(
     return table is None or table.name in metadata.tables
 
 
+def _created_on(dialect_name: str) -> Callable[..., bool]:
+    """:func:`include_object` that also leaves out the models' objects not created on ``dialect_name`` (an index
+    declared with ``ddl_if(dialect=...)``, which Alembic's comparison does not read)."""
+
+    def include(obj: SchemaItem, name: str | None, type_: NameFilterType, reflected: bool,
+                compare_to: SchemaItem | None) -> bool:
+        condition = getattr(obj, "_ddl_if", None)
+        if not reflected and condition is not None and condition.dialect not in (None, dialect_name):
+            return False
+        return include_object(obj, name, type_, reflected, compare_to)
+
+    return include
+
+
 def include_name(name: str | None, type_: NameFilterType, parent_names: NameFilterParentNames) -> bool:
     """hostedrooms' environment does not even reflect a host's tables (their types may be unknown to us)."""
     if type_ == "table":
@@ -340,7 +354,7 @@ def _configure(context: EnvironmentContext, connection: Connection) -> None:
         target_metadata=metadata,
         version_table=VERSION_TABLE,
         include_name=include_name,
-        include_object=include_object,
+        include_object=_created_on(connection.dialect.name),
         render_as_batch=dialect_for(connection).render_as_batch,
         # SQLite DDL is transactional once we control BEGIN; one transaction makes a failed upgrade a no-op.
         transactional_ddl=True,

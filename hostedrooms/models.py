@@ -121,13 +121,34 @@ class RoomEvent(_LogEntry, Base):
         ForeignKeyConstraint(["room_id"], ["hosted_rooms.room_id"]),
         *_at_least(seq=1),
         CheckConstraint("authority_epoch IS NULL OR authority_epoch >= 1", name="authority_epoch_positive"),
-        Index("idx_hosted_room_events_cursor", "room_id", "seq"),
+        # Duplicates the primary key's index; only the reference's own readiness check on SQLite asks for it by
+        # name (0008 drops it on PostgreSQL, where every append paid for it).
+        Index("idx_hosted_room_events_cursor", "room_id", "seq").ddl_if(dialect="sqlite"),
         # room_state's claim lookup (the latest claim of an epoch) without walking the log: only claim events
         # are indexed, so appends of every other kind pay nothing for it.
         Index("idx_hosted_room_events_claims", "room_id", "authority_epoch", "seq",
               sqlite_where=text(CLAIM_KIND_CONDITION), postgresql_where=text(CLAIM_KIND_CONDITION)),
     )
 
+
+
+class BudgetShard(Base):
+    """One shard of the gateway's event-byte budget (an escrow): the shards' ``used`` sum to every room's
+    ``event_bytes``; an append adds its bytes to one shard within that shard's ``allowance``, and the allowances
+    were spread (by the last writer holding every shard) for a gateway limit of ``spread_limit``. See
+    :mod:`hostedrooms.rooms.transaction`."""
+
+    __tablename__ = "hosted_room_budget"
+    __table_args__ = (
+        PrimaryKeyConstraint("shard"),
+        *_at_least(shard=0, used=0),
+        CheckConstraint("used <= allowance", name="used_within_allowance"),
+    )
+
+    shard: Mapped[int] = mapped_column(autoincrement=False)
+    used: Mapped[int] = mapped_column(server_default=text("0"))
+    allowance: Mapped[int] = mapped_column(server_default=text("0"))
+    spread_limit: Mapped[int] = mapped_column(server_default=text("0"))
 
 
 class RetiredRoomId(Base):
@@ -376,6 +397,7 @@ class OutboundIntent(Base):
 rooms = cast(Table, Room.__table__)
 events = cast(Table, RoomEvent.__table__)
 retired_ids = cast(Table, RetiredRoomId.__table__)
+budget = cast(Table, BudgetShard.__table__)
 links = cast(Table, RoomLink.__table__)
 remote_runs = cast(Table, RemoteRun.__table__)
 revoked_grants = cast(Table, RevokedGrant.__table__)

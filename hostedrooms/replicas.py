@@ -20,7 +20,7 @@ longer commit). What the store guarantees is that history is neither lost nor fo
 
 Concurrency: ingest serialises on the replica row (``FOR UPDATE``; replica creation on an advisory lock, so
 MAX_REPLICA_ROOMS is exact). Promotion takes the room-creation lock, then the (absent) room row, then the
-replica row, then the gateway budget lock -- the rooms service's lock order with the replica row slotted in
+replica row, then the gateway budget shard(s) -- the rooms service's lock order with the replica row slotted in
 after the room row; ingest never takes a room lock, so no cycle can form.
 """
 

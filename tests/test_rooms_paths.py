@@ -111,13 +111,15 @@ def _outcomes(engine: Engine, operations: list[tuple[Any, ...]], lim: Any) -> li
 
 
 
-def _fresh(engine: Engine) -> None:
-    """Empty the room log, then two live rooms owned by g1 at epoch 1."""
+def _fresh(engine: Engine, lim: Any = None) -> None:
+    """Empty the room log, then two live rooms owned by g1 at epoch 1, and the gateway budget spread for ``lim``
+    (as the first write holding every budget shard leaves it; pruning takes them all)."""
     with engine.begin() as connection:
         for table in reversed(models.metadata.sorted_tables):
             connection.execute(sa.delete(table))
     for room_id in ROOMS[:2]:
         rooms.create_room(engine, room_id=room_id, name=room_id, members=[], authority_gateway_id="g1", now=1000.0)
+    rooms.prune_disbanded_rooms(engine, limits=lim)
 
 
 def _both_ways(
@@ -125,7 +127,7 @@ def _both_ways(
 ) -> Iterator[tuple[list[Any], dict[str, list[tuple[Any, ...]]]]]:
     contexts: tuple[Callable[[], AbstractContextManager[None]], ...] = (nullcontext, store.without_fast_path)
     for context in contexts:
-        _fresh(engine)
+        _fresh(engine, lim)
         with context():
             outcomes = _outcomes(engine, operations, lim)
         yield outcomes, snapshot(engine, (models.rooms, models.events, models.retired_ids))

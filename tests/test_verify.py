@@ -13,7 +13,7 @@ from alembic.operations import Operations
 from hostedrooms import UnitOfWork, migrate
 from hostedrooms.db import create_engine
 from hostedrooms.integrity import verify
-from hostedrooms.models import deliveries, events, replica_events, replicas, retired_ids, rooms
+from hostedrooms.models import budget, deliveries, events, replica_events, replicas, retired_ids, rooms
 from hostedrooms.validation import utf8_len
 
 
@@ -55,6 +55,9 @@ def _populate(engine: sa.Engine) -> None:
     with UnitOfWork(engine) as uow:
         uow.execute(sa.insert(rooms), [_room("live", live), _room("gone", gone, disbanded_at=5.0), _room("empty", [])])
         uow.execute(sa.insert(events), live + gone)
+        total = _bytes(live) + _bytes(gone)  # the budget accounts for every room's bytes, as the services keep it
+        uow.execute(sa.delete(budget))
+        uow.execute(sa.insert(budget).values(shard=0, used=total, allowance=total, spread_limit=0))
         uow.execute(sa.insert(retired_ids).values(room_id="gone", retired_at=5.0))
         uow.execute(sa.insert(replicas).values(
             room_id="replica", name="R", members_json="[]", authority_gateway_id="install:b", authority_epoch=1,
@@ -89,8 +92,17 @@ def _extra_seq(engine: sa.Engine) -> None:
     _write(engine, sa.update(rooms).where(rooms.c.room_id == "live").values(next_seq=3))
 
 
-def _bytes_drift(engine: sa.Engine) -> None:
-    _write(engine, sa.update(rooms).where(rooms.c.room_id == "live").values(event_bytes=rooms.c.event_bytes + 1))
+def _bytes_drift(engine: sa.Engine) -> None:  # (the budget follows the room's bytes: only the events disagree)
+    _write(engine, sa.update(rooms).where(rooms.c.room_id == "live").values(event_bytes=rooms.c.event_bytes + 1),
+           sa.update(budget).values(used=budget.c.used + 1, allowance=budget.c.allowance + 1))
+
+
+def _budget_drift(engine: sa.Engine) -> None:
+    _write(engine, sa.update(budget).values(used=budget.c.used + 1, allowance=budget.c.allowance + 1))
+
+
+def _budget_overpromised(engine: sa.Engine) -> None:
+    _write(engine, sa.update(budget).values(allowance=budget.c.used + 10, spread_limit=budget.c.used + 9))
 
 
 def _payload_changed(engine: sa.Engine) -> None:
@@ -142,6 +154,8 @@ CORRUPTIONS: dict[str, tuple[Callable[[sa.Engine], None], str, str]] = {
     "seq gap": (_gap, "room_seqs", "live"),
     "next_seq beyond the log": (_extra_seq, "room_seqs", "live"),
     "event_bytes drift": (_bytes_drift, "event_bytes", "live"),
+    "budget shards differ from the rooms' bytes": (_budget_drift, "budget", "gateway"),
+    "budget allowances above their spread limit": (_budget_overpromised, "budget", "gateway"),
     "payload bytes changed": (_payload_changed, "event_bytes", "live"),
     "duplicate event id": (_duplicate_event_id, "event_ids_unique", "live"),
     "event epoch above room": (_epoch_above_room, "event_epochs", "live"),
@@ -209,6 +223,7 @@ def test_a_non_canonical_stored_text_is_reported(engine: sa.Engine, text: str) -
     _write(engine,
            sa.update(events).where(events.c.room_id == "live", events.c.seq == 2).values(payload_json=text),
            sa.update(rooms).where(rooms.c.room_id == "live").values(event_bytes=rooms.c.event_bytes + added),
+           sa.update(budget).values(used=budget.c.used + added, allowance=budget.c.used + added),
            sa.update(replica_events).where(replica_events.c.seq == 1).values(actor_json=text),
            sa.update(replicas).values(event_bytes=replicas.c.event_bytes + utf8_len(text)
                                       - len('{"id":"u1","kind":"user"}')))
@@ -225,7 +240,8 @@ def test_canonical_texts_of_every_kind_verify_clean(engine: sa.Engine) -> None:
     added = utf8_len(text) - utf8_len(_event("live", 2, text="héllo ✓")["payload_json"])  # type: ignore[arg-type]
     _write(engine,
            sa.update(events).where(events.c.room_id == "live", events.c.seq == 2).values(payload_json=text),
-           sa.update(rooms).where(rooms.c.room_id == "live").values(event_bytes=rooms.c.event_bytes + added))
+           sa.update(rooms).where(rooms.c.room_id == "live").values(event_bytes=rooms.c.event_bytes + added),
+           sa.update(budget).values(used=budget.c.used + added, allowance=budget.c.used + added))
     assert verify(engine) == []
 
 

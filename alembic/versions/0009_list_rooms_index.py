@@ -5,7 +5,7 @@ code point by code point) is read from it, the id order among rooms changed at t
 few rows that share it.
 
 Revision ID: 0009_list_rooms_index
-Revises: 0007_claim_index
+Revises: 0008_budget_shards
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0009_list_rooms_index"
-down_revision: str | Sequence[str] | None = "0007_claim_index"
+down_revision: str | Sequence[str] | None = "0008_budget_shards"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

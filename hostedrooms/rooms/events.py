@@ -99,7 +99,8 @@ def _append(
     """The one append path of both services: one room write, then the result dict of each item in order."""
     events = [event for event, _ in prepared]
     written, replays = run_room_write(
-        engine, lim, lambda tx: tx.append(room_id, events, gateway_id=gateway_id, epoch=epoch, now=now))
+        engine, lim, lambda tx: tx.append(room_id, events, gateway_id=gateway_id, epoch=epoch, now=now),
+        one_statement=True)
     count_appended(events, written)
     return _results(prepared, written, replays)
 

@@ -273,7 +273,7 @@ def disband_room(
         tx.prune_disbanded(now=timestamp, max_gateway_event_bytes=tx.limits.MAX_GATEWAY_EVENT_BYTES)
         return {"room_id": room_id, "disbanded_at": timestamp, "idempotent": False, "event": event_to_dict(row)}
 
-    # Disband prunes, and pruners must not interleave: hold the gateway budget lock exclusively from the start.
+    # Disband prunes, and pruners must not interleave: hold every gateway budget shard from the start.
     return run_room_write(engine, lim, body, exclusive=True)
 
 

@@ -13,17 +13,25 @@ SQLite serialises write transactions (``BEGIN IMMEDIATE``). On PostgreSQL (READ 
   writers to different rooms do not block each other;
 * ``create_room`` serialises on a room-creation advisory lock, which makes the active-room cap exact and turns
   a concurrent create of the same id into the idempotent replay;
-* the gateway-wide byte limit is a sum over every room, which no row lock protects. Writers take a *shared*
-  advisory lock on the gateway budget (sharers never block each other) and count how many transactions hold it
-  (``n``, themselves included). A writer adding ``b`` bytes proceeds only if
-  ``committed + b + (n - 1) * max_event_bytes <= limit``: every transaction that could commit alongside it either
-  committed before its sum was read or held the lock when it counted, and none of those adds more than
-  ``max_event_bytes`` (writers adding more take the exclusive path). Of any set of concurrent writers the one that
-  locked last therefore saw room for all of them, so the committed total never exceeds the limit. A writer that
-  does not fit (near the limit, or a big batch) restarts its transaction holding the lock *exclusively*: it
-  waits for every sharer, sees the exact total, and then behaves exactly like the reference (prune disbanded
-  rooms, then refuse). Pruning and disbanding always run exclusively, so two pruners never delete the same rows.
-  Lock order is always: room-creation lock, room row, gateway budget lock, so no cycle can form.
+* the gateway-wide byte limit is a sum over every room, which no room lock protects. It is kept as an *escrow*
+  (``hosted_room_budget``, in the gateway's own schema): a few shards whose ``used`` always sum to every room's
+  ``event_bytes`` (each statement that changes a room's bytes runs in a transaction that also changes a shard),
+  each with an ``allowance`` (``CHECK (used <= allowance)``), the allowances summing to at most the gateway limit
+  they were spread for (``spread_limit``). A writer adding ``b`` bytes takes them from one shard (its
+  connection's) in one guarded update: ``used + b <= allowance`` and ``spread_limit`` no higher than the
+  caller's limit. That shard's row lock is held until commit, so no two writers spend the same allowance, and the
+  sum of the allowances bounds the committed total: the total never exceeds the limit, with no count of
+  concurrent writers and no lock shared across the gateway. A writer whose shard is short (near the limit, a
+  big batch, allowances spread for a higher limit, or a control event's reserve) restarts its transaction in
+  *exclusive* mode: it locks every shard in shard order (waiting for every writer holding one), reads the exact
+  total (their sum), then behaves exactly like the reference (prune disbanded rooms, then refuse), writes the new
+  total and spreads the free bytes below its own limit over the shards again. Pruning and disbanding always run
+  exclusively, so two pruners never delete the same rows. Lock order is always: room-creation lock, room row
+  (replica row), budget shard(s), so no cycle can form; a transaction holding one shard never asks for the
+  others (it restarts instead).
+
+The one-statement append (PostgreSQL) takes its shard inside its own statement, in autocommit; SQLite's exclusive
+writer reads and updates the one counter row instead of summing every room.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from ..dialect import ROOM_EVENTS_CHANNEL
+from ..dialect import ROOM_EVENTS_CHANNEL, dialect_for
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
     AuthorityConflictError,
@@ -53,7 +61,7 @@ from ..store import (
 )
 from ..telemetry import count_retry
 from ..uow import UnitOfWork
-from .rules import PreparedEvent, max_event_bytes
+from .rules import PreparedEvent
 
 __all__ = [
     "GATEWAY_BYTES_LOCK_KEY",
@@ -78,7 +86,7 @@ _log = logging.getLogger(__name__)
 
 
 class NeedExclusiveGatewayLock(Exception):
-    """Internal signal: restart the transaction holding the gateway byte-budget lock exclusively."""
+    """Internal signal: restart the transaction holding every gateway budget shard (exclusive mode)."""
 
 
 class TakeFullPath(Exception):
@@ -102,14 +110,17 @@ def require_room(uow: UnitOfWork, row: RowLike | None, room_id: str, *, include_
 
 
 class RoomTransaction:
-    """One room write transaction: the unit of work, its store, the limits in force, the gateway budget lock state.
+    """One room write transaction: the unit of work, its store, the limits in force, the gateway budget state.
 
     Reusable in-transaction helpers for other services (replicas): :meth:`lock_room`, :meth:`require_room`,
     :meth:`load_event`, :meth:`load_events`, :meth:`check_capacity`, :meth:`append_locked`, :meth:`append`,
     :meth:`insert_room`, :meth:`prune_disbanded`, :meth:`gateway_event_bytes`, :meth:`lock_room_creation`,
     :meth:`check_room_slot`. Use :func:`run_room_write` to run a body with its retries, or pass
-    ``exclusive=True`` to skip the shared budget mode. ``fast``: :meth:`append` may try the store's
-    one-statement append first (:func:`run_room_write` sets it on a first attempt only).
+    ``exclusive=True`` to lock every budget shard from the first check. ``fast``: :meth:`append` may try the
+    store's one-statement append first (:func:`run_room_write` sets it on a first attempt only).
+
+    :meth:`check_capacity` *reserves* the bytes it admits in the budget: whoever calls it writes exactly those
+    bytes to rooms in the same transaction (or fails it). Purges release theirs in :meth:`prune_disbanded`.
     """
 
     def __init__(
@@ -121,8 +132,8 @@ class RoomTransaction:
         # Where writers never overlap (SQLite) the budget is always exact: behave as the exclusive holder.
         self.exclusive = exclusive or not self.store.concurrent_writers
         self.fast = fast and self.store.fast_path
-        self._gateway_locked = False
-        self._holders = 1
+        #: The exact gateway total while every shard is locked (exclusive mode), else None.
+        self._total: int | None = None
 
     # -- locks and reads --
 
@@ -131,11 +142,19 @@ class RoomTransaction:
         self.store.lock_room_creation(self.uow.connection)
 
     def _lock_gateway(self) -> int:
-        """Take the gateway budget lock (once); return how many transactions may add bytes alongside."""
-        if not self._gateway_locked:
-            self._holders = self.store.lock_budget(self.uow.connection, exclusive=self.exclusive)
-            self._gateway_locked = True
-        return 1 if self.exclusive else self._holders
+        """Lock every budget shard (once; exclusive mode) and spread the free bytes again for this transaction's
+        limits (the last spread may have been for others); the exact gateway total."""
+        if self._total is None:
+            limit = self.limits.MAX_GATEWAY_EVENT_BYTES
+            self._total = total = self.store.lock_budget(self.uow.connection, limit)
+            self.store.settle_budget(self.uow.connection, total, limit)
+        return self._total
+
+    def _charge(self, delta: int) -> None:
+        """Under every shard's lock: the gateway total changes by ``delta``; write it and spread the free bytes."""
+        total = self._lock_gateway() + delta
+        self._total = total
+        self.store.settle_budget(self.uow.connection, total, self.limits.MAX_GATEWAY_EVENT_BYTES)
 
     def lock_room(self, room_id: str) -> RowLike | None:
         """Every column of a room (live or disbanded), row-locked until the transaction ends; None if absent."""
@@ -158,7 +177,10 @@ class RoomTransaction:
         return self.store.events(self.uow.connection, room_id, event_ids)
 
     def gateway_event_bytes(self) -> int:
-        """Accounted event bytes of every room on this gateway (live and disbanded)."""
+        """Accounted event bytes of every room on this gateway (live and disbanded): the budget's exact total
+        where every shard is locked, else the sum over every room (read in this statement's snapshot)."""
+        if self._total is not None:
+            return self._total
         return self.store.gateway_bytes(self.uow.connection)
 
     # -- capacity --
@@ -193,25 +215,25 @@ class RoomTransaction:
         self._check_gateway([(uncounted_room_bytes, False), *steps] if uncounted_room_bytes else steps)
 
     def _check_gateway(self, steps: Sequence[tuple[int, bool]]) -> None:
-        """``steps``: the (bytes, control) additions in order."""
+        """``steps``: the (bytes, control) additions in order; reserves their sum in the budget."""
         lim = self.limits
-        per_writer = max_event_bytes(lim)
-        if not self.exclusive and sum(size for size, _ in steps) > per_writer:
-            raise NeedExclusiveGatewayLock  # sharers may only add what the others' slack assumed
-        slack = (self._lock_gateway() - 1) * per_writer
-        current = self.gateway_event_bytes()
+        if not self.exclusive:
+            # One shard's allowance is within the limit without the control reserve, so within every step's.
+            if self.store.take_budget(self.uow.connection, sum(size for size, _ in steps), lim.MAX_GATEWAY_EVENT_BYTES):
+                return
+            raise NeedExclusiveGatewayLock
+        current = self._lock_gateway()
         added = 0
         for size, control in steps:
             added += size
             limit = lim.MAX_GATEWAY_EVENT_BYTES + (lim.CONTROL_EVENT_BYTE_RESERVE if control else 0)
-            if current + added + slack <= limit:
+            if current + added <= limit:
                 continue
-            if not self.exclusive:
-                raise NeedExclusiveGatewayLock
             if self.prune_disbanded(now=None, max_gateway_event_bytes=max(0, limit - added), current_bytes=current):
-                current = self.gateway_event_bytes()
+                current = self._lock_gateway()
             if current + added > limit:
                 raise CapacityExceededError(_GATEWAY_FULL, limit="MAX_GATEWAY_EVENT_BYTES")
+        self._charge(added)
 
     # -- writes --
 
@@ -254,12 +276,11 @@ class RoomTransaction:
         :class:`TakeFullPath` raised when it does not apply.
         """
         if self.fast:
-            rows = self.store.append_fast(
-                self.uow.connection, room_id, events, gateway_id=gateway_id, now=now, limits=self.limits,
-                per_writer=max_event_bytes(self.limits) if self.store.concurrent_writers else 0)
-            if rows is None:
-                raise TakeFullPath
-            return rows, {}
+            outcome = self.store.append_fast(
+                self.uow.connection, room_id, events, gateway_id=gateway_id, now=now, limits=self.limits)
+            if outcome is None or (outcome[1] and not _all_replays(events, outcome[1])):
+                raise TakeFullPath  # (stored ids that are not all replays: nothing was written)
+            return outcome
         # Lock the room first: a concurrent append of the same event_id then waits and replays it.
         locked = self.lock_room(room_id)
         stored = self._stored(room_id, events)
@@ -293,17 +314,18 @@ class RoomTransaction:
         """Purge disbanded rooms past retention (when ``now`` is given), beyond the tombstone cap, and (oldest
         first) while the gateway holds more than ``max_gateway_event_bytes``; their ids stay retired.
 
-        Takes the gateway budget lock exclusively (pruners must not interleave); returns the rooms purged.
+        Locks every budget shard (pruners must not interleave) and releases the purged rooms' bytes; returns the
+        rooms purged.
         """
         if not self.exclusive:
             raise NeedExclusiveGatewayLock
-        self._lock_gateway()
+        total = self._lock_gateway()
         lim, connection = self.limits, self.uow.connection
         cutoff = None if now is None else now - lim.DISBANDED_ROOM_RETENTION_SECONDS
         candidates = self.store.prunable_rooms(
             connection, disbanded_before=cutoff, keep=lim.MAX_DISBANDED_ROOM_TOMBSTONES)
         if max_gateway_event_bytes is not None:
-            retained = self.gateway_event_bytes() if current_bytes is None else current_bytes
+            retained = total if current_bytes is None else current_bytes
             if retained > max_gateway_event_bytes:
                 for room_id, room_bytes in self.store.disbanded_oldest_first(connection):
                     candidates.add(room_id)
@@ -313,22 +335,37 @@ class RoomTransaction:
         if not candidates:
             return 0
         room_ids = sorted(candidates)
-        self.store.purge(connection, room_ids)
+        self._charge(-self.store.purge(connection, room_ids))
         return len(room_ids)
 
 
+def _all_replays(events: Sequence[PreparedEvent], stored: Mapping[str, RowLike]) -> bool:
+    """Whether every event (each id once) is stored with the same content: the whole append is a replay."""
+    return len(stored) == len(events) == len({event.event_id for event in events}) and all(
+        event.same_content(stored[event.event_id]) for event in events)
+
+
 def run_room_write(
-    engine: EngineSource, limits: Limits | None, body: Callable[[RoomTransaction], _T], *, exclusive: bool = False
+    engine: EngineSource, limits: Limits | None, body: Callable[[RoomTransaction], _T], *, exclusive: bool = False,
+    one_statement: bool = False,
 ) -> _T:
     """Run ``body`` in one committed write transaction. A first attempt may take the one-statement append
-    (:meth:`RoomTransaction.append`); if that does not apply, or the body needs the gateway budget lock
-    exclusively, the attempt rolls back completely and the body runs again from the start on the full path
-    (holding the lock exclusively when it asked so)."""
+    (:meth:`RoomTransaction.append`); if that does not apply, or the body needs every budget shard (exclusive
+    mode), the attempt rolls back completely and the body runs again from the start on the full path (in
+    exclusive mode when it asked so).
+
+    ``one_statement``: the body's first attempt is a lone :meth:`RoomTransaction.append`. Where the store's
+    one-statement append can commit itself (PostgreSQL), that attempt then runs in autocommit: one round trip,
+    which either commits everything it wrote or writes nothing (the retry then opens a transaction)."""
     bound = resolve_engine(engine)
     fast = not exclusive
+    store = room_store(dialect_for(bound))
     while True:
         try:
-            with UnitOfWork(bound) as uow:
+            # Only an attempt that runs nothing but the one-statement append may run in autocommit. (An autocommit
+            # unit is the statement-snapshot read unit: on PostgreSQL, no transaction at all.)
+            statement_only = fast and one_statement and store.autocommit_fast and store.fast_path
+            with UnitOfWork(bound, write=not statement_only, statement_snapshots=statement_only) as uow:
                 result = body(RoomTransaction(uow, limits, exclusive=exclusive, fast=fast))
                 uow.commit()
                 return result

@@ -11,6 +11,14 @@ common append: it either writes exactly what the full path would write, or write
 (it returns None and the caller rolls the transaction back and takes the full path, which decides the replay,
 conflict or refusal). ``tests/test_rooms_paths.py`` runs generated operations both ways and compares every
 outcome; :meth:`RoomStore.without_fast_path` is the switch those tests use.
+
+The gateway byte budget is an escrow table, ``hosted_room_budget`` (:data:`hostedrooms.models.budget`): a few
+shards whose ``used`` sum to every room's ``event_bytes``, each with an ``allowance`` it may fill without asking
+anyone (``CHECK (used <= allowance)``). :meth:`RoomStore.take_budget` and the one-statement append add bytes to
+one shard; :meth:`RoomStore.lock_budget` locks every shard and reads the exact total, and
+:meth:`RoomStore.settle_budget` then writes the new total and spreads the free bytes again. Every statement that
+changes a room's bytes runs beside one of those in the same transaction (the protocol is in
+:mod:`hostedrooms.rooms.transaction`).
 """
 
 from __future__ import annotations
@@ -24,7 +32,9 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Select,
+    and_,
     bindparam,
+    case,
     delete,
     func,
     insert,
@@ -44,6 +54,7 @@ __all__ = [
     "REPLAY_COLUMNS",
     "ROOM_CREATION_LOCK_KEY",
     "EventLike",
+    "FastAppend",
     "RoomChange",
     "RoomStore",
     "RowLike",
@@ -55,10 +66,14 @@ ROOM_CREATION_LOCK_KEY = 0x686F737465640003
 
 #: A row as a mapping: a SQLAlchemy RowMapping or a plain dict of column values.
 RowLike = Mapping[Any, Any]
+#: What :meth:`RoomStore.append_fast` returns when it applies: the rows it wrote, or (having written nothing) the
+#: stored rows of the events' ids, by id.
+FastAppend = tuple[list[dict[str, Any]], dict[str, RowLike]]
 
 _rooms = models.rooms
 _events = models.events
 _retired = models.retired_ids
+_budget = models.budget
 _EVENT_COLUMNS = [column.name for column in _events.c]
 _ROOM_COLUMNS = tuple(column.name for column in _rooms.c)
 # The claim lookup repeats idx_hosted_room_events_claims' condition as written (a literal, not a bound kind), so
@@ -85,7 +100,7 @@ REPLAY_COLUMNS = tuple(_EVENT_COLUMNS)
 GATEWAY_TOTAL = select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))
 
 # The guarded advance of the one-statement append: the authority fence, the room is live, its count and byte
-# limits (the reserves already in the bound limits); it allocates the seqs. The backends add their gateway check.
+# limits (the reserves already in the bound limits); it allocates the seqs. The backends add the budget shard.
 FAST_GUARDS = (
     _rooms.c.room_id == bindparam("fast_room_id"),
     _rooms.c.authority_gateway_id == bindparam("fast_gateway_id"),
@@ -161,16 +176,23 @@ def event_rows(room_id: str, first_seq: int, events: Sequence[EventLike], now: f
 
 
 class RoomStore:
-    """The room log on one backend: rooms, their events, retired ids, the room and gateway-budget locks.
+    """The room log on one backend: rooms, their events, retired ids, the room lock and the gateway budget shards.
 
     Every method runs on the caller's connection, inside the caller's transaction (a
     :class:`~hostedrooms.uow.UnitOfWork`); none commits. One instance per backend (:func:`hostedrooms.store.
     room_store`), which builds its statements once.
     """
 
-    #: Whether write transactions run concurrently, so the gateway budget needs the shared-lock protocol
-    #: (:mod:`hostedrooms.rooms.transaction`); where writers are serialised every writer sees the exact total.
+    #: Whether write transactions run concurrently, so a writer may take bytes from one budget shard without
+    #: locking the others (:mod:`hostedrooms.rooms.transaction`); where writers are serialised every writer
+    #: locks the (one) shard and sees the exact total.
     concurrent_writers = False
+    #: How many budget shards this backend keeps (the migration creates them; :meth:`lock_budget` restores any
+    #: missing one).
+    budget_shards = 1
+    #: Whether :meth:`append_fast` is one statement that may run outside a transaction (autocommit): the caller
+    #: may then run it in a unit of its own, which commits it as it runs.
+    autocommit_fast = False
     #: Tests only (see :meth:`without_fast_path`): False makes every append take the full path.
     fast_path = True
 
@@ -180,6 +202,18 @@ class RoomStore:
         self._gateway_total = HotStatement(GATEWAY_TOTAL)
         self._room_head = HotStatement(ROOM_HEAD)
         self._insert_event = HotStatement(insert(_events), column_keys=_EVENT_COLUMNS)
+        self._take_budget = HotStatement(
+            update(_budget).where(self.free_shard(bindparam("size"), bindparam("limit")))
+            .values(used=_budget.c.used + bindparam("size")))
+        self._lock_budget = dialect.for_update(select(_budget.c.shard, _budget.c.used).order_by(_budget.c.shard))
+        # Under every shard's lock the spread of ``used`` is free: shard 0 holds the total, each shard an equal share
+        # of the free bytes (shard 0 the remainder too; a shard beyond budget_shards, none).
+        first = _budget.c.shard == 0
+        self._settle_budget = HotStatement(update(_budget).values(
+            used=case((first, bindparam("total")), else_=0),
+            allowance=case((first, bindparam("total") + bindparam("first_share")),
+                           (_budget.c.shard < self.budget_shards, bindparam("share")), else_=0),
+            spread_limit=bindparam("limit")))
         # The room listing, live rooms only or all (compiled once each; limit and offset bound per call).
         listing = (select(*_rooms.c)
                    .order_by(_rooms.c.updated_at.desc(), dialect.bytewise(_rooms.c.room_id).asc())
@@ -202,12 +236,39 @@ class RoomStore:
         """Serialise room creation until the transaction ends."""
         self.dialect.serialize(connection, ROOM_CREATION_LOCK_KEY)
 
-    def lock_budget(self, connection: Connection, *, exclusive: bool) -> int:
-        """Take the gateway budget lock; return how many transactions hold it (shared), this one included."""
-        if exclusive:
-            self.dialect.serialize(connection, GATEWAY_BYTES_LOCK_KEY)
-            return 1
-        return self.dialect.serialize_shared(connection, GATEWAY_BYTES_LOCK_KEY)
+    def free_shard(self, size: Any, limit: Any) -> ColumnElement[bool]:
+        """The WHERE clause picking the budget shard a writer adds ``size`` bytes to: one whose allowance has room
+        for them, spread for a gateway limit of at most ``limit`` (none matches when no shard qualifies)."""
+        return and_(_budget.c.shard == 0, _budget.c.used + size <= _budget.c.allowance,
+                    _budget.c.spread_limit <= limit)
+
+    def take_budget(self, connection: Connection, size: int, limit: int) -> bool:
+        """Add ``size`` bytes to a budget shard (:meth:`free_shard`) if one has room for them within its
+        allowance, spread for a gateway limit of at most ``limit``; whether one did (it stays locked)."""
+        return self._take_budget.rowcount(connection, {"size": size, "limit": limit}) == 1
+
+    def lock_budget(self, connection: Connection, limit: int) -> int:
+        """Lock every budget shard (in shard order) until the transaction ends; the exact gateway total.
+
+        A missing shard (a table emptied by hand) is created, and the total then re-read from the rooms and
+        settled for ``limit``."""
+        rows = connection.execute(self._lock_budget).all()
+        if {int(shard) for shard, _ in rows} >= set(range(self.budget_shards)):
+            return sum(int(used) for _, used in rows)
+        stmt = self.dialect.insert(_budget).on_conflict_do_nothing(index_elements=[_budget.c.shard])
+        connection.execute(stmt, [{"shard": shard, "used": 0, "allowance": 0, "spread_limit": 0}
+                                  for shard in range(self.budget_shards)])
+        connection.execute(self._lock_budget).all()
+        total = self.gateway_bytes(connection)  # exact: every writer that could change it waits for these locks
+        self.settle_budget(connection, total, limit)
+        return total
+
+    def settle_budget(self, connection: Connection, total: int, limit: int) -> None:
+        """Under :meth:`lock_budget`: the gateway total is now ``total``; spread the bytes free below ``limit``
+        over the shards (none when the total is at or above it)."""
+        share, extra = divmod(max(0, limit - total), self.budget_shards)
+        self._settle_budget.rowcount(
+            connection, {"total": total, "share": share, "first_share": share + extra, "limit": limit})
 
     def lock_room(self, connection: Connection, room_id: str) -> RowLike | None:
         """Every column of a room (live or disbanded), row-locked until the transaction ends; None if absent."""
@@ -352,52 +413,41 @@ class RoomStore:
 
     def append_fast(
         self, connection: Connection, room_id: str, events: Sequence[EventLike], *, gateway_id: str, now: float,
-        limits: Limits, per_writer: int,
-    ) -> list[dict[str, Any]] | None:
-        """Append ``events`` to a live room whose authority is ``gateway_id`` at the events' epoch, in one guarded
-        ``UPDATE ... RETURNING`` and one ``INSERT``; the rows written, or None when that does not apply (the caller
-        must then roll back: this transaction may have written part of it).
+        limits: Limits,
+    ) -> FastAppend | None:
+        """Append ``events`` to a live room whose authority is ``gateway_id`` at the events' epoch, adding their
+        bytes to this connection's budget shard: the rows written (and no stored rows), or the stored rows of the
+        events' ids when some exist (and nothing written), or None when it does not apply (the caller must then
+        roll back: this transaction may have written part of it).
 
         A batch holding a control kind never applies (the reserves apply per event); otherwise checking the
-        batch's last event against the limits is checking each of them, since counts and bytes only grow. A
-        stored (or repeated) event_id surfaces as the unique constraint. ``per_writer``: the most bytes one
-        event can account for (what a concurrent writer's slack assumes of every other; unused where writers
-        are serialised).
+        batch's last event against the limits is checking each of them, since counts and bytes only grow. The
+        shard must have room within its allowance, spread for a gateway limit no higher than ``limits``' (so
+        the fast path refuses nothing and admits nothing the exact check would not); a control event's reserve
+        is left to the full path. A stored (or repeated) event_id the backend does not probe for surfaces as the
+        unique constraint.
         """
         if len(events) > 1 and any(event.control for event in events):
             return None
         control = events[0].control
         count_reserve = limits.CONTROL_EVENT_COUNT_RESERVE if control else 0
         byte_reserve = limits.CONTROL_EVENT_BYTE_RESERVE if control else 0
-        count, size = len(events), sum(event.size for event in events)
-        gateway_limit = limits.MAX_GATEWAY_EVENT_BYTES + byte_reserve
+        count = len(events)
         params = {
             "fast_room_id": room_id, "fast_gateway_id": gateway_id, "fast_epoch": events[0].authority_epoch,
             "fast_count": count, "fast_max_events": limits.MAX_EVENTS_PER_ROOM + count_reserve - count + 1,
-            "fast_size": size, "fast_max_room_bytes": limits.MAX_ROOM_EVENT_BYTES + byte_reserve,
-            "fast_max_gateway_bytes": gateway_limit, "fast_now": now}
+            "fast_size": sum(event.size for event in events),
+            "fast_max_room_bytes": limits.MAX_ROOM_EVENT_BYTES + byte_reserve,
+            "fast_spread_limit": limits.MAX_GATEWAY_EVENT_BYTES, "fast_now": now}
         try:
-            advanced = self._fast_advance(connection, params, per_writer)
-            if advanced is None:
-                return None
-            rows = event_rows(room_id, int(advanced[0]) - count, events, now)
-            if not self._fast_insert(connection, rows, advanced, gateway_limit, per_writer):
-                return None
-        except IntegrityError:  # an event_id exists (or repeats): replays or a conflict
+            return self._append_fast(connection, room_id, events, params, now)
+        except IntegrityError:  # an event_id exists (or repeats), or the shard was short: replays, a conflict, a check
             return None
-        return rows
 
-    def _fast_advance(
-        self, connection: Connection, params: dict[str, Any], per_writer: int
-    ) -> tuple[Any, ...] | None:
-        """The guarded advance of :meth:`append_fast` (its RETURNING row), or None."""
-        raise NotImplementedError
-
-    def _fast_insert(
-        self, connection: Connection, rows: list[dict[str, Any]], advanced: tuple[Any, ...], gateway_limit: int,
-        per_writer: int,
-    ) -> bool:
-        """Insert the rows of :meth:`append_fast` if the gateway budget allows; whether it did."""
+    def _append_fast(
+        self, connection: Connection, room_id: str, events: Sequence[EventLike], params: dict[str, Any], now: float
+    ) -> FastAppend | None:
+        """The statements of :meth:`append_fast` (its parameters bound as ``fast_*``)."""
         raise NotImplementedError
 
     def retire(self, connection: Connection, room_ids: Sequence[str]) -> None:
@@ -430,9 +480,13 @@ class RoomStore:
             .order_by(_rooms.c.disbanded_at.asc(), self.dialect.bytewise(_rooms.c.room_id).asc()))
         return [(str(room_id), int(room_bytes)) for room_id, room_bytes in rows]
 
-    def purge(self, connection: Connection, room_ids: Sequence[str]) -> None:
-        """Retire these disbanded rooms' ids, then delete the rooms with every row that depends on them."""
+    def purge(self, connection: Connection, room_ids: Sequence[str]) -> int:
+        """Retire these disbanded rooms' ids, then delete the rooms with every row that depends on them; the event
+        bytes they accounted for (the caller settles the budget)."""
+        freed = connection.execute(select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))
+                                   .where(_rooms.c.room_id.in_(list(room_ids)))).scalar_one()
         self.retire(connection, room_ids)
         for table in _DEPENDENT_TABLES:
             connection.execute(delete(table).where(table.c.room_id.in_(list(room_ids))))
         connection.execute(delete(_rooms).where(_rooms.c.room_id.in_(list(room_ids))))
+        return int(freed)

@@ -1,15 +1,21 @@
 """The room log on PostgreSQL, where writers to different rooms run concurrently (READ COMMITTED).
 
-The one-statement append follows the gateway budget protocol of :mod:`hostedrooms.rooms.transaction` in fewer
-round trips: its guarded ``UPDATE ... RETURNING`` locks the room row (the first lock, as always), then in its
-RETURNING clause takes the gateway budget lock shared and counts the sharers; the ``INSERT ... SELECT ... WHERE``
-then adds the row only if the gateway total, read by that later statement (so after the sharers were counted),
-leaves room for the other sharers' slack: ``committed + size + (sharers - 1) * per_writer <= limit``. A writer
-adding more than ``per_writer`` bytes never takes it (the other sharers' slack assumed no more).
+The one-statement append is one data-modifying CTE, run in autocommit (one round trip, its own transaction): it
+probes for the events' ids (a stored id returns the stored row, and nothing is written), advances the room under
+its fences and limits (queueing the followers' ``NOTIFY`` in its ``RETURNING``), adds the bytes to this
+connection's budget shard, or another with room that no writer holds (``FOR UPDATE SKIP LOCKED``: writers
+never wait for each other's shards), and inserts the rows (a batch from one JSON parameter, one ``INSERT``).
+The room advance also asks that some shard had room in the statement's snapshot, so a short budget usually
+writes nothing; when no shard can pay after all (concurrent writers took the room since), the statement fails
+whole (a division by zero, on purpose) and nothing is written. Either way the caller takes the full path. The
+event ``INSERT`` never skips a conflict (a skipped row would leave a gap): a concurrent writer of the same id
+fails the statement on the unique constraint instead.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -22,48 +28,118 @@ from sqlalchemy import (
     bindparam,
     cast,
     func,
-    insert,
     literal_column,
     null,
     select,
+    text,
     union_all,
 )
+from sqlalchemy.exc import DataError
 
 from .. import models
 from ..dialect import ROOM_EVENTS_CHANNEL, StoreDialect
 from ..statements import HotStatement
 from .base import (
-    FAST_ADVANCE_ROOM,
-    FAST_GUARDS,
     GATEWAY_BYTES_LOCK_KEY,
-    GATEWAY_TOTAL,
     REPLAY_COLUMNS,
     ROOM_HEAD,
     ROOM_HEAD_KEYS,
+    EventLike,
+    FastAppend,
     RoomStore,
     RowLike,
+    event_rows,
 )
 
 __all__ = ["PostgreSQLRoomStore"]
 
 _events = models.events
+_budget = models.budget
+#: Budget shards per gateway: a connection takes bytes from the shard of its backend pid (the statements below
+#: write the number out: their text is constant).
+_SHARDS = 8
+
+
+# The one-statement append: a data-modifying CTE, constant text (the budget shard is the connection's backend pid
+# modulo _SHARDS). Its rows: the room's new next_seq (the other columns NULL) when it advanced, else the stored rows
+# of the events' ids (_STORED_KEYS). One event binds its columns; a batch binds its rows as one JSON text (an array
+# of [event_id, kind, actor_json, authority_epoch, payload_json]: one parameter to send, which measured faster than
+# an array per column), inserted by one INSERT ... SELECT.
+_APPEND_ONE = (
+    "WITH stored AS (SELECT room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at "
+    "FROM hosted_room_events WHERE room_id = :fast_room_id AND event_id = CAST(:event_id AS text)), "
+    "advanced AS (UPDATE hosted_rooms SET next_seq = next_seq + :fast_count, "
+    "event_bytes = event_bytes + :fast_size, updated_at = :fast_now "
+    "WHERE room_id = :fast_room_id AND authority_gateway_id = :fast_gateway_id "
+    "AND authority_epoch = :fast_epoch AND disbanded_at IS NULL AND next_seq <= :fast_max_events "
+    "AND event_bytes + :fast_size <= :fast_max_room_bytes AND NOT EXISTS (SELECT 1 FROM stored) "
+    "AND EXISTS (SELECT 1 FROM hosted_room_budget "
+    "WHERE used + :fast_size <= allowance AND spread_limit <= :fast_spread_limit) "
+    "RETURNING next_seq, pg_notify(CAST(:notify_channel AS text), CAST(:fast_room_id AS text))), "
+    # Only once the room advanced (its row locked: the lock order), a shard with room, not locked by another
+    # writer, the connection's own first.
+    "charged AS (UPDATE hosted_room_budget SET used = used + :fast_size WHERE shard = ("
+    "SELECT shard FROM hosted_room_budget WHERE EXISTS (SELECT 1 FROM advanced) "
+    "AND used + :fast_size <= allowance AND spread_limit <= :fast_spread_limit "
+    "ORDER BY mod(shard + 8 - mod(pg_backend_pid(), 8), 8) LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING shard), "
+    "inserted AS (INSERT INTO hosted_room_events "
+    "(room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at) "
+    "SELECT CAST(:fast_room_id AS text), next_seq - 1, CAST(:event_id AS text), CAST(:kind AS text), "
+    "CAST(:actor_json AS text), CAST(:authority_epoch AS bigint), CAST(:payload_json AS text), "
+    "CAST(:fast_now AS float8) FROM advanced) "
+    # An advance no shard could pay for divides by zero here: the whole statement fails, nothing is written.
+    "SELECT next_seq / (SELECT count(*) FROM charged), NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM advanced "
+    "UNION ALL "
+    "SELECT seq, room_id, event_id, kind, actor_json, authority_epoch, payload_json, created_at FROM stored")
+_APPEND_BATCH = (
+    "WITH stored AS (SELECT room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at "
+    "FROM hosted_room_events WHERE room_id = :fast_room_id "
+    "AND event_id IN (SELECT item ->> 0 FROM json_array_elements(CAST(:fast_rows AS json)) AS item)), "
+    "advanced AS (UPDATE hosted_rooms SET next_seq = next_seq + :fast_count, "
+    "event_bytes = event_bytes + :fast_size, updated_at = :fast_now "
+    "WHERE room_id = :fast_room_id AND authority_gateway_id = :fast_gateway_id "
+    "AND authority_epoch = :fast_epoch AND disbanded_at IS NULL AND next_seq <= :fast_max_events "
+    "AND event_bytes + :fast_size <= :fast_max_room_bytes AND NOT EXISTS (SELECT 1 FROM stored) "
+    "AND EXISTS (SELECT 1 FROM hosted_room_budget "
+    "WHERE used + :fast_size <= allowance AND spread_limit <= :fast_spread_limit) "
+    "RETURNING next_seq, pg_notify(CAST(:notify_channel AS text), CAST(:fast_room_id AS text))), "
+    # Only once the room advanced (its row locked: the lock order), a shard with room, not locked by another
+    # writer, the connection's own first.
+    "charged AS (UPDATE hosted_room_budget SET used = used + :fast_size WHERE shard = ("
+    "SELECT shard FROM hosted_room_budget WHERE EXISTS (SELECT 1 FROM advanced) "
+    "AND used + :fast_size <= allowance AND spread_limit <= :fast_spread_limit "
+    "ORDER BY mod(shard + 8 - mod(pg_backend_pid(), 8), 8) LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING shard), "
+    "inserted AS (INSERT INTO hosted_room_events "
+    "(room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at) "
+    "SELECT CAST(:fast_room_id AS text), advanced.next_seq - :fast_count + item.ord - 1, item.row ->> 0, "
+    "item.row ->> 1, item.row ->> 2, CAST(item.row ->> 3 AS bigint), item.row ->> 4, CAST(:fast_now AS float8) "
+    "FROM advanced, json_array_elements(CAST(:fast_rows AS json)) WITH ORDINALITY AS item(row, ord) RETURNING 1) "
+    # An advance no shard could pay for, or whose rows are not all there, divides by zero here: the whole
+    # statement fails, nothing is written.
+    "SELECT next_seq / ((SELECT count(*) FROM charged) "
+    "* CAST((SELECT count(*) FROM inserted) = :fast_count AS integer)), NULL, NULL, NULL, NULL, NULL, NULL, NULL "
+    "FROM advanced "
+    "UNION ALL "
+    "SELECT seq, room_id, event_id, kind, actor_json, authority_epoch, payload_json, created_at FROM stored")
+#: The rows of a batch as JSON text (exact: every text round-trips; validated texts hold no NUL).
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+#: SQLSTATE division_by_zero: the append's advance found no budget shard to pay for it, or (a batch) not every row
+#: was inserted (see the statements).
+_NO_SHARD_PAID = "22012"
+_STORED_KEYS = ("seq", "room_id", "event_id", "kind", "actor_json", "authority_epoch", "payload_json", "created_at")
 
 
 class PostgreSQLRoomStore(RoomStore):
-    """Concurrent writers: the room row lock, then the shared gateway budget lock and its sharers' slack."""
+    """Concurrent writers: the room row lock, then one budget shard (or every shard, in order)."""
 
     concurrent_writers = True
+    budget_shards = _SHARDS
+    autocommit_fast = True
 
     def __init__(self, dialect: StoreDialect) -> None:
         super().__init__(dialect)
-        # The RETURNING clause also queues the followers' NOTIFY (delivered on commit): no extra round trip.
-        self._advance = HotStatement(FAST_ADVANCE_ROOM.where(*FAST_GUARDS).returning(
-            *dialect.lock_shared_and_count(),
-            dialect.notify_column(bindparam("fast_room_id"))))
-        self._budgeted_insert = HotStatement(insert(_events).from_select(
-            [column.name for column in _events.c],
-            select(*(bindparam(column.name, type_=column.type) for column in _events.c)).where(
-                GATEWAY_TOTAL.scalar_subquery() <= bindparam("budget"))))
+        self._append_one = HotStatement(text(_APPEND_ONE))
+        self._append_batch = HotStatement(text(_APPEND_BATCH))
         # PostgreSQL sends a statement's whole result at once: the running byte sum is cut in the query, so no
         # more than one page ever leaves the server.
         page_of = self._page_of(bindparam("latest_seq"))
@@ -122,24 +198,39 @@ class PostgreSQLRoomStore(RoomStore):
             cursor.close()
         return rows
 
-    def _fast_advance(
-        self, connection: Connection, params: dict[str, Any], per_writer: int
-    ) -> tuple[Any, ...] | None:
-        if params["fast_size"] > per_writer:
-            return None  # a sharer may add only what the other sharers' slack assumed
-        # The budget key and the followers' channel of this engine's namespace (schema).
-        params.update(self.dialect.hot_params(connection, GATEWAY_BYTES_LOCK_KEY, ROOM_EVENTS_CHANNEL))
-        return self._advance.first(connection, params)
+    def free_shard(self, size: Any, limit: Any) -> ColumnElement[bool]:
+        # A shard with room that no other writer holds (never wait for one), the connection's own first (so
+        # concurrent writers on different connections rarely meet).
+        free = _budget.alias("free")
+        own = func.mod(func.pg_backend_pid(), self.budget_shards)
+        choice = (select(free.c.shard).where(free.c.used + size <= free.c.allowance, free.c.spread_limit <= limit)
+                  .order_by(func.mod(free.c.shard + self.budget_shards - own, self.budget_shards)).limit(1)
+                  .with_for_update(skip_locked=True))
+        return _budget.c.shard == choice.scalar_subquery()
 
-    def _fast_insert(
-        self, connection: Connection, rows: list[dict[str, Any]], advanced: tuple[Any, ...], gateway_limit: int,
-        per_writer: int,
-    ) -> bool:
-        # The total read now includes this transaction's own bytes: committed + size + slack <= limit.
-        budget = gateway_limit - (int(advanced[2]) - 1) * per_writer
-        if len(rows) == 1:
-            return self._budgeted_insert.rowcount(connection, {**rows[0], "budget": budget}) == 1
-        if self.gateway_bytes(connection) > budget:
-            return False
-        self.insert_events(connection, rows)
-        return True
+    def _append_fast(
+        self, connection: Connection, room_id: str, events: Sequence[EventLike], params: dict[str, Any], now: float
+    ) -> FastAppend | None:
+        # The followers' channel of this engine's namespace (schema).
+        params.update(self.dialect.hot_params(connection, GATEWAY_BYTES_LOCK_KEY, ROOM_EVENTS_CHANNEL))
+        try:
+            if len(events) == 1:
+                event = events[0]
+                params.update(event_id=event.event_id, kind=event.kind, actor_json=event.actor_json,
+                              authority_epoch=event.authority_epoch, payload_json=event.payload_json)
+                found = self._fetch(self._append_one, connection, params)
+            else:
+                params["fast_rows"] = _dumps([
+                    (event.event_id, event.kind, event.actor_json, event.authority_epoch, event.payload_json)
+                    for event in events])
+                found = self._fetch(self._append_batch, connection, params)
+        except DataError as exc:
+            if getattr(exc.orig, "sqlstate", None) == _NO_SHARD_PAID:
+                return None
+            raise
+        if not found:
+            return None
+        if found[0][1] is None:  # the room advanced: its new next_seq
+            return event_rows(room_id, int(found[0][0]) - len(events), events, now), {}
+        stored: dict[str, RowLike] = {row[2]: dict(zip(_STORED_KEYS, row, strict=True)) for row in found}
+        return [], stored

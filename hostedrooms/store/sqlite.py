@@ -1,42 +1,46 @@
 """The room log on SQLite, where write transactions are serialised (``BEGIN IMMEDIATE``).
 
-Every writer holds the database's write lock from its first statement, so the gateway total it reads is exact:
-the one-statement append checks it inside the same guarded ``UPDATE`` that checks the fence and the room limits
-and allocates the seqs.
+Every writer holds the database's write lock from its first statement, so the one budget row (a counter of every
+room's bytes, :data:`hostedrooms.models.budget`) it reads is exact: the one-statement append checks it inside the
+same guarded ``UPDATE`` that checks the fence and the room limits and allocates the seqs, then adds its bytes to it
+and inserts the rows. No statement of an append reads more than one room.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Sequence
 from itertools import accumulate
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, select
+from sqlalchemy import Connection, bindparam, exists, select, update
 
 from .. import models
 from ..dialect import StoreDialect
 from ..statements import HotStatement
-from .base import FAST_ADVANCE_ROOM, FAST_GUARDS, RoomStore
+from .base import FAST_ADVANCE_ROOM, FAST_GUARDS, EventLike, FastAppend, RoomStore, event_rows
 
 __all__ = ["SQLiteRoomStore"]
 
-_all_rooms = models.rooms.alias("all_rooms")
+_budget = models.budget
 _events = models.events
 _size_of = itemgetter(len(_events.c))  # a replay row's last item: its accounted bytes
 
 
 class SQLiteRoomStore(RoomStore):
-    """Serialised writers: the gateway total is exact inside the append's own ``UPDATE``."""
+    """Serialised writers: the one budget row is exact inside the append's own ``UPDATE``."""
 
     concurrent_writers = False
+    budget_shards = 1
 
     def __init__(self, dialect: StoreDialect) -> None:
         super().__init__(dialect)
-        self._advance = HotStatement(FAST_ADVANCE_ROOM.where(
-            *FAST_GUARDS,
-            select(func.coalesce(func.sum(_all_rooms.c.event_bytes), 0)).scalar_subquery() + bindparam("fast_size")
-            <= bindparam("fast_max_gateway_bytes")))
+        self._advance = HotStatement(FAST_ADVANCE_ROOM.where(*FAST_GUARDS, exists().where(
+            _budget.c.shard == 0, _budget.c.used + bindparam("fast_size") <= _budget.c.allowance,
+            _budget.c.spread_limit <= bindparam("fast_spread_limit"))))
+        self._charge = HotStatement(
+            update(_budget).where(_budget.c.shard == 0).values(used=_budget.c.used + bindparam("fast_size")))
         # The replay rows with each one's accounted bytes; the running sum is cut here, not by a window function
         # (which would copy every candidate row into a temporary table first).
         self._replay = HotStatement(
@@ -72,14 +76,13 @@ class SQLiteRoomStore(RoomStore):
         finally:
             cursor.close()
 
-    def _fast_advance(
-        self, connection: Connection, params: dict[str, Any], per_writer: int
-    ) -> tuple[Any, ...] | None:
-        return self._advance.first(connection, params)
-
-    def _fast_insert(
-        self, connection: Connection, rows: list[dict[str, Any]], advanced: tuple[Any, ...], gateway_limit: int,
-        per_writer: int,
-    ) -> bool:
+    def _append_fast(
+        self, connection: Connection, room_id: str, events: Sequence[EventLike], params: dict[str, Any], now: float
+    ) -> FastAppend | None:
+        advanced = self._advance.first(connection, params)
+        if advanced is None:
+            return None
+        self._charge.rowcount(connection, params)
+        rows = event_rows(room_id, int(advanced[0]) - len(events), events, now)
         self.insert_events(connection, rows)
-        return True
+        return rows, {}
