@@ -50,9 +50,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.pool import StaticPool
 
+from . import writer as held
 from .errors import SchemaMissingError, StoreConfigurationError, StoreMissingError, describe_target
 from .files import PRIVATE_FILE_MODE, SQLITE_SIDECARS, restrict_file
-from .statements import HotStatement
+from .statements import DIRECT_BEGUN, HotStatement
 
 #: Key in a pooled connection's ``info``: the next SQLite transaction on it begins deferred (a read unit).
 _DEFERRED_BEGIN = "hostedrooms_deferred_begin"
@@ -312,10 +313,13 @@ class SQLiteDialect(StoreDialect):
         # recipe), keeps the engine free of Connection event listeners: with one, every new Connection builds
         # its event dispatch afresh, about a fifth of the library's cost of a single append.
         def do_begin(dbapi_connection: Any) -> None:
+            if dbapi_connection.info.pop(DIRECT_BEGUN, False):
+                return  # the held writer began this transaction directly: SQLAlchemy's joins it
             deferred = dbapi_connection.info.pop(_DEFERRED_BEGIN, False)
             dbapi_connection.execute("BEGIN" if deferred else "BEGIN IMMEDIATE")
 
         engine.dialect.do_begin = do_begin  # type: ignore[method-assign]
+        held.allow(engine, busy_timeout)  # writers are serialised: one held connection serves every write unit
 
     def defer_begin(self, connection: Connection) -> None:
         connection.connection.info[_DEFERRED_BEGIN] = True
