@@ -32,6 +32,7 @@ from .db import reject_async
 from .dialect import StoreDialect, dialect_for
 from .errors import translate
 from .statements import DIRECT_BEGUN, DirectConnection
+from .wakeup import committed
 
 
 class UnitOfWork:
@@ -136,6 +137,8 @@ class UnitOfWork:
             self.connection.invalidate()
             raise translate(exc, self.engine.url) from exc
         self._committed = True
+        if self.write:
+            committed(self.engine)  # this engine's followers look now (SQLite polls otherwise)
 
     def rollback(self) -> None:
         """Roll back whatever this unit wrote; safe to call more than once."""

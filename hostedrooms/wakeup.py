@@ -11,7 +11,9 @@ thread holding ONE connection of its own, opened from a private copy of the engi
 hooks), never from the pool the services use, so any number of waiters costs one connection and no pool slot. On
 PostgreSQL it ``LISTEN``\\ s on the channels its waiters need and fans each notification out to the waiters of
 its channel and payload; on SQLite it reads ``data_version`` every ``poll_interval`` seconds (the shortest any
-waiter asked for) and wakes every waiter when it moves (SQLite cannot say what changed). It starts with its first
+waiter asked for) and wakes every waiter when it moves (SQLite cannot say what changed); a write unit committing
+on the engine in this process makes it read at once (:func:`committed`), so the period bounds only how late
+commits of other processes are seen. It starts with its first
 waiter and, when the last one leaves, closes its connection and ends; in between it keeps that one connection
 (never one per wait). Closing a SQLite connection never drops the locks the process's other connections hold on the
 file (SQLite defers closing the descriptor; a test checks); the file is never opened here other than through the
@@ -58,12 +60,12 @@ from .errors import translate
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL", "LEDGER_WORK_CHANNEL", "ROOM_EVENTS_CHANNEL", "SharedWaiter", "Subscription", "Wakeup",
-    "check_waitable", "driver_error", "join_waiter",
+    "check_waitable", "committed", "driver_error", "join_waiter",
 ]
 
 #: How often a SQLite waiter looks for a commit (seconds); PostgreSQL waiters re-read this often without a
 #: notification only as a fallback, at :data:`FALLBACK_INTERVAL`.
-DEFAULT_POLL_INTERVAL = 0.05
+DEFAULT_POLL_INTERVAL = 0.02
 FALLBACK_INTERVAL = 5.0
 
 
@@ -112,6 +114,7 @@ class SharedWaiter:
         self._count = 0
         self._effective: set[str] = set()  # channels whose commits reach subscriptions now
         self._closing = False
+        self._look = False  # a commit of this process asked the poller to look now (look_now)
         self._wake_r, self._wake_w = socket.socketpair()  # how a subscriber interrupts the LISTEN wait
         self._wake_w.setblocking(False)
         self._wake_r.setblocking(False)
@@ -148,6 +151,13 @@ class SharedWaiter:
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="hostedrooms-wakeup", daemon=True).start()
+
+    def look_now(self) -> None:
+        """A write of this engine committed in this process: a poller reads the change counter now instead of at
+        its next period (set under the condition, so a poller busy reading does not wait a period first)."""
+        with self._cond:
+            self._look = True
+            self._cond.notify_all()
 
     def _poke(self) -> None:
         """Wake the thread to look at the subscriptions again (called holding the condition)."""
@@ -222,7 +232,9 @@ class SharedWaiter:
             with self._cond:
                 if not self._still_wanted():
                     return
-                self._cond.wait(self._poll_interval())
+                if not self._look:
+                    self._cond.wait(self._poll_interval())
+                self._look = False
                 if not self._still_wanted():
                     return
             current = self.dialect.change_counter(connection)
@@ -272,6 +284,15 @@ class SharedWaiter:
 
 _waiters: weakref.WeakKeyDictionary[Engine, SharedWaiter] = weakref.WeakKeyDictionary()
 _waiters_lock = threading.Lock()
+
+
+def committed(engine: Engine) -> None:
+    """A write unit of ``engine`` committed: where waiters poll (SQLite), the engine's poller looks now, so its
+    followers wake without waiting for the next period; commits of other processes are seen at the next poll. Where
+    commits notify (PostgreSQL), nothing to do."""
+    waiter = _waiters.get(engine)
+    if waiter is not None and not waiter.dialect.notifies:
+        waiter.look_now()
 
 
 def _forget_waiters() -> None:
