@@ -1,9 +1,10 @@
 """follow() on SQLite: what an engine's idle followers cost (bench/run.py's ``follow-idle`` workload).
 
-Several followers, each a thread iterating ``rooms.follow()`` on a room of its own, wait on the engine's one
-shared waiter (hostedrooms/wakeup.py), which polls ``PRAGMA data_version`` on its own connection. Nothing is
-appended: the process's CPU time (user + system, ``getrusage``) over the idle span, divided by that span, is the
-share of one core the waiting costs. The wake-up latency itself is the ``follow-latency`` workload.
+Several followers, each a thread iterating ``rooms.follow()`` on a room of its own, wait on the engine's one shared
+waiter (hostedrooms/wakeup.py), which polls ``PRAGMA data_version`` on its own connection (and, on Linux, watches
+the ``-wal`` file). Nothing is appended: the process's CPU time (user + system, ``getrusage``) over the idle span,
+divided by that span, is the share of one core the waiting costs. The wake-up latency itself is the
+``follow-latency`` workload.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def follow_latency_process(setup: Any) -> Any:
     seconds = time.perf_counter() - started
     latencies = [max(0.0, received[seq] - committed[seq]) for seq in sorted(committed)]
     how = ("LISTEN/NOTIFY" if dialect_for(engine).notifies
-           else f"polling every {DEFAULT_POLL_INTERVAL * 1000:.0f} ms")
+           else f"-wal watch (Linux), backstop poll every {DEFAULT_POLL_INTERVAL * 1000:.0f} ms")
     engine.dispose()
     return Result("follow() wake-up, appender in another process: commit returned -> follower has the event", 1, n,
                   seconds, latencies, note=f"{how}; latency columns are the wake-up's")

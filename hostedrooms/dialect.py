@@ -247,6 +247,11 @@ class StoreDialect:
         """Where readers poll: a number that changes whenever another connection commits."""
         raise NotImplementedError
 
+    def commit_file(self, url: URL) -> str | None:
+        """Where readers poll: a file every commit to ``url`` writes, whose writes hint that the change counter
+        moved (None: none known)."""
+        return None
+
     def notify_column(self, payload: Any) -> ColumnElement[Any]:
         """Where committed writes wake readers: a column for a RETURNING clause that queues :meth:`notify` at no
         extra round trip, on the channel bound as ``notify_channel`` (:meth:`hot_params` gives it)."""
@@ -389,6 +394,10 @@ class SQLiteDialect(StoreDialect):
     def twin_target(self, url: URL) -> Path | URL | None:
         path = self.file_path(url)  # in memory: another engine has another database; a URI is used as given
         return None if path is None or str(path).startswith("file:") else path
+
+    def commit_file(self, url: URL) -> str | None:
+        path = self.twin_target(url)  # a file path (not in memory, not a URI)
+        return None if not isinstance(path, Path) else f"{path}-wal"  # WAL mode: every commit appends there
 
     def change_counter(self, dbapi_connection: Any) -> int:
         """A number that changes whenever another connection commits to the database (``PRAGMA data_version``:

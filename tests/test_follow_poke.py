@@ -6,6 +6,7 @@ that waited for it fails them; the bound is generous (it proves no poll period w
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from factories import make_room
 from sqlalchemy import Engine
 
-from hostedrooms import aio, rooms
+from hostedrooms import aio, rooms, wakeup
 
 GATEWAY = "install:gw-a"
 USER = {"kind": "user", "id": "u1"}
@@ -82,3 +83,60 @@ def test_an_asyncio_commit_wakes_an_asyncio_follower_at_once(engine: Engine) -> 
             await async_engine.dispose()
 
     assert asyncio.run(run()) == [1, 2]
+
+
+APPENDER = r"""
+import sys
+from hostedrooms import create_engine, rooms
+engine = create_engine(sys.argv[1])
+for n in range(int(sys.argv[2])):
+    rooms.append_event(engine, room_id="r1", event_id=f"p{n}", kind="message.user", actor={"kind": "user", "id": "u1"},
+                       payload={"n": n}, authority_gateway_id="install:gw-a", authority_epoch=1)
+engine.dispose()
+"""
+
+
+def _followed_from_another_process(engine: Engine, poll: dict[str, float], count: int = 2) -> list[int]:
+    """Start a follower here, append ``count`` events from another process; the seqs followed within BOUND."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import hostedrooms
+
+    make_room(engine, room_id="r1", gateway=GATEWAY)
+    seen: list[int] = []
+    ready = threading.Event()
+
+    def follow() -> None:
+        iterator = rooms.follow(engine, "r1", 0, **poll)
+        ready.set()
+        for event in iterator:
+            seen.append(event["seq"])
+            if len(seen) == count:
+                return
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    time.sleep(0.5)
+    env = dict(os.environ, PYTHONPATH=str(Path(hostedrooms.__file__).resolve().parent.parent))
+    subprocess.run([sys.executable, "-c", APPENDER, str(engine.url.database), str(count)], check=True, env=env,
+                   timeout=60)
+    thread.join(BOUND)
+    return seen
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the commit file is watched with Linux inotify")
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_commit_of_another_process_wakes_a_slow_polling_follower_on_linux(engine: Engine) -> None:
+    assert _followed_from_another_process(engine, SLOW) == [1, 2]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_without_a_file_watch_commits_of_another_process_are_polled(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wakeup, "watch_writes", lambda _path: None)
+    assert _followed_from_another_process(engine, {"poll_interval": 0.05, "fallback_interval": 60.0}) == [1, 2]
