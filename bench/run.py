@@ -44,6 +44,7 @@ from bench.common import ACTOR_JSON as _ACTOR_JSON  # noqa: E402
 from bench.common import PAYLOAD_JSON as _PAYLOAD_JSON  # noqa: E402
 from bench.common import cpu_seconds as _cpu_seconds  # noqa: E402
 from bench.common import raise_limits as _raise_limits  # noqa: E402
+from bench.follow import follow_idle, follow_latency_process  # noqa: E402
 
 
 @dataclass
@@ -660,6 +661,8 @@ WORKLOADS: dict[str, Callable[[Setup], Result]] = {
     "full-room": append_into_full_room,
     "many-rooms": append_with_many_rooms,
     "follow-latency": follow_latency,
+    "follow-idle": follow_idle,
+    "follow-process": follow_latency_process,
 }
 SQLITE_ONLY = frozenset({"raw-fast", "core-floor"})
 POSTGRES_WORKLOADS: dict[str, Callable[[Setup], Result]] = {

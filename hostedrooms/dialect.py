@@ -51,9 +51,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.pool import StaticPool
 
+from . import writer as held
 from .errors import SchemaMissingError, StoreConfigurationError, StoreMissingError, describe_target
 from .files import PRIVATE_FILE_MODE, SQLITE_SIDECARS, restrict_file
-from .statements import HotStatement
+from .statements import DIRECT_BEGUN, HotStatement
 
 #: Key in a pooled connection's ``info``: the next SQLite transaction on it begins deferred (a read unit).
 _DEFERRED_BEGIN = "hostedrooms_deferred_begin"
@@ -257,6 +258,11 @@ class StoreDialect:
         """Where readers poll: a number that changes whenever another connection commits."""
         raise NotImplementedError
 
+    def commit_file(self, url: URL) -> str | None:
+        """Where readers poll: a file every commit to ``url`` writes, whose writes hint that the change counter
+        moved (None: none known)."""
+        return None
+
     def notify_column(self, payload: Any) -> ColumnElement[Any]:
         """Where committed writes wake readers: a column for a RETURNING clause that queues :meth:`notify` at no
         extra round trip, on the channel bound as ``notify_channel`` (:meth:`hot_params` gives it)."""
@@ -323,10 +329,13 @@ class SQLiteDialect(StoreDialect):
         # recipe), keeps the engine free of Connection event listeners: with one, every new Connection builds
         # its event dispatch afresh, about a fifth of the library's cost of a single append.
         def do_begin(dbapi_connection: Any) -> None:
+            if dbapi_connection.info.pop(DIRECT_BEGUN, False):
+                return  # the held writer began this transaction directly: SQLAlchemy's joins it
             deferred = dbapi_connection.info.pop(_DEFERRED_BEGIN, False)
             dbapi_connection.execute("BEGIN" if deferred else "BEGIN IMMEDIATE")
 
         engine.dialect.do_begin = do_begin  # type: ignore[method-assign]
+        held.allow(engine, busy_timeout)  # writers are serialised: one held connection serves every write unit
 
     def defer_begin(self, connection: Connection) -> None:
         connection.connection.info[_DEFERRED_BEGIN] = True
@@ -396,6 +405,10 @@ class SQLiteDialect(StoreDialect):
     def twin_target(self, url: URL) -> Path | URL | None:
         path = self.file_path(url)  # in memory: another engine has another database; a URI is used as given
         return None if path is None or str(path).startswith("file:") else path
+
+    def commit_file(self, url: URL) -> str | None:
+        path = self.twin_target(url)  # a file path (not in memory, not a URI)
+        return None if not isinstance(path, Path) else f"{path}-wal"  # WAL mode: every commit appends there
 
     def change_counter(self, dbapi_connection: Any) -> int:
         """A number that changes whenever another connection commits to the database (``PRAGMA data_version``:

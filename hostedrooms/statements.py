@@ -14,6 +14,13 @@ arrives as SQLAlchemy's wrapped ``DBAPIError`` (with parameters hidden as the en
 disconnect invalidates the connection. What it gives up: results are plain tuples from the cursor, and
 statements that need per-call compilation (``IN`` lists, literal execution, escaped bind names) are
 refused when first compiled.
+
+On a :class:`DirectConnection` (a SQLite engine's one held writer, :mod:`hostedrooms.writer`) a hot statement
+skips ``_cursor_execute`` too, while nothing observes the connection: no engine or Connection event listener and
+no statement logging. It then runs straight on the DBAPI cursor, and a driver error is wrapped exactly as
+SQLAlchemy wraps it (``DBAPIError.instance``: the same class, message, hidden parameters and ``orig``), so the
+unit of work translates it in the same one place. With a listener installed or logging at INFO, the statement
+takes ``_cursor_execute`` as above and every event fires.
 """
 
 from __future__ import annotations
@@ -25,10 +32,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ClauseElement
 
-__all__ = ["HotStatement"]
+__all__ = ["DIRECT_BEGUN", "DirectConnection", "HotStatement"]
+
+#: Key in a pooled connection's ``info``: its transaction was begun by :meth:`DirectConnection.begin_direct`, so
+#: SQLAlchemy's own begin (when a statement runs through ``execute()``) joins it instead of beginning another.
+DIRECT_BEGUN = "hostedrooms_direct_begun"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +128,8 @@ class HotStatement:
     def run(self, connection: Connection, params: Mapping[str, Any]) -> Any:
         """Execute on ``connection`` (inside its transaction); returns the open DBAPI cursor (close it)."""
         plan = self._plan(connection.dialect)
+        if type(connection) is DirectConnection and connection.unobserved():
+            return connection.direct(plan.text, self._parameters(plan, params), plan.cursor_options)
         cursor = connection.connection.cursor(**plan.cursor_options)
         try:
             # Private but long-standing: the path SQLAlchemy itself uses for statements outside execute().
@@ -129,7 +143,11 @@ class HotStatement:
         """Execute once per row in one driver ``executemany`` (through ``exec_driver_sql``: cursor events fire
         once, with ``executemany=True``, and driver errors are wrapped as for any statement)."""
         plan = self._plan(connection.dialect)
-        connection.exec_driver_sql(plan.text, [self._parameters(plan, row) for row in rows])
+        parameters = [self._parameters(plan, row) for row in rows]
+        if type(connection) is DirectConnection and connection.unobserved():
+            connection.direct(plan.text, parameters, plan.cursor_options, many=True).close()
+            return
+        connection.exec_driver_sql(plan.text, parameters)
 
     def first(self, connection: Connection, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """Execute and return the first row as a tuple (or None)."""
@@ -157,3 +175,67 @@ def _tuple_getter(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple
         return lambda mapping: (single(mapping),)
     getter: Callable[[Mapping[str, Any]], tuple[Any, ...]] = operator.itemgetter(*names)
     return getter
+
+
+class DirectConnection(Connection):
+    """A Connection whose hot statements may run straight on its DBAPI cursor (see the module docstring).
+
+    Built only by :mod:`hostedrooms.writer` for the one held writer of a SQLite engine; everything else about it is
+    SQLAlchemy's Connection (``execute()``, transactions, events, the ORM session joined to it).
+    """
+
+    def unobserved(self) -> bool:
+        """Whether nothing would see a statement run outside SQLAlchemy: no event listener on this connection, its
+        engine or the Connection class, and no statement logging (``_echo``, refreshed by the writer per unit)."""
+        return not (self._echo or self._has_events or self.engine._has_events)
+
+    def begin_direct(self) -> None:
+        """Begin a transaction as SQLAlchemy would (the dialect's ``do_begin``), without a ``RootTransaction``: a
+        statement later run through ``execute()`` autobegins one that joins it (:data:`DIRECT_BEGUN`)."""
+        raw: Any = self.connection
+        try:
+            self.dialect.do_begin(raw)
+        except self.dialect.loaded_dbapi.Error as exc:
+            raise self._wrapped(exc, None, None) from exc
+        raw.info[DIRECT_BEGUN] = True
+
+    def end_direct(self, *, commit: bool) -> None:
+        """Commit or roll back the transaction :meth:`begin_direct` began (if SQLAlchemy has not joined it)."""
+        raw: Any = self.connection
+        raw.info.pop(DIRECT_BEGUN, None)
+        try:
+            if commit:
+                self.dialect.do_commit(raw)
+            else:
+                self.dialect.do_rollback(raw)
+        except self.dialect.loaded_dbapi.Error as exc:
+            raise self._wrapped(exc, None, None) from exc
+
+    def _wrapped(self, exc: Any, text: str | None, parameters: Any, many: bool = False) -> sa_exc.StatementError:
+        """``exc`` (a driver error) as ``_cursor_execute`` raises it; a disconnect invalidates this connection."""
+        disconnect = self.dialect.is_disconnect(exc, self.connection, None)
+        wrapped: sa_exc.StatementError = sa_exc.DBAPIError.instance(
+            text, parameters, exc, self.dialect.loaded_dbapi.Error, hide_parameters=self.engine.hide_parameters,
+            connection_invalidated=disconnect, dialect=self.dialect, ismulti=many)
+        if disconnect:
+            self.invalidate(exc)
+        return wrapped
+
+    def direct(self, text: str, parameters: Any, cursor_options: Mapping[str, Any], *, many: bool = False) -> Any:
+        """Run ``text`` on a new DBAPI cursor of this connection; returns the cursor (close it). A driver error is
+        raised as SQLAlchemy's wrapped ``DBAPIError`` with the driver's error as ``orig`` and as the cause, as
+        ``_cursor_execute`` raises it; a disconnect invalidates the connection as it does."""
+        raw: Any = self.connection
+        cursor = raw.cursor(**cursor_options)
+        try:
+            if many:
+                cursor.executemany(text, parameters)
+            else:
+                cursor.execute(text, parameters)
+        except self.dialect.loaded_dbapi.Error as exc:
+            cursor.close()
+            raise self._wrapped(exc, text, parameters, many) from exc
+        except BaseException:
+            cursor.close()
+            raise
+        return cursor

@@ -13,6 +13,9 @@ read-then-write cannot lose updates); ``write=False`` opens a deferred read tran
 its own), which on PostgreSQL runs without a transaction at all (:meth:`StoreDialect.begin_statement_reads
 <hostedrooms.dialect.StoreDialect.begin_statement_reads>`). Driver errors raised inside the block, on commit or on
 connect are translated here, in one place.
+
+On a SQLite file engine a write unit runs on the engine's one held writer connection when it can take it
+(:mod:`hostedrooms.writer`), otherwise on a pooled connection; both give the same transaction, results and errors.
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ from sqlalchemy import Connection, Engine, Executable, Result
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
+from . import writer as held
 from .db import reject_async
 from .dialect import StoreDialect, dialect_for
 from .errors import translate
+from .statements import DIRECT_BEGUN, DirectConnection
+from .wakeup import committed
 
 
 class UnitOfWork:
@@ -41,8 +47,13 @@ class UnitOfWork:
         self._connection: Connection | None = None
         self._session: Session | None = None
         self._committed = False
+        self._writer: held.HeldWriter | None = None
 
     def __enter__(self) -> Self:
+        if self.write:
+            writer = held.take(self.engine)
+            if writer is not None:
+                return self._enter_held(writer)
         try:
             connection = self._connection = self.engine.connect()
             if self.statement_snapshots:
@@ -53,6 +64,22 @@ class UnitOfWork:
         except sa_exc.SQLAlchemyError as exc:
             self._close()
             raise translate(exc, self.engine.url) from exc
+        return self
+
+    def _enter_held(self, writer: held.HeldWriter) -> Self:
+        self._writer = writer
+        try:
+            connection = self._connection = writer.open()
+            if connection.unobserved():
+                connection.begin_direct()  # SQLAlchemy joins it if a statement goes through execute()
+            else:
+                connection.begin()  # with listeners or logging: SQLAlchemy's own transaction, its events
+        except sa_exc.SQLAlchemyError as exc:
+            self._close()
+            raise translate(exc, self.engine.url) from exc
+        except BaseException:
+            self._close()
+            raise
         return self
 
     def __exit__(
@@ -77,8 +104,12 @@ class UnitOfWork:
     def session(self) -> Session:
         """An ORM session joined to this unit's transaction; it never commits on its own."""
         if self._session is None:
-            # The session joins the connection's transaction and never commits it: the unit of work does.
-            self._session = Session(bind=self.connection, expire_on_commit=False)
+            # The session joins the connection's transaction and never commits it: the unit of work does. (A
+            # transaction the held writer began directly is joined by SQLAlchemy first, so the session sees one.)
+            connection = self.connection
+            if self._begun_directly() and not connection.in_transaction():
+                connection.begin()
+            self._session = Session(bind=connection, expire_on_commit=False)
         return self._session
 
     def execute(self, statement: Executable, parameters: Any = None) -> Result[Any]:
@@ -99,26 +130,48 @@ class UnitOfWork:
         try:
             if self._session is not None:
                 self._session.flush()
-            self.connection.commit()
+            self._end(commit=True)
         except sa_exc.SQLAlchemyError as exc:
             # After a failed COMMIT the driver may still hold the transaction open while SQLAlchemy considers it
             # over; discard the connection (closing it rolls back) rather than return it to the pool.
             self.connection.invalidate()
             raise translate(exc, self.engine.url) from exc
         self._committed = True
+        if self.write:
+            committed(self.engine)  # this engine's followers look now (SQLite polls otherwise)
 
     def rollback(self) -> None:
         """Roll back whatever this unit wrote; safe to call more than once."""
-        if self._connection is not None and self._connection.in_transaction():
+        if self._connection is not None and (self._connection.in_transaction() or self._begun_directly()):
             try:
-                self._connection.rollback()
+                self._end(commit=False)
             except sa_exc.SQLAlchemyError:  # the connection is gone; its transaction went with it
                 self._connection.invalidate()
+
+    def _begun_directly(self) -> bool:
+        """Whether the held writer's transaction is open without SQLAlchemy having joined it."""
+        connection = self._connection
+        return (isinstance(connection, DirectConnection) and not connection.closed and not connection.invalidated
+                and DIRECT_BEGUN in connection.connection.info)
+
+    def _end(self, *, commit: bool) -> None:
+        """Commit or roll back: SQLAlchemy's transaction if it has one, else the one the held writer began."""
+        connection = self.connection
+        if connection.in_transaction() or not isinstance(connection, DirectConnection):
+            if commit:
+                connection.commit()
+            else:
+                connection.rollback()
+        else:
+            connection.end_direct(commit=commit)
 
     def _close(self) -> None:
         if self._session is not None:
             self._session.close()
             self._session = None
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+        connection, self._connection = self._connection, None
+        writer, self._writer = self._writer, None
+        if writer is not None:  # the held writer stays open for the next unit (unless the unit broke it)
+            writer.release()
+        elif connection is not None:
+            connection.close()

@@ -6,17 +6,19 @@ fixed channel (inside the transaction, so it is delivered when, and only if, the
 no notifications: ``PRAGMA data_version`` (no transaction, no I/O beyond the shared-memory index) changes whenever
 another connection commits to the file.
 
-One waiter per Engine serves every waiting follower and ledger worker of it (:class:`SharedWaiter`): a daemon
-thread holding ONE connection of its own, opened from a private copy of the engine's pool (the same connect
-hooks), never from the pool the services use, so any number of waiters costs one connection and no pool slot. On
-PostgreSQL it ``LISTEN``\\ s on the channels its waiters need and fans each notification out to the waiters of
-its channel and payload; on SQLite it reads ``data_version`` every ``poll_interval`` seconds (the shortest any
-waiter asked for) and wakes every waiter when it moves (SQLite cannot say what changed). It starts with its first
-waiter and, when the last one leaves, closes its connection and ends; in between it keeps that one connection
-(never one per wait). Closing a SQLite connection never drops the locks the process's other connections hold on the
-file (SQLite defers closing the descriptor; a test checks); the file is never opened here other than through the
-driver. Where no second connection sees the same database (an in-memory SQLite database) there is no waiter:
-waits end at their timeout.
+One waiter per Engine serves every waiting follower and ledger worker of it (:class:`SharedWaiter`): a daemon thread
+holding ONE connection of its own, opened from a private copy of the engine's pool (the same connect hooks), never
+from the pool the services use, so any number of waiters costs one connection and no pool slot. On PostgreSQL it
+``LISTEN``\\ s on the channels its waiters need and fans each notification out to the waiters of its channel and
+payload; on SQLite it reads ``data_version`` every ``poll_interval`` seconds (the shortest any waiter asked for) and
+wakes every waiter when it moves (SQLite cannot say what changed); it reads at once when a write unit commits on the
+engine in this process (:func:`committed`) and, on Linux, when another process writes the database's ``-wal`` file
+(:mod:`hostedrooms.filewatch`), so the period bounds only commits nothing announced. It starts with its first waiter
+and, when the last one leaves, closes its connection and ends; in between it keeps that one connection (never one
+per wait). Closing a SQLite connection never drops the locks the process's other connections hold on the file
+(SQLite defers closing the descriptor; a test checks); the file is never opened here other than through the driver.
+Where no second connection sees the same database (an in-memory SQLite database) there is no waiter: waits end at
+their timeout.
 
 A wake-up says only "look again": a waiter re-reads what it waits for (checking a pooled connection out for that
 read only), and a timeout (the polling fallback on PostgreSQL) re-reads too. Enter the wake-up *before* reading:
@@ -36,6 +38,7 @@ import os
 import selectors
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from types import TracebackType
@@ -55,16 +58,21 @@ from .dialect import (
     scoped_channel,
 )
 from .errors import translate
+from .filewatch import FileWatch, watch_writes
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL", "LEDGER_WORK_CHANNEL", "ROOM_EVENTS_CHANNEL", "SharedWaiter", "Subscription", "Wakeup",
-    "check_waitable", "driver_error", "join_waiter",
+    "check_waitable", "committed", "driver_error", "join_waiter",
 ]
 
 #: How often a SQLite waiter looks for a commit (seconds); PostgreSQL waiters re-read this often without a
 #: notification only as a fallback, at :data:`FALLBACK_INTERVAL`.
 DEFAULT_POLL_INTERVAL = 0.05
 FALLBACK_INTERVAL = 5.0
+#: After another process wrote the commit file (Linux), a SQLite poller reads every SETTLE_PERIOD seconds for
+#: SETTLE_SPAN seconds: the commit becomes visible only once the writer's sync has ended.
+SETTLE_PERIOD = 0.002
+SETTLE_SPAN = 0.1
 
 
 def driver_error(engine: Engine, exc: BaseException) -> BaseException:
@@ -112,6 +120,8 @@ class SharedWaiter:
         self._count = 0
         self._effective: set[str] = set()  # channels whose commits reach subscriptions now
         self._closing = False
+        self._look = False  # a commit of this process asked the poller to look now (look_now)
+        self._settle_until = 0.0  # another process wrote the commit file: poll quickly until then (_idle)
         self._wake_r, self._wake_w = socket.socketpair()  # how a subscriber interrupts the LISTEN wait
         self._wake_w.setblocking(False)
         self._wake_r.setblocking(False)
@@ -148,6 +158,13 @@ class SharedWaiter:
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="hostedrooms-wakeup", daemon=True).start()
+
+    def look_now(self) -> None:
+        """A write of this engine committed in this process: a poller reads the change counter now instead of at
+        its next period (set under the condition, so a poller busy reading does not wait a period first)."""
+        with self._cond:
+            self._look = True
+            self._poke()
 
     def _poke(self) -> None:
         """Wake the thread to look at the subscriptions again (called holding the condition)."""
@@ -217,18 +234,51 @@ class SharedWaiter:
     def _poll(self, raw: PoolProxiedConnection) -> None:
         connection = raw.dbapi_connection
         version = self.dialect.change_counter(connection)
+        commit_file = self.dialect.commit_file(self._url)  # it exists now: this connection has read the database
+        watch = watch_writes(commit_file) if commit_file is not None else None
         self._now_effective(None)
-        while True:
-            with self._cond:
-                if not self._still_wanted():
-                    return
-                self._cond.wait(self._poll_interval())
-                if not self._still_wanted():
-                    return
-            current = self.dialect.change_counter(connection)
-            if current != version:
-                version = current
-                self._dispatch(None, None)
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self._wake_r, selectors.EVENT_READ)
+                if watch is not None:
+                    selector.register(watch, selectors.EVENT_READ)
+                while True:
+                    with self._cond:
+                        if not self._still_wanted():
+                            return
+                        look, self._look = self._look, False
+                        period = self._poll_interval()
+                    if not look:
+                        watch = self._idle(selector, watch, period)
+                    with self._cond:
+                        if not self._still_wanted():
+                            return
+                    current = self.dialect.change_counter(connection)
+                    if current != version:
+                        version = current
+                        self._dispatch(None, None)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _idle(self, selector: selectors.BaseSelector, watch: FileWatch | None, period: float) -> FileWatch | None:
+        """Wait until the period ends, a commit of this process pokes, or (Linux) another process writes the
+        commit file; the watch, or None once it has ended (then the period alone).
+
+        A write is seen before its commit is: the writer appends its frames, syncs them, and only then publishes the
+        commit in the shared-memory index (which no watch sees). So for :data:`SETTLE_SPAN` after a write the
+        period is :data:`SETTLE_PERIOD`, and the commit is read soon after it is published."""
+        if time.monotonic() < self._settle_until:
+            period = min(period, SETTLE_PERIOD)
+        ready = selector.select(period)
+        self._drain_pokes()
+        if watch is not None and any(key.fileobj is watch for key, _ in ready):
+            if not watch.drain():
+                selector.unregister(watch)
+                watch.close()
+                return None
+            self._settle_until = time.monotonic() + SETTLE_SPAN
+        return watch
 
     def _poll_interval(self) -> float:
         """The shortest polling period any subscription asked for (called holding the condition)."""
@@ -272,6 +322,15 @@ class SharedWaiter:
 
 _waiters: weakref.WeakKeyDictionary[Engine, SharedWaiter] = weakref.WeakKeyDictionary()
 _waiters_lock = threading.Lock()
+
+
+def committed(engine: Engine) -> None:
+    """A write unit of ``engine`` committed: where waiters poll (SQLite), the engine's poller looks now, so its
+    followers wake without waiting for the next period; commits of other processes are seen at the next poll. Where
+    commits notify (PostgreSQL), nothing to do."""
+    waiter = _waiters.get(engine)
+    if waiter is not None and not waiter.dialect.notifies:
+        waiter.look_now()
 
 
 def _forget_waiters() -> None:

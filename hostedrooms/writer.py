@@ -1,0 +1,206 @@
+"""The one held writer connection of a SQLite engine: write units run on it instead of a pooled connection.
+
+SQLite lets one transaction write at a time (every write unit begins ``BEGIN IMMEDIATE``), so a second writing
+connection in the same process only ever waits: one connection, held by the engine and lent to one write unit at a
+time under a lock, loses nothing, and spares each write the pool's checkout and return and a new ``Connection``.
+The unit runs on a :class:`~hostedrooms.statements.DirectConnection`, whose hot statements run on the driver's
+cursor while nothing observes the connection (:mod:`hostedrooms.statements`).
+
+Which engines hold one: those :func:`hostedrooms.create_engine` configured for a SQLite file with SQLAlchemy's
+queue pool and the synchronous driver (:func:`allow`); never an in-memory database (one shared connection
+already), a ``NullPool`` (the host chose to keep no connection open), or an AsyncEngine's own ``sync_engine``
+(whose driver calls are awaited; its twin holds one). Read units keep using the pool.
+
+The connection comes from a private copy of the engine's pool (the same connect hooks and pragmas, none of the
+services' pool slots, as the shared waiter's does), opened at the first write and kept. It is dropped, and the
+next unit opens a new one, whenever a unit leaves it invalidated (a failed commit, a disconnect) or still in a
+transaction. A unit that cannot take it takes a pooled connection, exactly as before (SQLite's busy timeout then
+arbitrates): a nested write unit of the same thread at once, another thread once it has waited the engine's busy
+timeout for the lock. ``engine.dispose()`` closes it (at once, or when the unit using it ends); in a forked child
+the parent's connection is never used nor closed (closing it there could disturb the parent's locks and WAL), and
+a new one is opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.pool import Pool, QueuePool
+
+from .statements import DIRECT_BEGUN, DirectConnection
+
+__all__ = ["HeldWriter", "allow", "take", "without_held_writers"]
+
+#: The engine attribute holding its :class:`_Slot` (engines built or adopted by hostedrooms for SQLite files).
+_ATTRIBUTE = "_hostedrooms_held_writer"
+#: Tests only (:func:`without_held_writers`): False makes every write unit take a pooled connection.
+_enabled = True
+#: Bumped in every forked child: writers of an older generation belong to the parent.
+_generation = 0
+#: Writers inherited from the parent process: kept referenced so their connections are never closed here.
+_inherited: list[HeldWriter] = []
+
+
+class HeldWriter:
+    """One held connection and the lock lending it to one write unit at a time."""
+
+    def __init__(self, engine: Engine, wait: float) -> None:
+        self.engine = engine
+        self.wait = wait
+        self.generation = _generation
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._pool: Pool = engine.pool.recreate()  # private: the same connect hooks, none of the services' slots
+        self._connection: DirectConnection | None = None
+        self._retired = False
+
+    def take(self) -> bool:
+        """Lock the writer for this thread's unit; False (take a pooled connection) when this thread already holds
+        it, it stays busy past the busy timeout, or the engine was disposed."""
+        ident = threading.get_ident()
+        if self._owner == ident or not self._lock.acquire(timeout=self.wait):
+            return False
+        if self._retired:
+            self._lock.release()
+            return False
+        self._owner = ident
+        return True
+
+    def open(self) -> DirectConnection:
+        """The held connection (opened on first use; driver errors wrapped as ``engine.connect()`` wraps them)."""
+        connection = self._connection
+        if connection is None:
+            try:
+                fairy = self._pool.connect()
+            except self.engine.dialect.loaded_dbapi.Error as exc:
+                Connection._handle_dbapi_exception_noconnection(exc, self.engine.dialect, self.engine)
+                raise
+            connection = self._connection = DirectConnection(self.engine, fairy, _allow_revalidate=False)
+        else:
+            connection._echo = self.engine._should_log_info()  # logging switched on since: statements are logged
+        return connection
+
+    def release(self) -> None:
+        """Unlock after a unit ended; drop the connection unless it is clean (valid, no transaction open)."""
+        connection = self._connection
+        if connection is not None:
+            if _clean(connection):
+                connection._execution_options = self.engine._execution_options  # what the unit set goes
+            else:
+                self._connection = None
+                _close(connection)
+        self._owner = None
+        self._lock.release()
+        if self._retired:
+            self._shut_if_free()
+
+    def retire(self) -> None:
+        """Close the connection now, or when the unit using it ends; later units take pooled connections."""
+        self._retired = True
+        self._shut_if_free()
+
+    def _shut_if_free(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            return  # the unit using it closes it when it releases
+        try:
+            connection, self._connection = self._connection, None
+            if connection is not None:
+                _close(connection)
+            self._pool.dispose()
+        finally:
+            self._lock.release()
+
+
+def _clean(connection: DirectConnection) -> bool:
+    if connection.closed or connection.invalidated or connection.in_transaction():
+        return False
+    fairy: Any = connection.connection
+    raw = fairy.dbapi_connection
+    return raw is not None and not raw.in_transaction and DIRECT_BEGUN not in fairy.info
+
+
+def _close(connection: DirectConnection) -> None:
+    """Close a held connection (rolled back if a transaction is open; an invalidated one is closed already)."""
+    with contextlib.suppress(Exception):  # a broken connection: nothing left to release
+        connection.close()
+
+
+class _Slot:
+    """An engine's current writer (None until the first write unit; replaced after a dispose or a fork)."""
+
+    def __init__(self, wait: float) -> None:
+        self.wait = wait
+        self.writer: HeldWriter | None = None
+
+
+_slots_lock = threading.Lock()
+
+
+def allow(engine: Engine, busy_timeout: float) -> None:
+    """Let ``engine`` (just configured for a SQLite file by hostedrooms) hold a writer where it can (see the module
+    docstring); its ``dispose()`` then closes the writer's connection too."""
+    if engine.dialect.is_async or type(engine.pool) is not QueuePool or _ATTRIBUTE in vars(engine):
+        return
+    slot = _Slot(busy_timeout)
+    setattr(engine, _ATTRIBUTE, slot)
+    original: Callable[..., None] = engine.dispose
+
+    def dispose(close: bool = True) -> None:
+        writer, slot.writer = slot.writer, None
+        if writer is not None:
+            if close and writer.generation == _generation:
+                writer.retire()
+            else:  # dispose(close=False): a forked child lets go of the parent's connections untouched
+                _inherited.append(writer)
+        original(close)
+
+    dispose.__doc__ = original.__doc__
+    engine.dispose = dispose  # type: ignore[method-assign]
+
+
+def take(engine: Engine) -> HeldWriter | None:
+    """``engine``'s held writer, locked for the calling thread's write unit; None: take a pooled connection."""
+    slot: _Slot | None = vars(engine).get(_ATTRIBUTE)
+    if slot is None or not _enabled:
+        return None
+    writer = slot.writer
+    if writer is None or writer.generation != _generation:
+        writer = _current(engine, slot)
+    return writer if writer.take() else None
+
+
+def _current(engine: Engine, slot: _Slot) -> HeldWriter:
+    with _slots_lock:
+        writer = slot.writer
+        if writer is not None and writer.generation != _generation:
+            _inherited.append(writer)  # the parent's: never used, never closed here
+            writer = None
+        if writer is None:
+            writer = slot.writer = HeldWriter(engine, slot.wait)
+        return writer
+
+
+@contextlib.contextmanager
+def without_held_writers() -> Iterator[None]:
+    """Tests only: inside the block every write unit takes a pooled connection (the plain path)."""
+    global _enabled
+    previous, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = previous
+
+
+def _forked() -> None:
+    global _generation, _slots_lock
+    _generation += 1
+    _slots_lock = threading.Lock()  # it may have been held by a thread that does not exist here
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_forked)
