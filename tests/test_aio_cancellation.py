@@ -212,7 +212,9 @@ def test_an_awaited_call_cancelled_at_each_of_its_statements_runs_to_its_end(eng
         finally:
             await async_engine.dispose()
 
-    assert asyncio.run(scenario()) >= 2  # an append runs two statements at least (advance the room, insert)
+    statements = asyncio.run(scenario())
+    # On PostgreSQL an append is one statement in autocommit; on SQLite several (advance the room, the budget, insert).
+    assert statements == 1 if engine.dialect.name == "postgresql" else statements >= 2
     assert verify(engine) == []
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from factories import account_raw_bytes
 from factories import run_cli as _run
 
 from hostedrooms import UnitOfWork, migrate
@@ -46,6 +47,7 @@ def _seed(target: str) -> None:
             {"room_id": "r1", "seq": seq, "event_id": f"e{seq}", "kind": "message.user",
              "actor_json": '{"id":"u","kind":"user"}', "authority_epoch": 1, "payload_json": '{"text":"hi"}',
              "created_at": 1.0} for seq in (1, 2)])
+        account_raw_bytes(uow.connection, 2 * len("e1message.user" + '{"id":"u","kind":"user"}' + '{"text":"hi"}'))
         uow.commit()
     engine.dispose()
 

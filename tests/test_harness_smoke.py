@@ -20,6 +20,10 @@ def test_engine_is_migrated_and_empty(engine: sa.Engine) -> None:
         tables = set(sa.inspect(connection).get_table_names())
         assert set(metadata.tables) <= tables
         for table in metadata.sorted_tables:
+            if table.name == "hosted_room_budget":  # the budget's counter rows may exist, accounting for nothing
+                used = sa.select(sa.func.coalesce(sa.func.sum(table.c.used), 0))
+                assert connection.execute(used).scalar_one() == 0
+                continue
             assert connection.execute(sa.select(sa.func.count()).select_from(table)).scalar_one() == 0
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from apis import use_api
-from factories import bare_page, make_room, outbound, outbound_snapshot, prepare, snapshot
+from factories import account_raw_bytes, bare_page, make_room, outbound, outbound_snapshot, prepare, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import Engine
@@ -91,6 +91,7 @@ def _raw_event(engine: Engine, room_id: str, payload_json: str, *, actor_json: s
             payload_json=payload_json, created_at=3.0))
         connection.execute(sa.update(models.rooms).where(models.rooms.c.room_id == room_id).values(
             next_seq=next_seq + 1, event_bytes=models.rooms.c.event_bytes + size))
+        account_raw_bytes(connection, size)
     return int(next_seq)
 
 
