@@ -190,3 +190,13 @@ class Context:
         if self.postgres:
             return {"fsync": "on", "synchronous_commit": "on"}
         return {"journal_mode": "wal", "synchronous": self.synchronous}
+
+
+def render(rows: list[tuple[str, ...]]) -> str:
+    """``rows`` (the header first) as a Markdown table, each column as wide as its widest cell."""
+    widths = [max(len(row[index]) for row in rows) for index in range(len(rows[0]))]
+    lines = ["| " + " | ".join(cell.ljust(width) for cell, width in zip(rows[0], widths, strict=True)) + " |",
+             "|" + "|".join("-" * (width + 2) for width in widths) + "|"]
+    lines += ["| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |"
+              for row in rows[1:]]
+    return "\n".join(lines) + "\n"

@@ -42,7 +42,7 @@ import tracemalloc
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.common import Context, cpu_seconds, local_backend
+from bench.common import Context, cpu_seconds, local_backend, render
 from bench.contenders import CONTENDERS, WORKLOADS, Contender, Workload
 
 
@@ -323,15 +323,6 @@ def pairwise(result: Comparison) -> list[tuple[str, ...]]:
             cells.append(f"{statistics.median(ratios):.2f} ({_spread(ratios, '.2f')})" if ratios else "")
         rows.append((name, *cells))
     return rows
-
-
-def render(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(row[index]) for row in rows) for index in range(len(rows[0]))]
-    lines = ["| " + " | ".join(cell.ljust(width) for cell, width in zip(rows[0], widths, strict=True)) + " |",
-             "|" + "|".join("-" * (width + 2) for width in widths) + "|"]
-    lines += ["| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |"
-              for row in rows[1:]]
-    return "\n".join(lines) + "\n"
 
 
 def report(result: Comparison, ctx: Context, rounds: int, out: Any = sys.stdout) -> None:

@@ -38,7 +38,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from bench.common import ACTOR, GATEWAY, KIND, PAYLOAD, postgres_connect
+from bench.common import ACTOR, GATEWAY, KIND, PAYLOAD, postgres_connect, render
 
 LAYOUTS = ("schema-direct", "schema-pgbouncer", "database-direct", "schema-direct-unprepared")
 LABELS = {"schema-direct": "schema per gateway, direct",
@@ -296,7 +296,7 @@ def report(samples: dict[str, list[Sample]], settings: dict[str, str], *, gatewa
         p99 = [sample.percentile(0.99) * 1000 for sample in samples[layout]]
         rows.append((LABELS[layout], _median_range(rates, ",.0f"), f"{statistics.median(p50):.2f}",
                      _median_range(p99, ".2f")))
-    out.write(_render(rows))
+    out.write(render(rows))
 
     def ratios(over: str, under: str) -> list[float]:
         return [a.rate / b.rate for a, b in zip(samples[over], samples[under], strict=True) if b.rate]
@@ -306,7 +306,7 @@ def report(samples: dict[str, list[Sample]], settings: dict[str, str], *, gatewa
     bouncer_db = ratios("schema-pgbouncer", "database-direct")
     hop = ratios("schema-pgbouncer", "schema-direct-unprepared")
     unprepared = ratios("schema-direct-unprepared", "schema-direct")
-    out.write("\n" + _render([
+    out.write("\n" + render([
         ("ratio (per round, then median and min-max)", "measured", "target"),
         ("schema per gateway / database per gateway (direct)", _median_range(schema_db, ".2f", "x"), ">= 0.9x"),
         ("PgBouncer / direct (schema per gateway)", _median_range(bouncer_direct, ".2f", "x"), ">= 0.8x"),
@@ -314,15 +314,6 @@ def report(samples: dict[str, list[Sample]], settings: dict[str, str], *, gatewa
         ("PgBouncer / direct without server prepares (the hop)", _median_range(hop, ".2f", "x"), ""),
         ("direct without / with server prepares", _median_range(unprepared, ".2f", "x"), ""),
     ]) + "\n")
-
-
-def _render(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(row[index]) for row in rows) for index in range(len(rows[0]))]
-    lines = ["| " + " | ".join(cell.ljust(width) for cell, width in zip(rows[0], widths, strict=True)) + " |",
-             "|" + "|".join("-" * (width + 2) for width in widths) + "|"]
-    lines += ["| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |"
-              for row in rows[1:]]
-    return "\n".join(lines) + "\n"
 
 
 def _log(message: str) -> None:

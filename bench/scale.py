@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import ACTOR, GATEWAY, KIND, PAYLOAD, Context, raise_limits
+from bench.common import ACTOR, GATEWAY, KIND, PAYLOAD, Context, raise_limits, render
 
 # --- helpers -----------------------------------------------------------------------------------------------------
 
@@ -220,15 +220,6 @@ def _size(size: int) -> str:
 # --- the run -------------------------------------------------------------------------------------------------------
 
 
-def _render(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(row[index]) for row in rows) for index in range(len(rows[0]))]
-    lines = ["| " + " | ".join(cell.ljust(width) for cell, width in zip(rows[0], widths, strict=True)) + " |",
-             "|" + "|".join("-" * (width + 2) for width in widths) + "|"]
-    lines += ["| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |"
-              for row in rows[1:]]
-    return "\n".join(lines) + "\n"
-
-
 def _child(function: Any, args: tuple[Any, ...], results: Any) -> None:
     import traceback
 
@@ -280,19 +271,19 @@ def run_scale(ctx: Context, *, max_events: int, out: Any = sys.stdout) -> int:
               f"{', --quick' if quick else ''}; latencies p50 / p99 in ms\n\n")
     sizes = _sizes(min(max_events, 10_000) if quick else max_events)
     rows = _in_process(events_curve, ctx, sizes, calls)
-    out.write(f"Events per room ({calls} calls each; follow: {max(20, calls // 4)} resumes):\n\n" + _render([
+    out.write(f"Events per room ({calls} calls each; follow: {max(20, calls // 4)} resumes):\n\n" + render([
         ("events in the room", "append_event", "room_state", "follow(since_seq>0) to first event",
          "fill s"), *rows]) + "\n")
     out.flush()
     counts = [10, 100, 1000] if quick else [10, 100, 1000, 10_000]
     rows = _in_process(rooms_curve, ctx, counts, calls)
-    out.write(f"Rooms ({calls} calls each):\n\n" + _render([
+    out.write(f"Rooms ({calls} calls each):\n\n" + render([
         ("live rooms", "append_event", "list_rooms, page of 10", "list_rooms, default page", "rooms on it",
          "us per listed room"), *rows]) + "\n")
     out.flush()
     payloads = [100, 1000, 10_000, 64_000, 200_000]
     rows = _in_process(replay_curve, ctx, payloads, (2 << 20) if quick else (8 << 20))
-    out.write("Replay by payload size (read_events pages of up to 500 events / 2 MB, best of 3):\n\n" + _render([
+    out.write("Replay by payload size (read_events pages of up to 500 events / 2 MB, best of 3):\n\n" + render([
         ("payload", "events", "MB stored", "pages", "MB/s", "events/s"), *rows]) + "\n")
     out.flush()
     setup = run_module.Setup(url=ctx.url, folder=ctx.folder, synchronous=ctx.synchronous, quick=quick)
