@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, delete, exists, func, insert, literal, select, update
+from sqlalchemy import Engine, Select, delete, exists, func, insert, literal, select, update
 
 from . import models
 from .engines import EngineSource, resolve_engine
@@ -418,14 +418,19 @@ def _check_overlap(uow: UnitOfWork, room_id: str, overlapping: Sequence[CheckedE
             raise ReplicaError("page events conflict with the stored replica")
 
 
+def _id_clash_query(room_id: str, event_ids: Sequence[str]) -> Select[tuple[int]]:
+    """The seq of a stored replica event of ``room_id`` holding one of ``event_ids`` (answered from the
+    ``(room_id, event_id)`` index: one probe per id, whatever the replica's length)."""
+    return select(_replica_events.c.seq).where(
+        _replica_events.c.room_id == room_id, _replica_events.c.event_id.in_(list(event_ids))).limit(1)
+
+
 def _check_new_event_ids(uow: UnitOfWork, room_id: str, new_events: Sequence[CheckedEvent]) -> None:
     """A new event may not reuse a stored event id: promotion could not copy the log (ids are unique)."""
     if not new_events:
         return
     clash = uow.connection.execute(
-        select(_replica_events.c.seq).where(
-            _replica_events.c.room_id == room_id,
-            _replica_events.c.event_id.in_([event.event.event_id for event in new_events])).limit(1)).first()
+        _id_clash_query(room_id, [event.event.event_id for event in new_events])).first()
     if clash is not None:
         raise ReplicaError("page events conflict with the stored replica")
 

@@ -454,10 +454,10 @@ def test_downgrade_to_baseline_keeps_adopted_rows(tmp_path: Path, caplog: pytest
         baseline = set(models.metadata.tables) - {models.budget.name}
         assert {t: after[t] for t in baseline} == {t: adopted[t] for t in baseline}
         # The baseline layout is the models' but for what later revisions add (0007: the claim index; 0008: the
-        # budget table; 0009: the listing index).
+        # budget table; 0009: the listing index; 0010: the replica's event id index).
         assert sorted((change[0], change[1].name) for change in _drift(engine)) == [
-            ("add_index", "idx_hosted_room_events_claims"), ("add_index", "idx_hosted_rooms_updated"),
-            ("add_table", "hosted_room_budget")]
+            ("add_index", "idx_hosted_room_events_claims"), ("add_index", "idx_hosted_room_replica_events_event_id"),
+            ("add_index", "idx_hosted_rooms_updated"), ("add_table", "hosted_room_budget")]
         migrate.upgrade(engine)
         assert migrate.current_revision(engine) == HEAD
     finally:

@@ -92,9 +92,9 @@ _APPEND_ONE = (
     "UNION ALL "
     "SELECT seq, room_id, event_id, kind, actor_json, authority_epoch, payload_json, created_at FROM stored")
 _APPEND_BATCH = (
-    "WITH stored AS (SELECT room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at "
-    "FROM hosted_room_events WHERE room_id = :fast_room_id "
-    "AND event_id IN (SELECT item ->> 0 FROM json_array_elements(CAST(:fast_rows AS json)) AS item)), "
+    "WITH stored AS (SELECT found.* FROM json_array_elements(CAST(:fast_rows AS json)) AS item, LATERAL ("
+    "SELECT room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at "
+    "FROM hosted_room_events WHERE room_id = :fast_room_id AND event_id = item ->> 0 LIMIT 1) AS found), "
     "advanced AS (UPDATE hosted_rooms SET next_seq = next_seq + :fast_count, "
     "event_bytes = event_bytes + :fast_size, updated_at = :fast_now "
     "WHERE room_id = :fast_room_id AND authority_gateway_id = :fast_gateway_id "

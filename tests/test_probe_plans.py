@@ -1,0 +1,97 @@
+"""Id probes answered from an index, one probe per id, whatever the log's length.
+
+Two probes used to read a whole room for every call, so their cost grew with the log: a PostgreSQL batch
+append's check for stored ids (under the generic plan the driver's prepared statement settles on, the planner
+hash-joined the batch's ids against every event of the room), and an ingested page's check that its new ids are
+not already in the replica (no index covered ``(room_id, event_id)``). These tests pin the plans and that the
+answers stay right: a batch repeating stored ids returns the stored rows, and a page reusing a stored id is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import factories
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import Engine
+
+from hostedrooms import replicas, rooms
+from hostedrooms.dialect import dialect_named
+from hostedrooms.errors import ReplicaError
+from hostedrooms.store import room_store
+
+A = factories.A
+ACTOR = {"id": "u1", "kind": "user"}
+
+
+def _batch(start: int, count: int) -> list[dict[str, Any]]:
+    return [{"event_id": f"e{n}", "kind": "message.user", "actor": ACTOR, "payload": {"text": f"m{n}"}}
+            for n in range(start, start + count)]
+
+
+def _plan(connection: sa.Connection, statement: str, params: Any) -> str:
+    if connection.dialect.name == "sqlite":
+        rows = connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params).all()
+        return "\n".join(str(row[-1]) for row in rows)
+    rows = connection.exec_driver_sql(f"EXPLAIN {statement}", params).all()
+    return "\n".join(str(row[0]) for row in rows)
+
+
+def test_a_postgresql_batch_probes_each_id_in_the_unique_index(engine: Engine) -> None:
+    if engine.dialect.name != "postgresql":
+        pytest.skip("the one-statement batch append is PostgreSQL's")
+    rooms.create_room(engine, room_id="r1", name="R", members=[], authority_gateway_id=A)
+    for start in range(0, 2000, 100):
+        rooms.append_events(engine, "r1", _batch(start, 100), authority_gateway_id=A, authority_epoch=1)
+    statement = room_store(dialect_named("postgresql"))._append_batch.statement
+    with engine.connect() as connection:
+        compiled = statement.compile(dialect=connection.dialect)
+        params = compiled.construct_params({
+            "fast_room_id": "r1", "fast_gateway_id": A, "fast_epoch": 1, "fast_count": 2, "fast_size": 10,
+            "fast_max_events": 10**9, "fast_max_room_bytes": 10**12, "fast_spread_limit": 10**12, "fast_now": 1.0,
+            "notify_channel": "c", "fast_rows": '[["e5","k","{}",1,"{}"],["new","k","{}",1,"{}"]]'})
+        # The plan a prepared statement ends with: chosen without the values (the room's size unknown to it).
+        connection.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+        plan = _plan(connection, compiled.string, params)
+    probe = plan.split("CTE advanced")[0]
+    assert re.search(r"Index Cond: .*room_id = .*event_id = ", probe), plan
+    assert "Hash" not in probe and "Filter" not in probe, plan
+    # And the answer: a batch repeating stored ids returns the stored rows, writing nothing.
+    again = rooms.append_events(engine, "r1", _batch(5, 3), authority_gateway_id=A, authority_epoch=1)
+    assert [(event["seq"], event["idempotent"]) for event in again] == [(6, True), (7, True), (8, True)]
+    assert rooms.room_state(engine, room_id="r1")["latest_seq"] == 2000
+
+
+def _page(events: list[dict[str, Any]], latest: int) -> dict[str, Any]:
+    return {"room_id": "r1", "events": events, "latest_seq": latest, "has_more": False,
+            "next_since_seq": events[-1]["seq"] if events else 0, "authority_gateway_id": A, "authority_epoch": 1,
+            "disbanded_at": None}
+
+
+def test_an_ingested_page_probes_its_new_ids_in_the_replica_index(engine: Engine) -> None:
+    rooms.create_room(engine, room_id="r1", name="R", members=[], authority_gateway_id=A)
+    rooms.append_events(engine, "r1", _batch(0, 300), authority_gateway_id=A, authority_epoch=1)
+    source = rooms.read_events(engine, room_id="r1", since_seq=0, limit=300)
+    # Another gateway's room "rr" replicated into this store: the same events, under its id.
+    events = [{**event, "room_id": "rr"} for event in source["events"]]
+    replicas.ingest_page(engine, room_id="rr", room_name="R", members=[], page={**source, "room_id": "rr",
+                                                                              "events": events})
+    with engine.connect() as connection:
+        compiled = replicas._id_clash_query("rr", ["a", "b", "c"]).compile(
+            dialect=connection.dialect, compile_kwargs={"render_postcompile": True})
+        values = compiled.construct_params()
+        if connection.dialect.name == "sqlite":
+            params: Any = tuple(values[name] for name in compiled.positiontup or ())
+        else:
+            params = values
+            connection.exec_driver_sql("SET LOCAL enable_seqscan = off")  # tiny tables: make the choice visible
+        plan = _plan(connection, compiled.string, params)
+    assert "idx_hosted_room_replica_events_event_id" in plan, plan
+    # And the answer: a new event reusing a stored id is refused, nothing written.
+    last = events[-1]
+    reused = {**events[0], "seq": last["seq"] + 1}
+    with pytest.raises(ReplicaError):
+        replicas.ingest_page(engine, room_id="rr", room_name="R", members=[], page=_page([reused], last["seq"] + 1))
+    assert replicas.replica_state(engine, room_id="rr")["last_seq"] == 300
