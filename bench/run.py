@@ -10,6 +10,8 @@
                                               # gateway, direct and through PgBouncer (bench/fleet.py)
     python bench/run.py --scale [--postgres]  # latency curves as logs, rooms and payloads grow (bench/scale.py)
     python bench/run.py --telemetry-overhead  # OpenTelemetry on vs off (bench/telemetry_overhead.py)
+    python bench/run.py --ledger --reference ../shared/reference   # the delivery ledger beside the reference
+                                              # implementation, operation by operation (bench/ledger.py)
 
 Prints a table: workload, dialect, synchronous mode, batch size, operations, rate, p50/p99 latency, peak
 memory (the worker process's max RSS), and the ratio to the raw-driver baseline where it applies. Absolute
@@ -773,7 +775,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--telemetry-overhead", action="store_true",
                         help="single durable appends with the OpenTelemetry instrumentation on and off, in "
                              "alternating rounds (--rounds, default 5; SQLite; bench/telemetry_overhead.py)")
+    parser.add_argument("--ledger", action="store_true",
+                        help="the delivery ledger beside the reference, operation by operation (--rounds, default "
+                             "5; SQLite; bench/ledger.py); needs --reference")
+    parser.add_argument("--reference", metavar="DIR",
+                        help="--ledger: the folder holding the reference's secure_peer_delivery.py")
+    parser.add_argument("--impl", choices=("facade", "ledger"), default="facade",
+                        help="--ledger: hostedrooms through its reference-shaped facade (default) or DeliveryLedger")
+    parser.add_argument("--cycles", type=int, default=None, help="--ledger: delivery cycles per round (default 150)")
     args = parser.parse_args(argv)
+    if args.ledger:
+        from bench.ledger import run_ledger
+
+        if not args.reference:
+            parser.error("--ledger needs --reference DIR (the reference implementation is not part of hostedrooms)")
+        return run_ledger(reference=args.reference, impl=args.impl, rounds=args.rounds or 5,
+                          cycles=args.cycles or (30 if args.quick else 150), warm=10)
     if args.telemetry_overhead:
         from bench.telemetry_overhead import run_overhead
 
