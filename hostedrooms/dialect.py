@@ -6,10 +6,10 @@ versus PostgreSQL ``BEGIN`` plus row locks), upserts, scalar maximum, advisory l
 non-blocking probes, and the engine and URL defaults of each backend (driver, file checks, Alembic batch mode).
 
 Namespaces (PostgreSQL): several gateways may share one database, a schema each (``schema=``, or a
-``search_path`` in the URL). Advisory locks, ``pg_locks`` and ``NOTIFY`` channels are per database, so every
-advisory key and channel name is derived from the engine's namespace (its database and ``current_schema()``, read
-once at its first connection): two schemas never share a lock, a budget sharer count or a wake-up. The
-``public`` schema keeps the fixed keys and channels earlier versions used.
+``search_path`` in the URL). Advisory locks and ``NOTIFY`` channels are per database, so every advisory key and
+channel name is derived from the engine's namespace (its database and ``current_schema()``, read once at its
+first connection): two schemas never share a lock or a wake-up (the byte budget's shards are rows in the
+schema). The ``public`` schema keeps the fixed keys and channels earlier versions used.
 """
 
 from __future__ import annotations
@@ -36,14 +36,11 @@ from sqlalchemy import (
     NullPool,
     Select,
     Table,
-    Text,
     bindparam,
     cast,
-    column,
     event,
     func,
     select,
-    table,
     text,
 )
 from sqlalchemy import create_engine as _sa_create_engine
@@ -165,20 +162,9 @@ class StoreDialect:
         """``expr`` compared by code point (SQLite's BINARY), whatever the database's default collation."""
         return expr
 
-    def serialize_shared(self, connection: Connection, key: int) -> int:
-        """Take ``key`` in shared mode until the transaction ends (``serialize`` waits for every sharer);
-        return how many transactions hold it shared now, this one included (1 where writers are serialised)."""
-        return 1
-
-    def lock_shared_and_count(self) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
-        """Two columns for a RETURNING clause of a statement that locks one row: the first takes the key bound as
-        ``budget_key`` shared (after the row lock, so the documented lock order holds), the second then counts
-        its holders, this transaction included; what :meth:`serialize_shared` does in two round trips. Only
-        where writers run concurrently; :meth:`hot_params` gives the parameters."""
-        raise NotImplementedError
-
-    def hot_params(self, connection: Connection, budget_key: int, channel: str) -> dict[str, Any]:
-        """The parameters of :meth:`lock_shared_and_count` and :meth:`notify_column` for ``connection``."""
+    def hot_params(self, connection: Connection, channel: str) -> dict[str, Any]:
+        """The parameters a hot statement binds for ``connection``'s namespace: ``notify_channel``, the namespace's
+        name of the wake-up ``channel`` (one of hostedrooms' fixed channel names)."""
         raise NotImplementedError
 
     def byte_length(self, expr: ColumnElement[Any]) -> ColumnElement[Any]:
@@ -262,11 +248,6 @@ class StoreDialect:
         """Where readers poll: a file every commit to ``url`` writes, whose writes hint that the change counter
         moved (None: none known)."""
         return None
-
-    def notify_column(self, payload: Any) -> ColumnElement[Any]:
-        """Where committed writes wake readers: a column for a RETURNING clause that queues :meth:`notify` at no
-        extra round trip, on the channel bound as ``notify_channel`` (:meth:`hot_params` gives it)."""
-        raise NotImplementedError
 
     def listen_statement(self, channel: str, namespace: str | None = None) -> str:
         """The statement that makes a connection receive ``channel``'s notifications in ``namespace`` (one of
@@ -464,23 +445,14 @@ class PostgreSQLDialect(StoreDialect):
             raise ValueError(f"unknown wake-up channel {channel!r}")
         return f"LISTEN {scoped_channel(namespace, channel)}"
 
-    def notify_column(self, payload: Any) -> ColumnElement[Any]:
-        """A column for a RETURNING clause that sends :meth:`notify` at no extra round trip; the channel is bound
-        at each call as ``notify_channel`` (:meth:`hot_params`), so one compiled statement serves every
-        namespace."""
-        return func.pg_notify(bindparam("notify_channel", type_=Text), payload).label("notified")
-
-    def hot_params(self, connection: Connection, budget_key: int, channel: str) -> dict[str, Any]:
-        """The parameters :meth:`lock_shared_and_count` and :meth:`notify_column` bind, for ``connection``'s
-        namespace (built once per namespace)."""
+    def hot_params(self, connection: Connection, channel: str) -> dict[str, Any]:
+        # Built once per namespace: the channel's name is bound per call, so one compiled statement serves every
+        # namespace.
         namespace = self.namespace(connection)
-        cache_key = (namespace, budget_key, channel)
+        cache_key = (namespace, channel)
         params = _HOT_PARAMS.get(cache_key)
         if params is None:
-            key = scoped_key(namespace, budget_key)
-            params = _HOT_PARAMS[cache_key] = {
-                "budget_key": key, "budget_high": (key >> 32) & 0xFFFFFFFF, "budget_low": key & 0xFFFFFFFF,
-                "notify_channel": scoped_channel(namespace, channel)}
+            params = _HOT_PARAMS[cache_key] = {"notify_channel": scoped_channel(namespace, channel)}
         return params
 
     # --- namespaces -------------------------------------------------------------------------------------------
@@ -567,21 +539,6 @@ class PostgreSQLDialect(StoreDialect):
         # Advisory keys are per database: each namespace (schema) takes keys of its own.
         _LOCK.first(connection, {"key": scoped_key(self.namespace(connection), key)})
 
-    def serialize_shared(self, connection: Connection, key: int) -> int:
-        # Two statements: the count must see the lock this transaction was just granted. Counting the holders of
-        # this namespace's key counts this namespace's writers only.
-        key = scoped_key(self.namespace(connection), key)
-        _LOCK_SHARED.first(connection, {"key": key})
-        holders = _HOLDERS.first(connection, {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF})
-        return int(holders[0]) if holders is not None else 0
-
-    def lock_shared_and_count(self) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
-        # PostgreSQL evaluates a target list in order, and an uncorrelated subquery only when its value is first
-        # needed: the count runs after the lock call (a test checks a lone writer counts itself). The key is
-        # bound per call (hot_params): one compiled statement serves every namespace.
-        return (func.pg_advisory_xact_lock_shared(bindparam("budget_key", type_=BigInteger)).label("budget_locked"),
-                _holders("budget_high", "budget_low").scalar_subquery().label("budget_holders"))
-
     def byte_length(self, expr: ColumnElement[Any]) -> ColumnElement[Any]:
         return func.octet_length(expr)
 
@@ -650,29 +607,6 @@ def _open_existing_only(engine: Engine, database: str) -> None:
         cparams["uri"] = True
 
 
-# Built once (on a hot path: every append on PostgreSQL takes the gateway budget lock shared).
-_LOCK_SHARED = HotStatement(select(func.pg_advisory_xact_lock_shared(bindparam("key", type_=BigInteger))))
-_pg_locks = table(
-    "pg_locks", column("locktype"), column("database"), column("classid"), column("objid"), column("objsubid"),
-    column("mode"), column("granted"))
-_pg_database = table("pg_database", column("oid"), column("datname"))
-
-
-def _holders(high_name: str = "high", low_name: str = "low") -> Select[Any]:
-    """How many transactions of this database hold an advisory key shared (its halves bound as ``high_name`` and
-    ``low_name``)."""
-    # A bigint advisory key shows in pg_locks as classid (high 32 bits), objid (low 32 bits), objsubid 1.
-    high: Any = bindparam(high_name, type_=BigInteger)
-    low: Any = bindparam(low_name, type_=BigInteger)
-    return select(func.count()).select_from(_pg_locks).where(
-        _pg_locks.c.locktype == "advisory",
-        _pg_locks.c.database == select(_pg_database.c.oid).where(
-            _pg_database.c.datname == func.current_database()).scalar_subquery(),
-        cast(_pg_locks.c.classid, BigInteger) == high, cast(_pg_locks.c.objid, BigInteger) == low,
-        _pg_locks.c.objsubid == 1, _pg_locks.c.mode == "ShareLock", _pg_locks.c.granted.is_(True))
-
-
-_HOLDERS = HotStatement(_holders())
 _LOCK = HotStatement(select(func.pg_advisory_xact_lock(bindparam("key", type_=BigInteger))))
 _NOTIFY = HotStatement(select(func.pg_notify(bindparam("channel"), bindparam("payload"))))
 
@@ -682,7 +616,7 @@ _NOTIFY = HotStatement(select(func.pg_notify(bindparam("channel"), bindparam("pa
 #: namespace read at its first connection (None: the legacy schema's fixed keys and channels).
 _namespaces: weakref.WeakKeyDictionary[Dialect, str | None] = weakref.WeakKeyDictionary()
 #: (namespace, budget key, channel) -> the hot append's lock and channel parameters.
-_HOT_PARAMS: dict[tuple[str | None, int, str], dict[str, Any]] = {}
+_HOT_PARAMS: dict[tuple[str | None, str], dict[str, Any]] = {}
 
 #: The current schema, and the schemas of the search path holding a hostedrooms table (rooms or version table).
 _TABLE_SCHEMAS = (
@@ -755,11 +689,12 @@ _LINEAGE = HotStatement(text(
 
 #: What hostedrooms relies on that these PostgreSQL-compatible engines lack (see :func:`refuse_engine`).
 _UNSUPPORTED_ENGINES = {
-    "CockroachDB": "advisory locks listed in pg_locks (the gateway budget protocol) and LISTEN/NOTIFY "
-                   "(wake-ups)",
-    "YugabyteDB": "advisory locks listed in pg_locks (the gateway budget protocol) and LISTEN/NOTIFY (wake-ups)",
-    "Citus": "subqueries in INSERT on distributed tables (the budgeted append) and cluster-wide advisory "
-             "locks in pg_locks (the gateway budget protocol)",
+    "CockroachDB": "transaction-scoped advisory locks (room creation, replicas, the ledger, migrations) and "
+                   "LISTEN/NOTIFY (wake-ups)",
+    "YugabyteDB": "transaction-scoped advisory locks (room creation, replicas, the ledger, migrations) and "
+                  "LISTEN/NOTIFY (wake-ups)",
+    "Citus": "subqueries in INSERT on distributed tables (the one-statement append) and cluster-wide advisory "
+             "locks (room creation, replicas, the ledger, migrations)",
 }
 _ENGINE_IDENTITY = "SELECT version(), EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
 

@@ -290,8 +290,8 @@ YUGABYTE = "PostgreSQL 11.2-YB-2.18.3.0-b0 on x86_64-pc-linux-gnu, compiled by c
 
 
 @pytest.mark.parametrize(("version", "citus", "named", "missing"), [
-    (COCKROACH, False, "CockroachDB", "pg_locks.*LISTEN/NOTIFY"),
-    (YUGABYTE, False, "YugabyteDB", "pg_locks.*LISTEN/NOTIFY"),
+    (COCKROACH, False, "CockroachDB", "advisory locks.*LISTEN/NOTIFY"),
+    (YUGABYTE, False, "YugabyteDB", "advisory locks.*LISTEN/NOTIFY"),
     ("PostgreSQL 15.4 on x86_64-pc-linux-gnu", True, "Citus", "subqueries in INSERT on distributed tables"),
 ])
 def test_unsupported_engines_are_refused_at_connect(

@@ -47,7 +47,6 @@ from .rules import (
     validate_room_name,
 )
 from .transaction import (
-    GATEWAY_BYTES_LOCK_KEY,
     ROOM_CREATION_LOCK_KEY,
     NeedExclusiveGatewayLock,
     RoomChange,
@@ -58,7 +57,6 @@ from .transaction import (
 __all__ = [
     "CONTROL_EVENT_KINDS",
     "EVENT_KINDS_BY_ACTOR",
-    "GATEWAY_BYTES_LOCK_KEY",
     "ROOM_CREATION_LOCK_KEY",
     "EngineSource",
     "NeedExclusiveGatewayLock",

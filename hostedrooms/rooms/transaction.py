@@ -51,7 +51,6 @@ from ..errors import (
 )
 from ..limits import Limits, in_force
 from ..store import (
-    GATEWAY_BYTES_LOCK_KEY,
     ROOM_CREATION_LOCK_KEY,
     RoomChange,
     RoomStore,
@@ -64,7 +63,6 @@ from ..uow import UnitOfWork
 from .rules import PreparedEvent
 
 __all__ = [
-    "GATEWAY_BYTES_LOCK_KEY",
     "ROOM_CREATION_LOCK_KEY",
     "NeedExclusiveGatewayLock",
     "RoomChange",

@@ -11,7 +11,6 @@ import threading
 
 from ..dialect import StoreDialect
 from .base import (
-    GATEWAY_BYTES_LOCK_KEY,
     REPLAY_COLUMNS,
     ROOM_CREATION_LOCK_KEY,
     RoomChange,
@@ -23,7 +22,6 @@ from .postgresql import PostgreSQLRoomStore
 from .sqlite import SQLiteRoomStore
 
 __all__ = [
-    "GATEWAY_BYTES_LOCK_KEY",
     "REPLAY_COLUMNS",
     "ROOM_CREATION_LOCK_KEY",
     "PostgreSQLRoomStore",

@@ -50,7 +50,6 @@ from ..limits import Limits
 from ..statements import HotStatement
 
 __all__ = [
-    "GATEWAY_BYTES_LOCK_KEY",
     "REPLAY_COLUMNS",
     "ROOM_CREATION_LOCK_KEY",
     "EventLike",
@@ -60,8 +59,8 @@ __all__ = [
     "RowLike",
 ]
 
-#: Advisory lock keys ("hosted" + n); 1 is the migration lock.
-GATEWAY_BYTES_LOCK_KEY = 0x686F737465640002
+#: Advisory lock keys ("hosted" + n); 1 is the migration lock. (2 was the gateway byte budget's, before the budget
+#: became rows of its own: never reuse it, an older gateway beside a newer one may still take it.)
 ROOM_CREATION_LOCK_KEY = 0x686F737465640003
 
 #: A row as a mapping: a SQLAlchemy RowMapping or a plain dict of column values.

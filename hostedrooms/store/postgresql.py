@@ -40,7 +40,6 @@ from .. import models
 from ..dialect import ROOM_EVENTS_CHANNEL, StoreDialect
 from ..statements import HotStatement
 from .base import (
-    GATEWAY_BYTES_LOCK_KEY,
     REPLAY_COLUMNS,
     ROOM_HEAD,
     ROOM_HEAD_KEYS,
@@ -212,7 +211,7 @@ class PostgreSQLRoomStore(RoomStore):
         self, connection: Connection, room_id: str, events: Sequence[EventLike], params: dict[str, Any], now: float
     ) -> FastAppend | None:
         # The followers' channel of this engine's namespace (schema).
-        params.update(self.dialect.hot_params(connection, GATEWAY_BYTES_LOCK_KEY, ROOM_EVENTS_CHANNEL))
+        params.update(self.dialect.hot_params(connection, ROOM_EVENTS_CHANNEL))
         try:
             if len(events) == 1:
                 event = events[0]
