@@ -59,14 +59,10 @@ _budget = models.budget
 _SHARDS = 8
 
 
-# The one-statement append: a data-modifying CTE, constant text (the budget shard is the connection's backend pid
-# modulo _SHARDS). Its rows: the room's new next_seq (the other columns NULL) when it advanced, else the stored rows
-# of the events' ids (_STORED_KEYS). One event binds its columns; a batch binds its rows as one JSON text (an array
-# of [event_id, kind, actor_json, authority_epoch, payload_json]: one parameter to send, which measured faster than
-# an array per column), inserted by one INSERT ... SELECT.
-_APPEND_ONE = (
-    "WITH stored AS (SELECT room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at "
-    "FROM hosted_room_events WHERE room_id = :fast_room_id AND event_id = CAST(:event_id AS text)), "
+# The part both appends share, after their ``stored`` probe: the room advances under its fences and limits (and
+# queues the followers' NOTIFY), then one budget shard pays. (Joined with ``+``: constant texts only, never input,
+# which is what the noqa below says.)
+_ADVANCE_AND_CHARGE = (
     "advanced AS (UPDATE hosted_rooms SET next_seq = next_seq + :fast_count, "
     "event_bytes = event_bytes + :fast_size, updated_at = :fast_now "
     "WHERE room_id = :fast_room_id AND authority_gateway_id = :fast_gateway_id "
@@ -80,7 +76,17 @@ _APPEND_ONE = (
     "charged AS (UPDATE hosted_room_budget SET used = used + :fast_size WHERE shard = ("
     "SELECT shard FROM hosted_room_budget WHERE EXISTS (SELECT 1 FROM advanced) "
     "AND used + :fast_size <= allowance AND spread_limit <= :fast_spread_limit "
-    "ORDER BY mod(shard + 8 - mod(pg_backend_pid(), 8), 8) LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING shard), "
+    "ORDER BY mod(shard + 8 - mod(pg_backend_pid(), 8), 8) LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING shard), ")
+
+# The one-statement append: a data-modifying CTE, constant text (the budget shard is the connection's backend pid
+# modulo _SHARDS). Its rows: the room's new next_seq (the other columns NULL) when it advanced, else the stored rows
+# of the events' ids (_STORED_KEYS). One event binds its columns; a batch binds its rows as one JSON text (an array
+# of [event_id, kind, actor_json, authority_epoch, payload_json]: one parameter to send, which measured faster than
+# an array per column), inserted by one INSERT ... SELECT.
+_APPEND_ONE = (
+    "WITH stored AS (SELECT room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at "  # noqa: S608
+    "FROM hosted_room_events WHERE room_id = :fast_room_id AND event_id = CAST(:event_id AS text)), "
+    + _ADVANCE_AND_CHARGE +
     "inserted AS (INSERT INTO hosted_room_events "
     "(room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at) "
     "SELECT CAST(:fast_room_id AS text), next_seq - 1, CAST(:event_id AS text), CAST(:kind AS text), "
@@ -91,23 +97,10 @@ _APPEND_ONE = (
     "UNION ALL "
     "SELECT seq, room_id, event_id, kind, actor_json, authority_epoch, payload_json, created_at FROM stored")
 _APPEND_BATCH = (
-    "WITH stored AS (SELECT found.* FROM json_array_elements(CAST(:fast_rows AS json)) AS item, LATERAL ("
+    "WITH stored AS (SELECT found.* FROM json_array_elements(CAST(:fast_rows AS json)) AS item, LATERAL ("  # noqa: S608
     "SELECT room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at "
     "FROM hosted_room_events WHERE room_id = :fast_room_id AND event_id = item ->> 0 LIMIT 1) AS found), "
-    "advanced AS (UPDATE hosted_rooms SET next_seq = next_seq + :fast_count, "
-    "event_bytes = event_bytes + :fast_size, updated_at = :fast_now "
-    "WHERE room_id = :fast_room_id AND authority_gateway_id = :fast_gateway_id "
-    "AND authority_epoch = :fast_epoch AND disbanded_at IS NULL AND next_seq <= :fast_max_events "
-    "AND event_bytes + :fast_size <= :fast_max_room_bytes AND NOT EXISTS (SELECT 1 FROM stored) "
-    "AND EXISTS (SELECT 1 FROM hosted_room_budget "
-    "WHERE used + :fast_size <= allowance AND spread_limit <= :fast_spread_limit) "
-    "RETURNING next_seq, pg_notify(CAST(:notify_channel AS text), CAST(:fast_room_id AS text))), "
-    # Only once the room advanced (its row locked: the lock order), a shard with room, not locked by another
-    # writer, the connection's own first.
-    "charged AS (UPDATE hosted_room_budget SET used = used + :fast_size WHERE shard = ("
-    "SELECT shard FROM hosted_room_budget WHERE EXISTS (SELECT 1 FROM advanced) "
-    "AND used + :fast_size <= allowance AND spread_limit <= :fast_spread_limit "
-    "ORDER BY mod(shard + 8 - mod(pg_backend_pid(), 8), 8) LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING shard), "
+    + _ADVANCE_AND_CHARGE +
     "inserted AS (INSERT INTO hosted_room_events "
     "(room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at) "
     "SELECT CAST(:fast_room_id AS text), advanced.next_seq - :fast_count + item.ord - 1, item.row ->> 0, "
