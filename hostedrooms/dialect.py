@@ -615,7 +615,7 @@ _NOTIFY = HotStatement(select(func.pg_notify(bindparam("channel"), bindparam("pa
 #: Per engine (its SQLAlchemy dialect object, shared by the engines ``execution_options()`` derives): the
 #: namespace read at its first connection (None: the legacy schema's fixed keys and channels).
 _namespaces: weakref.WeakKeyDictionary[Dialect, str | None] = weakref.WeakKeyDictionary()
-#: (namespace, budget key, channel) -> the hot append's lock and channel parameters.
+#: (namespace, channel) -> the hot append's channel parameter.
 _HOT_PARAMS: dict[tuple[str | None, str], dict[str, Any]] = {}
 
 #: The current schema, and the schemas of the search path holding a hostedrooms table (rooms or version table).

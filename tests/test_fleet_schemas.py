@@ -224,6 +224,7 @@ def test_a_transaction_of_another_schema_holding_every_write_lock_does_not_delay
 ) -> None:
     a, b = fleet["gw_a"], fleet["gw_b"]
     make_room(a, "held")
+    say(a, "held", "warm-up")  # (gw_a's budget shards are spread by its first append)
     make_room(b, "r1")
     say(b, "r1", "warm-up")
     held = ExitStack()
