@@ -95,3 +95,19 @@ def test_an_ingested_page_probes_its_new_ids_in_the_replica_index(engine: Engine
     with pytest.raises(ReplicaError):
         replicas.ingest_page(engine, room_id="rr", room_name="R", members=[], page=_page([reused], last["seq"] + 1))
     assert replicas.replica_state(engine, room_id="rr")["last_seq"] == 300
+
+
+def test_a_batch_repeating_a_stored_id_twice_beside_a_new_one(engine: Engine) -> None:
+    """The per-id probe returns a stored row once per item naming it: the answer is still each item's own."""
+    rooms.create_room(engine, room_id="r1", name="R", members=[], authority_gateway_id=A)
+    rooms.append_events(engine, "r1", _batch(0, 10), authority_gateway_id=A, authority_epoch=1)
+    stored = _batch(5, 1)[0]
+    fresh = {"event_id": "new", "kind": "message.user", "actor": ACTOR, "payload": {"text": "new"}}
+    results = rooms.append_events(engine, "r1", [stored, fresh, stored], authority_gateway_id=A, authority_epoch=1)
+    assert [(event["event_id"], event["seq"], event["idempotent"]) for event in results] == [
+        ("e5", 6, True), ("new", 11, False), ("e5", 6, True)]
+    assert [event["event_id"] for event in rooms.read_events(engine, room_id="r1", since_seq=10)["events"]] == ["new"]
+    # Every item stored already (one of them twice): a pure replay, nothing written.
+    again = rooms.append_events(engine, "r1", [stored, fresh, stored], authority_gateway_id=A, authority_epoch=1)
+    assert [(event["seq"], event["idempotent"]) for event in again] == [(6, True), (11, True), (6, True)]
+    assert rooms.room_state(engine, room_id="r1")["latest_seq"] == 11
