@@ -100,8 +100,11 @@ def _cycle(ledger: Any, key: str, timed: Callable[..., Any]) -> None:
 
 def child(which: str, impl: str, reference: str, cycles: int, warm: int) -> dict[str, float]:
     """Run ``warm`` then ``cycles`` cycles on a fresh file; seconds per cycle of each operation."""
-    folder = Path(tempfile.mkdtemp(prefix="hostedrooms-ledger-bench-"))
-    ledger = _open(which, impl, reference, folder / "ledger.db")
+    with tempfile.TemporaryDirectory(prefix="hostedrooms-ledger-bench-", ignore_cleanup_errors=True) as folder:
+        return _timed_cycles(_open(which, impl, reference, Path(folder) / "ledger.db"), cycles, warm)
+
+
+def _timed_cycles(ledger: Any, cycles: int, warm: int) -> dict[str, float]:
     totals = dict.fromkeys(OPERATIONS, 0.0)
     clock = time.perf_counter
 
