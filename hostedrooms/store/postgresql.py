@@ -96,6 +96,8 @@ _APPEND_ONE = (
     "SELECT next_seq / (SELECT count(*) FROM charged), NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM advanced "
     "UNION ALL "
     "SELECT seq, room_id, event_id, kind, actor_json, authority_epoch, payload_json, created_at FROM stored")
+# A batch probes each id on its own (a LATERAL lookup, LIMIT 1: one probe of the (room_id, event_id) index per id):
+# as a semi-join, the planner hashed the ids against every event of the room, whose cost grew with the log.
 _APPEND_BATCH = (
     "WITH stored AS (SELECT found.* FROM json_array_elements(CAST(:fast_rows AS json)) AS item, LATERAL ("  # noqa: S608
     "SELECT room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at "
