@@ -55,6 +55,7 @@ from ..validation import identifier
 from .heads import LISTING_PAGE, RoomHead, all_replica_heads, all_room_heads, disbanded_replicas
 from .replicator import PassReport, Replicator
 from .source import EnginePageSource, PageSource, RoomInfo, SourceProtocolError
+from .steps import step
 
 _log = logging.getLogger(__name__)
 
@@ -317,8 +318,10 @@ def failover(
             fences = fence_authority(catch_up_from.engine, from_gateway=silent, local_gateway_id=local, now=now,
                                      limits=limits)
             report.fenced = [room_id for room_id, fence in fences.items() if not fence.refused]
+            step("failover.fenced", gateway=local)
             source = FencedSource(catch_up_from, fences, holder=local)
         report.catch_up = Replicator(source, engine, local_gateway_id=local, limits=limits).sync_once()
+        step("failover.caught_up", gateway=local)
         if report.catch_up.error:
             return report
     replicas = sorted((head for head in all_replica_heads(engine).values() if head.authority_gateway_id == silent),
@@ -354,7 +357,9 @@ def failover(
             active += 1
             report.rooms.append(replace(base, outcome=WOULD_PROMOTE, epoch=head.authority_epoch + 1))
         else:
+            step("failover.promote", room_id=head.room_id, gateway=local)
             report.rooms.append(_promote(engine, head.room_id, base, reason, now, local, limits))
+            step("failover.promoted", room_id=head.room_id, gateway=local)
     _log_failover(report)
     return report
 

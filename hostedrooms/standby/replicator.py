@@ -85,6 +85,7 @@ from .source import (
     call_source,
     iter_rooms,
 )
+from .steps import step
 from .wake import IntervalWaker, Waker
 
 _log = logging.getLogger(__name__)
@@ -738,6 +739,7 @@ class Replicator:
             return report, False
         try:
             observed = self._prove_continuation(head.room_id, local, local_gateway, budget)
+            step("replicator.proved", room_id=head.room_id, gateway=local_gateway)
             demote_room(self.target, room_id=head.room_id, observed_gateway_id=observed[0],
                         observed_epoch=observed[1], now=self._now(), local_gateway_id=local_gateway,
                         limits=self.limits)
