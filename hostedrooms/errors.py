@@ -65,6 +65,11 @@ class ReplicaGapError(ReplicaError):
     """A page does not start at the replica's next expected sequence."""
 
 
+class DemotionStaleError(ReplicaError):
+    """The room moved on after the proof a demotion (or a fence) was conditioned on: a write committed after the
+    proven head, or the authority changed. Nothing was changed; read the room again and prove again."""
+
+
 class ReplicaEpochRegressionError(ReplicaError):
     """A page or demotion carries an older authority epoch than stored."""
 

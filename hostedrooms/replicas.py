@@ -34,9 +34,9 @@ from typing import Any
 from sqlalchemy import Engine, Select, delete, exists, func, insert, literal, select, update
 
 from . import models
+from .demotion import demote_room
 from .engines import EngineSource, resolve_engine
 from .errors import (
-    AuthorityConflictError,
     HostedRoomError,
     ReplicaCapacityError,
     ReplicaEpochRegressionError,
@@ -47,11 +47,10 @@ from .errors import (
 from .identity import local_gateway_id as resolve_local_gateway_id
 from .limits import Limits, in_force
 from .lineage import check_lineage
-from .records import Authority, DemotionResult, IngestResult, PromotionResult, ReplayPage, ReplicaState
+from .records import Authority, IngestResult, PromotionResult, ReplayPage, ReplicaState
 from .rooms import (
     CONTROL_EVENT_KINDS,
     PreparedEvent,
-    RoomChange,
     RoomTransaction,
     payload_json,
     run_room_write,
@@ -637,59 +636,3 @@ def _promotable(tx: RoomTransaction, room_id: str, local: str) -> tuple[Mapping[
     return replica, log
 
 
-# --- demotion --------------------------------------------------------------------------------------------------
-
-
-@traced("demote_room")
-def demote_room(
-    engine: EngineSource, *, room_id: str, observed_gateway_id: str, observed_epoch: int, now: float | None = None,
-    local_gateway_id: str | Callable[[], str] | None = None, limits: Limits | None = None,
-) -> DemotionResult:
-    """Fence THIS gateway's stale authority over ``room_id`` against a proven newer epoch.
-
-    Appends ``authority.lost`` (``system:authority-lost:<epoch>``) through the fenced append path and adopts
-    the observed lineage, so no further local write can commit at the stale epoch. Idempotent for the same
-    observation; an epoch that does not supersede the stored one raises ReplicaEpochRegressionError. The
-    local gateway is ``local_gateway_id`` (or what it returns, when a callable), else
-    ``install:$HOSTEDROOMS_INSTALL_ID``.
-    """
-    lim = in_force(limits)
-    room_id = room_rules.validate_room_id(room_id, lim)
-    observed_gateway = room_rules.validate_actor_id(observed_gateway_id, "observed_gateway_id", lim)
-    # The room keeps the observed epoch, and a later claim writes epoch + 1.
-    epoch = _epoch(observed_epoch, "observed_epoch", MAX_EPOCH)
-    timestamp = clock(now)
-    local = resolve_local_gateway_id(local_gateway_id)
-    if observed_gateway == local:
-        raise ReplicaError(
-            "observed_gateway_id is this gateway: demotion fences this gateway against another one; "
-            "moving its own authority to a newer epoch needs claim_authority")
-    lost = PreparedEvent(
-        f"system:authority-lost:{epoch}", "authority.lost", system_actor_json("authority-control", lim),
-        payload_json({"previous_gateway_id": local, "authority_gateway_id": observed_gateway,
-                      "authority_epoch": epoch}, lim),
-        epoch, control=True)
-
-    def body(tx: RoomTransaction) -> DemotionResult:
-        room = tx.lock_room(room_id)
-        if room is None or room["disbanded_at"] is not None:
-            raise ReplicaError("room not found in the local authoritative store")
-        current_gateway, current_epoch = str(room["authority_gateway_id"]), int(room["authority_epoch"])
-        if current_gateway == observed_gateway and current_epoch == epoch:
-            return {"room_id": room_id, "authority_gateway_id": current_gateway, "authority_epoch": current_epoch,
-                    "idempotent": True}
-        if epoch <= current_epoch:
-            raise ReplicaEpochRegressionError("observed epoch does not supersede the stored authority")
-        if current_gateway != local:
-            raise ReplicaError("room is not locally authoritative; nothing to demote")
-        if tx.load_event(room_id, lost.event_id) is not None:
-            raise ReplicaError("the authority.lost event id is already taken in this room")
-        tx.append_locked(
-            room, [lost], now=timestamp,
-            change=RoomChange(authority_gateway_id=observed_gateway, authority_epoch=epoch,
-                              fence=(current_gateway, current_epoch)),
-            error=AuthorityConflictError("hosted room authority changed"))
-        return {"room_id": room_id, "authority_gateway_id": observed_gateway, "authority_epoch": epoch,
-                "idempotent": False}
-
-    return run_room_write(engine, lim, body)

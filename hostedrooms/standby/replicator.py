@@ -61,8 +61,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..demotion import ProvenHead, demote_room
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
+    DemotionStaleError,
     HostedRoomError,
     ReplicaError,
     RoomNotFoundError,
@@ -71,7 +73,7 @@ from ..errors import (
 )
 from ..identity import local_gateway_id as resolve_local_gateway_id
 from ..limits import Limits, in_force
-from ..replicas import CheckedPage, demote_room, ingest_page, prune_disbanded_replicas, validate_page
+from ..replicas import CheckedPage, ingest_page, prune_disbanded_replicas, validate_page
 from ..rooms import read_events as read_local_events
 from ..rooms import rules as room_rules
 from ..telemetry import pass_attributes, record_pass, traced
@@ -129,6 +131,9 @@ SKIPPED = "skipped"
 #: Errors that end a pass (the store or the source is unreachable or unusable): retried by the next pass, and
 #: never charged to a room.
 _PASS_ERRORS = (StoreUnavailableError, StoreConfigurationError, SourceUnavailableError)
+
+#: No lineage remembered for a room yet.
+_UNKNOWN: Any = object()
 
 
 @dataclass
@@ -314,6 +319,17 @@ class _Budget:
                 self.reached = self.reached or "the pass read its byte limit (max_bytes_per_pass)"
 
 
+@dataclass(slots=True)
+class _Proof:
+    """How far a demotion proof of one room got: the source's log equals the local log up to seq ``matched``,
+    read from a source store of ``lineage`` (unknown before its first page), for ``gateway`` at ``epoch``."""
+
+    gateway: str
+    epoch: int
+    lineage: Any = _UNKNOWN
+    matched: int = 0
+
+
 class Replicator:
     """Keeps ``target``'s replicas of every room of ``source`` caught up.
 
@@ -403,6 +419,8 @@ class Replicator:
         # Per room: the source store's lineage its replica was last fed under (a room absent: not read yet by
         # this replicator, so its first page is checked against the replica's last event).
         self._lineages: dict[str, str | None] = {}
+        # Per room: how far a demotion proof cut short by a pass bound got (it resumes there).
+        self._proofs: dict[str, _Proof] = {}
 
     # -- one pass ----------------------------------------------------------------------------------------------
 
@@ -454,6 +472,8 @@ class Replicator:
                     del self._infos[room_id]
                 for room_id in [room for room in self._lineages if room not in seen]:
                     del self._lineages[room_id]
+                for room_id in [room for room in self._proofs if room not in seen]:
+                    del self._proofs[room_id]
             self._prune(report)
         if report.bound:
             last = report.rooms[-1].room_id if report.rooms else start_after
@@ -738,83 +758,106 @@ class Replicator:
             report.status, report.reason = BACKING_OFF, f"{waiting[1]} (retrying in {waiting[0]:.0f} s)"
             return report, False
         try:
-            observed = self._prove_continuation(head.room_id, local, local_gateway, budget)
+            new_gateway, new_epoch, proven = self._prove_continuation(head.room_id, local, local_gateway, budget)
             step("replicator.proved", room_id=head.room_id, gateway=local_gateway)
-            demote_room(self.target, room_id=head.room_id, observed_gateway_id=observed[0],
-                        observed_epoch=observed[1], now=self._now(), local_gateway_id=local_gateway,
-                        limits=self.limits)
+            demote_room(self.target, room_id=head.room_id, observed_gateway_id=new_gateway,
+                        observed_epoch=new_epoch, now=self._now(), local_gateway_id=local_gateway,
+                        limits=self.limits, proven_head=proven)
         except _PASS_ERRORS:
             raise
         except _Bounded as exc:
-            report.reason = f"{held}; the proof of the source's newer epoch was cut short: {exc}"
+            report.reason = (f"{held}; the proof of the source's newer epoch was cut short (it resumes on the next "
+                             f"pass): {exc}")
             return report, True
+        except DemotionStaleError as exc:  # written to after the proof: nothing changed, and the next pass proves
+            report.reason = f"{held}; not demoted: {exc}"
+            return report, False
         except (HostedRoomError, _Refused) as exc:
             delay = self.backoff.refuse(head.room_id, str(exc), self._monotonic())
             report.status, report.reason = REFUSED, f"demotion refused: {exc} (retrying in {delay:.0f} s)"
             return report, False
         self.backoff.clear(head.room_id)
         report.status = DEMOTED
-        report.authority_gateway_id, report.authority_epoch = observed
-        report.reason = (f"the source holds epoch {observed[1]} for {observed[0]}; this gateway's epoch "
+        report.authority_gateway_id, report.authority_epoch = new_gateway, new_epoch
+        report.reason = (f"the source holds epoch {new_epoch} for {new_gateway}; this gateway's epoch "
                          f"{local.authority_epoch} is fenced")
         return report, False
 
-    def _prove_continuation(self, room_id: str, local: RoomHead, gateway: str, budget: _Budget) -> tuple[str, int]:
-        """The source's current lineage (gateway, epoch), once its log is proven to continue this local room:
-        from seq 1, exactly the local events up to the local head, then, before any event of a newer epoch, an
-        ``authority.claimed`` naming (``gateway``, the local epoch) as the previous authority. Read a page at a
-        time from each side; anything else raises _Refused with the reason."""
+    def _prove_continuation(self, room_id: str, local: RoomHead, gateway: str,
+                            budget: _Budget) -> tuple[str, int, ProvenHead]:
+        """The source's current lineage (gateway, epoch) and the local head it was proven against, once the
+        source's log is proven to continue this local room: from seq 1, exactly the local events up to the local
+        head, then, before any event of a newer epoch, an ``authority.claimed`` naming (``gateway``, the local
+        epoch) as the previous authority. Read a page at a time from each side; anything else raises _Refused
+        with the reason. A proof cut short by a pass bound resumes on the next pass where it stopped
+        (``self._proofs``): the local log below its head never changes, and a source whose store lineage changed
+        is read again from seq 1."""
         epoch = local.authority_epoch
-        mine = self._local_events(room_id, local.latest_seq)
-        since = 0
-        while True:
-            page = self._read_page(room_id, since, budget)
-            if not page.events:
-                if since < local.latest_seq:
-                    raise _Refused(f"local events after seq {since} are missing from the source (its log ends "
-                                   "there): it does not continue this room")
-                raise _Refused(f"the source's log holds no authority.claimed naming {gateway} at epoch {epoch} "
-                               f"after seq {local.latest_seq}: it does not continue this room")
-            if page.events[0].seq != since + 1:
-                raise _Refused(f"the source's page after seq {since} does not start at seq {since + 1}")
-            for event in page.events:
-                kind, event_epoch = event.event.kind, event.event.authority_epoch
-                if event.seq <= local.latest_seq:
-                    record = next(mine, None)
-                    if record is None:
-                        raise _Refused(f"the local log of this room ends before its seq {local.latest_seq}")
-                    if event.same_record(record, self.limits):
-                        continue
-                    if kind == "authority.claimed" and _claims_from(event.event.payload_json, gateway, epoch):
-                        raise _Refused(f"local events from seq {event.seq} to {local.latest_seq} are missing from "
-                                       f"the source (its claim is at seq {event.seq}): they were written here "
-                                       "after its last copy")
-                    raise _Refused(f"the source's event at seq {event.seq} is not this room's (another event id "
-                                   "or content): it does not continue this room")
-                if kind == "authority.claimed":
-                    if event_epoch == epoch + 1 and _claims_from(event.event.payload_json, gateway, epoch):
-                        if page.epoch <= epoch or page.gateway_id == gateway:
-                            raise _Refused("the source's page authority does not hold a newer epoch")
-                        self._nothing_after(room_id, local.latest_seq)
-                        return page.gateway_id, page.epoch
-                    raise _Refused(f"the source's claim at seq {event.seq} does not name {gateway} at epoch "
-                                   f"{epoch} as the previous authority")
-                if event_epoch is None or event_epoch > epoch:
-                    raise _Refused(f"the source's seq {event.seq} was written at epoch {event_epoch} before any "
-                                   f"claim from {gateway} at epoch {epoch}")
-            since = page.events[-1].seq
+        proof = self._proofs.get(room_id)
+        if proof is None or (proof.gateway, proof.epoch) != (gateway, epoch) or proof.matched > local.latest_seq:
+            proof = self._proofs[room_id] = _Proof(gateway, epoch)
+        since = proof.matched
+        mine = self._local_events(room_id, local.latest_seq, since)
+        try:
+            while True:
+                page = self._read_page(room_id, since, budget)
+                if proof.lineage is not _UNKNOWN and page.lineage != proof.lineage:  # read it again from seq 1
+                    proof.lineage, proof.matched, since = page.lineage, 0, 0
+                    mine = self._local_events(room_id, local.latest_seq, 0)
+                    continue
+                proof.lineage = page.lineage
+                observed = self._prove_page(page, since, local, gateway, mine, proof)
+                if observed is not None:
+                    del self._proofs[room_id]
+                    return (*observed, ProvenHead(local.latest_seq, self._local_event_id(room_id, local.latest_seq),
+                                                  epoch))
+                since = page.events[-1].seq
+        except _Refused:
+            self._proofs.pop(room_id, None)
+            raise
 
-    def _nothing_after(self, room_id: str, head: int) -> None:
-        """Refuse when the local room gained events after ``head`` (written during this pass): the source's log,
-        proven against the log up to ``head``, does not hold them."""
-        later = read_local_events(self.target, room_id=room_id, since_seq=head, limit=1, include_disbanded=True,
-                                  limits=self.limits)
-        if later["events"]:
-            raise _Refused(f"local events after seq {head} (written during this pass) are missing from the source")
+    def _prove_page(self, page: CheckedPage, since: int, local: RoomHead, gateway: str,
+                    mine: Iterator[dict[str, Any]], proof: _Proof) -> tuple[str, int] | None:
+        """Check one page of the proof (see :meth:`_prove_continuation`): the source's lineage once the claim is
+        found, else None (read on)."""
+        epoch = local.authority_epoch
+        if not page.events:
+            if since < local.latest_seq:
+                raise _Refused(f"local events after seq {since} are missing from the source (its log ends "
+                               "there): it does not continue this room")
+            raise _Refused(f"the source's log holds no authority.claimed naming {gateway} at epoch {epoch} "
+                           f"after seq {local.latest_seq}: it does not continue this room")
+        if page.events[0].seq != since + 1:
+            raise _Refused(f"the source's page after seq {since} does not start at seq {since + 1}")
+        for event in page.events:
+            kind, event_epoch = event.event.kind, event.event.authority_epoch
+            if event.seq <= local.latest_seq:
+                record = next(mine, None)
+                if record is None:
+                    raise _Refused(f"the local log of this room ends before its seq {local.latest_seq}")
+                if event.same_record(record, self.limits):
+                    proof.matched = event.seq
+                    continue
+                if kind == "authority.claimed" and _claims_from(event.event.payload_json, gateway, epoch):
+                    raise _Refused(f"local events from seq {event.seq} to {local.latest_seq} are missing from "
+                                   f"the source (its claim is at seq {event.seq}): they were written here "
+                                   "after its last copy")
+                raise _Refused(f"the source's event at seq {event.seq} is not this room's (another event id "
+                               "or content): it does not continue this room")
+            if kind == "authority.claimed":
+                if event_epoch == epoch + 1 and _claims_from(event.event.payload_json, gateway, epoch):
+                    if page.epoch <= epoch or page.gateway_id == gateway:
+                        raise _Refused("the source's page authority does not hold a newer epoch")
+                    return page.gateway_id, page.epoch
+                raise _Refused(f"the source's claim at seq {event.seq} does not name {gateway} at epoch "
+                               f"{epoch} as the previous authority")
+            if event_epoch is None or event_epoch > epoch:
+                raise _Refused(f"the source's seq {event.seq} was written at epoch {event_epoch} before any "
+                               f"claim from {gateway} at epoch {epoch}")
+        return None
 
-    def _local_events(self, room_id: str, head: int) -> Iterator[dict[str, Any]]:
-        """The local log of ``room_id`` up to seq ``head``, a page at a time."""
-        since = 0
+    def _local_events(self, room_id: str, head: int, since: int) -> Iterator[dict[str, Any]]:
+        """The local log of ``room_id`` after seq ``since`` up to seq ``head``, a page at a time."""
         while since < head:
             page = read_local_events(self.target, room_id=room_id, since_seq=since,
                                      limit=min(self.page_limit, 500), include_disbanded=True, limits=self.limits)
@@ -822,8 +865,21 @@ class Replicator:
             if not events:
                 return
             for event in events:
+                if int(event["seq"]) > head:
+                    return
                 yield dict(event)
             since = int(events[-1]["seq"])
+
+    def _local_event_id(self, room_id: str, seq: int) -> str | None:
+        """The id of the local event at ``seq`` (None for seq 0)."""
+        if seq == 0:
+            return None
+        page = read_local_events(self.target, room_id=room_id, since_seq=seq - 1, limit=1, include_disbanded=True,
+                                 limits=self.limits)
+        events = page["events"]
+        if not events or int(events[0]["seq"]) != seq:
+            raise _Refused(f"the local log of this room holds no event at its seq {seq}")
+        return str(events[0]["event_id"])
 
     def _local_gateway(self) -> str | None:
         try:
@@ -914,9 +970,6 @@ _INFO_KINDS = frozenset({"room.renamed", "authority.claimed"})
 def _changes_info(page: CheckedPage) -> bool:
     return any(event.event.kind in _INFO_KINDS for event in page.events)
 
-
-#: No lineage remembered for a room yet.
-_UNKNOWN: Any = object()
 
 
 def _lineage_refusal(exc: Exception, known: Any, page: CheckedPage) -> _Refused:

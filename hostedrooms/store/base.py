@@ -88,6 +88,8 @@ _DEPENDENT_TABLES = (models.remote_runs, models.links, models.peer_reservations,
 _SELECT_ROOM = select(*_rooms.c).where(_rooms.c.room_id == bindparam("room_id"))
 _SELECT_EVENT = select(*_events.c).where(
     _events.c.room_id == bindparam("room_id"), _events.c.event_id == bindparam("event_id"))
+_EVENT_ID_AT = select(_events.c.event_id).where(
+    _events.c.room_id == bindparam("room_id"), _events.c.seq == bindparam("seq"))
 _SELECT_RETIRED = select(_retired.c.room_id).where(_retired.c.room_id == bindparam("room_id"))
 ROOM_HEAD = select(
     _rooms.c.next_seq, _rooms.c.authority_gateway_id, _rooms.c.authority_epoch, _rooms.c.disbanded_at
@@ -302,6 +304,11 @@ class RoomStore:
         """Event rows by id (only those that exist)."""
         stmt = select(*_events.c).where(_events.c.room_id == room_id, _events.c.event_id.in_(list(event_ids)))
         return {row["event_id"]: row for row in connection.execute(stmt).mappings()}
+
+    def event_id_at(self, connection: Connection, room_id: str, seq: int) -> str | None:
+        """The id of the event at ``seq`` (by the primary key), or None."""
+        value = connection.execute(_EVENT_ID_AT, {"room_id": room_id, "seq": seq}).scalar()
+        return None if value is None else str(value)
 
     def claim_event(self, connection: Connection, room_id: str, epoch: int) -> RowLike | None:
         """The latest ``authority.claimed`` event of ``epoch``, or None."""
