@@ -8,8 +8,8 @@ write at the stale epoch can commit. It is the last step of two takeover paths:
   log, so the demotion carries the proven head (seq, event id, epoch) and checks it under the room's lock, in
   the demoting transaction: if the room moved on, :class:`~hostedrooms.errors.DemotionStaleError` is raised,
   nothing changes, and the caller proves again;
-* a failover fences the silent authority in its own store at exactly the head it planned for (its size decided
-  what the standby can promote), by the same condition.
+* a failover fences the silent authority in its own store only while the room is no bigger than the standby
+  planned to take over (``max_size``), by the same kind of condition.
 """
 
 from __future__ import annotations
@@ -69,6 +69,18 @@ def _proven_head(value: Any, lim: Limits) -> ProvenHead | None:
     return ProvenHead(seq, event_id, _positive_epoch(value[2], "proven_head.epoch"))
 
 
+def _max_size(value: Any) -> tuple[int, int] | None:
+    """``max_size`` checked: None, or (events, bytes), each an integer from 0 to 2**63-1."""
+    if value is None:
+        return None
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise ReplicaError("max_size must be an (events, bytes) pair or None")
+    events, size = (bounded_int(item, error=ReplicaError, low=0, high=INT64_MAX,
+                                message=f"max_size.{name} must be an integer from 0 to 2**63-1")
+                    for item, name in zip(value, ("events", "bytes"), strict=True))
+    return events, size
+
+
 def _check_proven(tx: RoomTransaction, room: RowLike, local: str, proven: ProvenHead) -> None:
     """Raise DemotionStaleError unless ``room`` (locked in this transaction) still stands at ``proven``."""
     head = int(room["next_seq"]) - 1
@@ -88,7 +100,7 @@ def _check_proven(tx: RoomTransaction, room: RowLike, local: str, proven: Proven
 def demote_room(
     engine: EngineSource, *, room_id: str, observed_gateway_id: str, observed_epoch: int, now: float | None = None,
     local_gateway_id: str | Callable[[], str] | None = None, limits: Limits | None = None,
-    proven_head: ProvenHead | None = None,
+    proven_head: ProvenHead | None = None, max_size: tuple[int, int] | None = None,
 ) -> DemotionResult:
     """Fence THIS gateway's stale authority over ``room_id`` against a proven newer epoch.
 
@@ -102,6 +114,9 @@ def demote_room(
     happens only if the room still stands exactly there, checked under the room's lock in the demoting
     transaction; otherwise DemotionStaleError is raised and nothing changes (a write committed after the proof
     would otherwise be in no surviving log).
+
+    ``max_size``: (events, bytes) the room may hold at most for the demotion to happen (what a failover planned to
+    take over), checked the same way.
     """
     lim = in_force(limits)
     room_id = room_rules.validate_room_id(room_id, lim)
@@ -109,6 +124,7 @@ def demote_room(
     # The room keeps the observed epoch, and a later claim writes epoch + 1.
     epoch = _positive_epoch(observed_epoch, "observed_epoch")
     proven = _proven_head(proven_head, lim)
+    bound = _max_size(max_size)
     timestamp = clock(now)
     local = resolve_local_gateway_id(local_gateway_id)
     if observed_gateway == local:
@@ -131,6 +147,10 @@ def demote_room(
                     "idempotent": True}
         if proven is not None:
             _check_proven(tx, room, local, proven)
+        if bound is not None and (int(room["next_seq"]) - 1 > bound[0] or int(room["event_bytes"]) > bound[1]):
+            raise DemotionStaleError(
+                f"the room holds {int(room['next_seq']) - 1} events and {int(room['event_bytes'])} bytes, more than "
+                f"the {bound[0]} events and {bound[1]} bytes the demotion was planned for; nothing was changed")
         if epoch <= current_epoch:
             raise ReplicaEpochRegressionError("observed epoch does not supersede the stored authority")
         if current_gateway != local:

@@ -28,7 +28,7 @@ from hostedrooms.standby.failover import NOT_FENCED, PROMOTED, TAKEN_OVER, Fence
 
 pytest_plugins = ["standby_fixtures"]
 
-failover_module = importlib.import_module("hostedrooms.standby.failover")  # the package's name is the function
+failover_module = importlib.import_module("hostedrooms.standby.takeover")  # where failover promotes
 
 CHILD = Path(__file__).with_name("standby_child.py")
 ROOMS = [f"room-{index}" for index in range(4)]
