@@ -570,11 +570,11 @@ def _failover_line(room: Any) -> str:
     elif room.outcome == "would-promote":
         what = f"epoch {room.previous_epoch} -> {room.epoch} (seq {room.last_seq})"
     elif room.outcome == "taken-over":
-        what = f"epoch {room.previous_epoch} -> {room.epoch}, by another failover run"
+        what = f"epoch {room.previous_epoch} -> {room.epoch}, {room.reason}"
     else:
         what = f"{room.outcome}: {room.reason}"
-    label = {"promoted": "promoted", "would-promote": "would promote",
-             "taken-over": "taken over"}.get(room.outcome, "not promoted")
+    label = {"promoted": "promoted", "would-promote": "would promote", "taken-over": "taken over",
+             "released": "left", "fenced": "pending"}.get(room.outcome, "not promoted")
     return terminal_text(f"{label:<13} {room.room_id}  {what}")
 
 

@@ -219,22 +219,25 @@ def _fence(authority: Engine, head: TakeoverHead, plan: Plan, report: FailoverRe
                                  limits=limits)
         except STORE_ERRORS:
             raise
-        except DemotionStaleError:
-            pass
         except HostedRoomError as exc:
-            report.rooms.append(_left(head, silent, NOT_FENCED, f"it could not be fenced: {exc}"))
-            return None
+            refused = None if isinstance(exc, DemotionStaleError) else exc
         plan.unreserve(head)
         current = takeover_heads(authority, [head.room_id]).get(head.room_id)
         if current is None or current.disbanded:
             return None
-        if current.authority_gateway_id != silent:  # another standby fenced it first
+        if current.authority_gateway_id != silent:  # another standby (or another run of this one) fenced it first
             fence = read_fence(authority, head.room_id, holder=current.authority_gateway_id,
                                epoch=current.authority_epoch, silent=silent, limits=limits)
             if fence is not None and current.authority_gateway_id == local:
-                return fence  # a concurrent run of this gateway's
+                return fence
             if fence is not None:
                 report.rooms.append(_elsewhere(current, fence))
+            else:
+                report.rooms.append(_left(current, current.authority_gateway_id, NOT_FENCED,
+                                          f"{silent} gave it to {current.authority_gateway_id} meanwhile"))
+            return None
+        if refused is not None:
+            report.rooms.append(_left(current, silent, NOT_FENCED, f"it could not be fenced: {refused}"))
             return None
         refusal = plan.refusal(current)
         if refusal is not None:
