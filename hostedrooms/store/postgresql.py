@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    BindParameter,
     ColumnElement,
     Connection,
     Float,
@@ -48,6 +49,7 @@ from .base import (
     RoomStore,
     RowLike,
     event_rows,
+    int64,
 )
 
 __all__ = ["PostgreSQLRoomStore"]
@@ -126,6 +128,15 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 #: SQLSTATE division_by_zero: the append's advance found no budget shard to pay for it, or (a batch) not every row
 #: was inserted (see the statements).
 _NO_SHARD_PAID = "22012"
+
+
+def _int64_binds() -> list[BindParameter[int]]:
+    """The statements' byte counts, limits and counts, bound as 64-bit integers (:func:`.base.int64`)."""
+    return [int64(name) for name in (
+        "fast_size", "fast_spread_limit", "fast_max_room_bytes", "fast_count", "fast_max_events")]
+
+
+
 _STORED_KEYS = ("seq", "room_id", "event_id", "kind", "actor_json", "authority_epoch", "payload_json", "created_at")
 
 
@@ -138,8 +149,8 @@ class PostgreSQLRoomStore(RoomStore):
 
     def __init__(self, dialect: StoreDialect) -> None:
         super().__init__(dialect)
-        self._append_one = HotStatement(text(_APPEND_ONE))
-        self._append_batch = HotStatement(text(_APPEND_BATCH))
+        self._append_one = HotStatement(text(_APPEND_ONE).bindparams(*_int64_binds()))
+        self._append_batch = HotStatement(text(_APPEND_BATCH).bindparams(*_int64_binds()))
         # PostgreSQL sends a statement's whole result at once: the running byte sum is cut in the query, so no
         # more than one page ever leaves the server.
         page_of = self._page_of(bindparam("latest_seq"))
