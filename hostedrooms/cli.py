@@ -1,4 +1,4 @@
-"""The ``hostedrooms`` console script: migrate, inspect, verify, and a demo of the whole story.
+"""The ``hostedrooms`` console script: migrate, inspect, verify, repair the budget, and a demo of the whole story.
 
 Every command takes ``--url`` (default: ``$HOSTEDROOMS_DATABASE_URL``, else ``./state.db``). Errors are one
 line on stderr and a non-zero exit; progress is shown only when stderr is a terminal. Only ``upgrade`` and
@@ -32,7 +32,7 @@ from . import rooms as room_service
 from .db import DATABASE_URL_ENV, create_engine
 from .display import terminal_text
 from .errors import UPGRADE_HINT, HostedRoomError, SchemaMissingError, StorageError, describe_target, translate
-from .integrity import verify
+from .integrity import repair_budget, verify
 from .limits import MAX_LOG_LIMIT
 from .logs import FORMATS, LEVELS, logging_to, logs_enabled
 from .migrate import SCHEMA_ENV
@@ -302,6 +302,22 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"{terminal_text(violation)}\n")
     out.write("verify: clean\n" if not found else f"verify: {len(found)} violation(s)\n")
     return EXIT_OK if not found else EXIT_FAILED
+
+
+def cmd_repair_budget(args: argparse.Namespace, out: TextIO) -> int:
+    """Re-derive the gateway budget's shards from the rooms when ``verify`` would report them; exit 0 either way."""
+    with _engine(args) as engine:
+        _require_schema(engine)
+        repair = repair_budget(engine)
+    for violation in repair.problems:
+        out.write(f"{terminal_text(violation)}\n")
+    if not repair.changed:
+        out.write(f"repair-budget: clean, nothing changed (shards account for {repair.rooms_bytes} bytes)\n")
+    else:
+        out.write(f"repair-budget: repaired: shards accounted for {repair.shards_used} bytes, now "
+                  f"{repair.rooms_bytes} (what the rooms hold); allowances {repair.allowance_before} -> "
+                  f"{repair.allowance_after} bytes, spread for {repair.limit}\n")
+    return EXIT_OK
 
 
 def cmd_alembic_ini(args: argparse.Namespace, out: TextIO) -> int:
@@ -783,6 +799,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--expect-head", action="append", metavar="ROOM/SEQ/EVENT_ID",
         help="an event a reader remembers (repeatable): a violation when it is gone or another event holds its seq "
              "(a failover onto a standby that lacked it)")
+    command("repair-budget", cmd_repair_budget, "re-derive the gateway byte budget's shards from the rooms when "
+            "verify reports them wrong (a clean budget is left as it is)")
     _add_status(command("status", cmd_status, "a store's limits, ledger backlog and replica lag in one read; exit "
                         "0 ok, 1 warning, 2 critical, 3 unknown"))
     _add_alembic_ini(command("alembic-ini", cmd_alembic_ini, "write an alembic.ini for the installed package",
