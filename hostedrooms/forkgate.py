@@ -45,10 +45,11 @@ class _Gate:
     """The threads inside the driver, and whether a fork is waiting for them to leave."""
 
     def __init__(self, inside: int = 0) -> None:
-        self.cond = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)  # waited on only while a fork is pending
         self.inside = inside
         self.forking = False
-        self.holding = False  # the forking thread holds ``cond`` across the fork
+        self.holding = False  # the forking thread holds ``lock`` across the fork
 
 
 _gate = _Gate()
@@ -65,7 +66,7 @@ def enter() -> None:
     depth = _depth()
     if not depth:
         gate = _gate
-        with gate.cond:
+        with gate.lock:
             while gate.forking:
                 gate.cond.wait()
             gate.inside += 1
@@ -74,10 +75,10 @@ def enter() -> None:
 
 def leave() -> None:
     """This thread left the driver (the outermost leave lets a pending fork go on)."""
-    depth = _local.depth = _depth() - 1
+    depth = _local.depth = _local.depth - 1
     if not depth:
         gate = _gate
-        with gate.cond:
+        with gate.lock:
             gate.inside -= 1
             if gate.forking:
                 gate.cond.notify_all()
@@ -95,7 +96,7 @@ def inside_driver() -> Iterator[None]:
 
 def _before_fork() -> None:
     gate = _gate
-    gate.cond.acquire()
+    gate.lock.acquire()
     while gate.forking:  # another thread is forking: its fork first
         gate.cond.wait()
     gate.forking, gate.holding = True, True
@@ -115,7 +116,7 @@ def _after_in_parent() -> None:
     if gate.holding:
         gate.forking, gate.holding = False, False
         gate.cond.notify_all()
-        gate.cond.release()
+        gate.lock.release()
 
 
 def _after_in_child() -> None:

@@ -26,6 +26,14 @@ from then on a commit wakes it, so a commit between the read and the wait is not
 while its waiter is reading is kept for its next wait (a spurious re-read at worst). Leaving the ``with`` block
 only unregisters; nothing of the services' pool is held at any time.
 
+A waiting connection lost after it served (a terminated backend, a restarted server) is opened again: attempts
+back off from :data:`RECONNECT_FIRST` doubling to :data:`RECONNECT_CAP` (jittered), and once the new connection
+serves, every subscription is signalled, since notifications sent while nobody listened are lost (each re-reads).
+A subscription raises from its wait only after ``reconnect_deadline`` seconds without a serving connection
+(:data:`RECONNECT_DEADLINE`); a first connection that never served fails them all at once (a wrong URL, a hot
+standby refusing ``LISTEN``). The waiter's driver calls hold :mod:`hostedrooms.forkgate`'s gate, never its waits on
+the socket: a fork never finds this thread inside SQLite or the driver.
+
 Behind a transaction pooler (``create_engine(..., pooler="transaction")``) a ``LISTEN`` would hold for one
 transaction of some server connection and then be lost: the waiter connects to ``listen_url`` instead (a direct
 connection), and without one every wait is refused with a StoreConfigurationError rather than silently polling.

@@ -28,6 +28,8 @@ GATEWAY = "install:gw-a"
 #: Children alive at once, and how long one may take before it counts as hung.
 AT_ONCE = 4
 CHILD_BOUND = 30.0
+#: Each writer's appends to one room before it moves on to a new one.
+ROOM_SHARE = 10_000
 
 
 def append(engine: Engine, room_id: str, event_id: str) -> int:
@@ -59,10 +61,14 @@ class Busy:
             thread.start()
 
     def _write(self, engine: Engine, n: int) -> None:
+        room = "busy"
         try:
             while not self.stop.is_set():
                 self.appended[n] += 1
-                append(engine, "busy", f"w{n}-{self.appended[n]}")
+                if self.appended[n] % ROOM_SHARE == 0:  # a room holds at most MAX_EVENTS_PER_ROOM events
+                    room = f"busy-{n}-{self.appended[n]}"
+                    make_room(engine, room_id=room, gateway=GATEWAY)
+                append(engine, room, f"w{n}-{self.appended[n]}")
         except BaseException as exc:  # reported by the test
             self.errors.append(exc)
 

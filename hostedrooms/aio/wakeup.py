@@ -155,9 +155,10 @@ class AsyncWakeup:
             waiter.remove(self._subscription)
 
 
-def ledger_wakeup(engine: AsyncEngine, *, poll_interval: float | None = None) -> AsyncWakeup:
+def ledger_wakeup(engine: AsyncEngine, *, poll_interval: float | None = None,
+                  reconnect_deadline: float | None = None) -> AsyncWakeup:
     """A wake-up on ledger work becoming due (any kind)."""
-    return AsyncWakeup(engine, LEDGER_WORK_CHANNEL, poll_interval=poll_interval)
+    return AsyncWakeup(engine, LEDGER_WORK_CHANNEL, poll_interval=poll_interval, reconnect_deadline=reconnect_deadline)
 
 
 def room_wakeup(engine: AsyncEngine, room_id: str, *, poll_interval: float | None = None,
