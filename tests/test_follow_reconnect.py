@@ -2,12 +2,13 @@
 followers (synchronous and asyncio) and ledger wake-ups is opened again, and every follower goes on from its
 cursor: the events appended before, during and after each loss reach each follower exactly once, in order. A
 server unreachable for longer than ``reconnect_deadline`` ends them with StoreUnavailableError, not before; one
-back within it loses them nothing."""
+back within it loses them nothing. SQLite's poller, its connection failing, does the same."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import threading
 import time
 from typing import Any
@@ -17,14 +18,15 @@ import sqlalchemy as sa
 from factories import outbound
 from sqlalchemy import Engine
 from tcp_proxy import Proxy
-from test_follow_shared_waiter import event_of, two_rooms, wait_until
+from test_follow_shared_waiter import event_of, two_rooms, wait_until, waiter_threads
 from waits import join
 
 from hostedrooms import aio, create_engine, rooms, wakeup
+from hostedrooms.dialect import SQLiteDialect
 from hostedrooms.errors import StoreUnavailableError
 from hostedrooms.ledger import DeliveryLedger
 
-pytestmark = pytest.mark.parametrize("backend", ["postgresql"])
+POSTGRESQL = pytest.mark.parametrize("backend", ["postgresql"])
 
 #: No fallback re-read within the test's bounds: an event committed while no connection listened reaches a
 #: follower only through the wake-up after the reconnection.
@@ -106,6 +108,7 @@ class AsyncFollowers:
             await async_engine.dispose()
 
 
+@POSTGRESQL
 def test_followers_survive_a_terminated_listen_connection(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     # A slower first retry: the appends after each termination commit while no connection listens.
     monkeypatch.setattr(wakeup, "RECONNECT_FIRST", 0.6)
@@ -152,6 +155,7 @@ def proxied(engine: Engine, proxy: Proxy) -> dict[str, Any]:
 DEADLINE = 1.5
 
 
+@POSTGRESQL
 def test_a_server_unreachable_past_the_deadline_fails_the_followers(engine: Engine) -> None:
     two_rooms(engine)
     with Proxy((str(engine.url.host), int(engine.url.port or 5432))) as proxy:
@@ -176,6 +180,7 @@ def test_a_server_unreachable_past_the_deadline_fails_the_followers(engine: Engi
     assert [follower.seen for follower in followers] + async_followers.seen == [[]] * 4
 
 
+@POSTGRESQL
 def test_a_server_back_within_the_deadline_loses_nothing(engine: Engine) -> None:
     two_rooms(engine)
     with Proxy((str(engine.url.host), int(engine.url.port or 5432))) as proxy:
@@ -200,3 +205,29 @@ def test_a_server_back_within_the_deadline_loses_nothing(engine: Engine) -> None
     assert [(f.seen, f.error) for f in followers] == [([2, 3], None)] * 2
     assert async_followers.errors == [None, None]
     assert async_followers.seen == [[2, 3]] * 2
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_a_failing_poller_connection_is_opened_again(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The poller's reads failing (twice) end no follower: the waiter polls on a new connection and wakes them."""
+    two_rooms(engine)
+    failures = [sqlite3.OperationalError("disk I/O error")] * 2
+    original = SQLiteDialect.change_counter
+
+    def change_counter(self: SQLiteDialect, dbapi_connection: Any) -> int:
+        if armed.is_set() and failures:
+            raise failures.pop()
+        return original(self, dbapi_connection)
+
+    armed = threading.Event()
+    monkeypatch.setattr(SQLiteDialect, "change_counter", change_counter)
+    followers = [SyncFollower(engine, 1, 3, **WAITING) for _ in range(2)]
+    wait_until(lambda: waiter_threads() == 1, "the shared waiter")
+    time.sleep(0.2)  # the followers in their wait
+    armed.set()
+    wait_until(lambda: not failures, "the poller to fail twice")
+    rooms.append_event(engine, **event_of("second", "followed"))
+    rooms.append_event(engine, **event_of("third", "followed"))
+    for follower in followers:
+        join(follower.thread, 30)
+    assert [(f.seen, f.error) for f in followers] == [([2, 3], None)] * 2
