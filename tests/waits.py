@@ -21,7 +21,9 @@ def wait_child(pid: int, timeout: float = BOUND) -> int:
             return os.waitstatus_to_exitcode(status)
         if time.monotonic() >= deadline:
             os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)  # killed: reaped at once
+            reaped = time.monotonic() + 10
+            while not os.waitpid(pid, os.WNOHANG)[0] and time.monotonic() < reaped:  # killed: reaped soon
+                time.sleep(0.01)
             raise AssertionError(f"child {pid} still running after {timeout} s: killed")
         time.sleep(0.005)
 
