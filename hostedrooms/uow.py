@@ -27,6 +27,7 @@ from sqlalchemy import Connection, Engine, Executable, Result
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
+from . import forkgate
 from . import writer as held
 from .db import reject_async
 from .dialect import StoreDialect, dialect_for
@@ -48,12 +49,19 @@ class UnitOfWork:
         self._session: Session | None = None
         self._committed = False
         self._writer: held.HeldWriter | None = None
+        self._gated = False
 
     def __enter__(self) -> Self:
-        if self.write:
-            writer = held.take(self.engine)
-            if writer is not None:
-                return self._enter_held(writer)
+        forkgate.enter()  # no fork while the unit is inside the driver (held until it is closed)
+        self._gated = True
+        try:
+            if self.write:
+                writer = held.take(self.engine)
+                if writer is not None:
+                    return self._enter_held(writer)
+        except BaseException:
+            self._close()
+            raise
         try:
             connection = self._connection = self.engine.connect()
             if self.statement_snapshots:
@@ -64,6 +72,9 @@ class UnitOfWork:
         except sa_exc.SQLAlchemyError as exc:
             self._close()
             raise translate(exc, self.engine.url) from exc
+        except BaseException:
+            self._close()
+            raise
         return self
 
     def _enter_held(self, writer: held.HeldWriter) -> Self:
@@ -166,12 +177,17 @@ class UnitOfWork:
             connection.end_direct(commit=commit)
 
     def _close(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
-        connection, self._connection = self._connection, None
-        writer, self._writer = self._writer, None
-        if writer is not None:  # the held writer stays open for the next unit (unless the unit broke it)
-            writer.release()
-        elif connection is not None:
-            connection.close()
+        try:
+            if self._session is not None:
+                self._session.close()
+                self._session = None
+            connection, self._connection = self._connection, None
+            writer, self._writer = self._writer, None
+            if writer is not None:  # the held writer stays open for the next unit (unless the unit broke it)
+                writer.release()
+            elif connection is not None:
+                connection.close()
+        finally:
+            if self._gated:
+                self._gated = False
+                forkgate.leave()

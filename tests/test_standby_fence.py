@@ -77,7 +77,7 @@ def test_no_acknowledged_write_is_lost_while_the_old_authority_keeps_writing(
                                                            if "refused" in line} == set(ROOMS))
     finally:
         writer.kill()
-        writer.wait()
+        writer.wait(timeout=30)
     out = capsys.readouterr().out
     assert code == 0, out
     acked = [line["ack"] for line in _lines(log) if "ack" in line]
@@ -187,7 +187,7 @@ def test_two_failovers_at_once_both_succeed_and_promote_each_room_once(engine: E
     for room_id in names:
         host(engine, room_id, 2)
     _replicate(engine, standby)
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(2, timeout=60)
     reports: list[Any] = []
 
     def run() -> None:

@@ -101,12 +101,15 @@ class LedgerBase:
         """Wake the ledger's waiters (:meth:`work_wakeup`) when this transaction commits: ``work`` became due."""
         self._store(uow).wake(uow.connection, work)
 
-    def work_wakeup(self, *, poll_interval: float | None = None) -> Wakeup:
+    def work_wakeup(self, *, poll_interval: float | None = None, reconnect_deadline: float | None = None) -> Wakeup:
         """A context manager whose ``wait(timeout)`` returns once a ledger transition made work due (a delivery
         authorised or queued, a response or outbound intent prepared), or ``timeout`` passed; retries that
         become due later are the caller's to time. Enter it before reading the queues, so no wake-up is missed
-        between the read and the wait (see :mod:`hostedrooms.wakeup`)."""
-        return Wakeup(self.engine, LEDGER_WORK_CHANNEL, poll_interval=poll_interval)
+        between the read and the wait (see :mod:`hostedrooms.wakeup`). A lost waiting connection is opened again;
+        only past ``reconnect_deadline`` seconds without one (default
+        :data:`~hostedrooms.wakeup.RECONNECT_DEADLINE`) does ``wait`` raise StoreUnavailableError."""
+        return Wakeup(self.engine, LEDGER_WORK_CHANNEL, poll_interval=poll_interval,
+                      reconnect_deadline=reconnect_deadline)
 
     def _require_crash_safe(self) -> None:
         def check(uow: UnitOfWork) -> bool:
