@@ -51,7 +51,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: ``status``'s exit code when the store cannot be read or an option is invalid (Nagios' UNKNOWN).
 EXIT_STATUS_UNKNOWN = 3
 #: The long-running commands, which take ``--log-format`` and ``--log-level``.
-LOGGING_COMMANDS = ("replicate", "log", "failover")
+LOGGING_COMMANDS = ("replicate", "log", "failover", "serve-pages")
 _log = logging.getLogger("hostedrooms.cli")  # not __name__: run as a script it is __main__
 #: Where ``status`` reads the time, once per run (tests replace it).
 status_clock: Callable[[], float] = time.time
@@ -518,7 +518,7 @@ def cmd_replicate(args: argparse.Namespace, out: TextIO) -> int:
     http_source = args.source.startswith(("http://", "https://"))
     poll = _seconds(args.poll if args.poll is not None else 0.5 if http_source else 0.01, "--poll")
     metrics = _standby_metrics(args)
-    source = open_source(args.source)
+    source = open_source(args.source, **_page_client_options(args, args.source))
     try:
         with _engine(argparse.Namespace(url=args.target, schema=args.schema)) as target:
             _require_schema(target)
@@ -550,6 +550,62 @@ def cmd_replicate(args: argparse.Namespace, out: TextIO) -> int:
             return EXIT_OK
     finally:
         source.close()
+
+
+def _page_client_options(args: argparse.Namespace, spec: str | None) -> dict[str, Any]:
+    """An http(s) page source's token (``--token-file``, else ``$HOSTEDROOMS_PAGE_TOKEN``) and TLS CA
+    (``--tls-ca``); the options are refused where they would be ignored."""
+    from .standby.auth import client_tls_context, resolve_token
+    from .standby.open import is_http_source
+
+    if spec is None or not is_http_source(spec):
+        if args.token_file is not None or args.tls_ca is not None:
+            raise HostedRoomError("--token-file and --tls-ca apply to an http(s):// page source only")
+        return {}
+    if args.tls_ca is not None and not spec.startswith("https://"):
+        raise HostedRoomError("--tls-ca needs an https:// page source")
+    options: dict[str, Any] = {"token": resolve_token(args.token_file)}
+    if args.tls_ca is not None:
+        options["ssl_context"] = client_tls_context(args.tls_ca)
+    return options
+
+
+def cmd_serve_pages(args: argparse.Namespace, out: TextIO) -> int:
+    """Serve this gateway's pages to its standbys until SIGINT or SIGTERM."""
+    from .standby import EnginePageSource, PageServer
+    from .standby.auth import is_loopback, resolve_token, server_tls_context
+    from .standby.metrics import parse_address
+
+    address = parse_address(args.listen, option="--listen")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise HostedRoomError("--tls-cert and --tls-key go together")
+    token = resolve_token(args.token_file)
+    if token is not None and args.insecure_no_token:
+        raise HostedRoomError("--insecure-no-token with a token (--token-file or $HOSTEDROOMS_PAGE_TOKEN): "
+                              "choose one")
+    context = None if args.tls_cert is None else server_tls_context(args.tls_cert, args.tls_key)
+    with _engine(args) as engine:
+        _require_schema(engine)
+        source = EnginePageSource(engine)
+        try:
+            with PageServer(source, address, prefix=args.prefix, token=token, ssl_context=context,
+                            insecure_no_token=args.insecure_no_token) as server, _stop_on_signals() as stop:
+                if token is None and not is_loopback(str(server.server_address[0])):
+                    warning = (f"serving every room of {describe_target(engine.url)} WITHOUT A TOKEN at "
+                               f"{server.url} (--insecure-no-token): anyone who can connect reads every room "
+                               "and can serve a log that demotes a returning authority")
+                    _log.warning("%s", warning)
+                    sys.stderr.write(terminal_text(f"hostedrooms: WARNING: {warning}") + "\n")
+                    sys.stderr.flush()
+                guard = "token required" if token is not None else "no token"
+                out.write(terminal_text(f"serve-pages: {describe_target(engine.url)} at {server.url} ({guard})")
+                          + "\n")
+                out.flush()
+                stop.wait()
+        finally:
+            source.close()
+    out.write("serve-pages: stopped\n")
+    return EXIT_OK
 
 
 def _standby_metrics(args: argparse.Namespace) -> Any:
@@ -607,7 +663,8 @@ def cmd_failover(args: argparse.Namespace, out: TextIO) -> int:
     try:
         with _engine(argparse.Namespace(url=args.target, schema=args.schema)) as target:
             _require_schema(target)
-            source = open_source(args.catch_up_from) if args.catch_up_from else None
+            options = _page_client_options(args, args.catch_up_from)
+            source = open_source(args.catch_up_from, **options) if args.catch_up_from else None
             try:
                 report = failover(target, from_gateway=args.from_gateway, local_gateway_id=local,
                                   dry_run=args.dry_run, reason=args.reason, catch_up_from=source)
@@ -697,6 +754,29 @@ def _add_replicate(sub: argparse.ArgumentParser) -> None:
                      help="with --follow: serve Prometheus metrics (every room's lag, the passes' durations and "
                      "failures) at http://HOST:PORT/metrics; port 0 takes a free port (printed); needs the "
                      "metrics extra (prometheus-client)")
+    _add_page_client(sub)
+
+
+def _add_page_client(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--token-file", metavar="PATH",
+                     help="an http(s) source's bearer token: the file's one line (not readable by others; default: "
+                     "$HOSTEDROOMS_PAGE_TOKEN)")
+    sub.add_argument("--tls-ca", metavar="FILE",
+                     help="an https source's certificate is verified against the CA certificates in FILE (PEM) "
+                     "instead of the system's")
+
+
+def _add_serve_pages(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
+                     help="the address to serve at (default 127.0.0.1:0: loopback, a free port, printed)")
+    sub.add_argument("--prefix", default="", help="the endpoint's path (e.g. /standby; default: the root)")
+    sub.add_argument("--token-file", metavar="PATH",
+                     help="the bearer token standbys must send: the file's one line (not readable by others; "
+                     "default: $HOSTEDROOMS_PAGE_TOKEN); required unless HOST is loopback")
+    sub.add_argument("--insecure-no-token", action="store_true",
+                     help="serve beyond loopback without a token (every client that can connect reads every room)")
+    sub.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate chain (PEM)")
+    sub.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
 
 
 def _add_target_schema(sub: argparse.ArgumentParser) -> None:
@@ -717,6 +797,7 @@ def _add_failover(sub: argparse.ArgumentParser) -> None:
                      "database is fenced first (each of its rooms demoted there, so it can no longer write), an "
                      "http(s) endpoint cannot be: stop the authority before")
     sub.add_argument("--reason", default="authority-unreachable", help="recorded in each claim event")
+    _add_page_client(sub)
 
 
 def _percent(text: str) -> float:
@@ -809,6 +890,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "keep replicas of every room of another gateway caught up", url=False))
     _add_failover(command("failover", cmd_failover, "promote every caught-up replica of a silent authority",
                           url=False))
+    _add_serve_pages(command("serve-pages", cmd_serve_pages, "serve this gateway's pages to its standbys "
+                             "(until interrupted)"))
     demo = command("demo", cmd_demo, "run the failover story on two gateways' databases", url=False)
     demo.add_argument("--dir", help="folder for the two SQLite files (default: a temporary folder)")
     demo.add_argument("--url-a", help="gateway A's database URL (instead of a SQLite file)")

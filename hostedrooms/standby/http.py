@@ -17,9 +17,10 @@ Errors are ``{"error": CODE, "message": TEXT}`` with 404 (``room_not_found``, ``
 
 A gateway mounts :func:`answer` in its own HTTP stack behind its own authentication (it takes the path and
 query below the mount point and returns the status and body); :class:`PageServer` is a small standard-library
-server around it (tests, or a loopback sidecar). :class:`HttpPageSource` is the standby's client: it trusts
-nothing it receives (bounded sizes and time, JSON only, every shape checked; ``ingest_page`` then validates
-every event as the authority's own append rules would).
+server around it (``hostedrooms serve-pages``): it requires a bearer token beyond loopback and can speak TLS
+(:mod:`~hostedrooms.standby.auth`). :class:`HttpPageSource` is the standby's client: it sends the token, and
+trusts nothing it receives (bounded sizes and time, JSON only, every shape checked; ``ingest_page`` then
+validates every event as the authority's own append rules would).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any
 from .. import limits as default_limits
 from ..errors import (
     HostedRoomError,
+    InvalidInputError,
     RoomHistoryExpiredError,
     RoomNotFoundError,
     StorageError,
@@ -49,8 +51,15 @@ from ..errors import (
 from ..limits import Limits
 from ..lineage import check_lineage
 from ..validation import INT64_MAX, identifier, json_depth_within, max_json_depth
+from .auth import PageToken, authorization_matches, is_loopback, page_token
 from .heads import LISTING_PAGE, RoomHead
-from .source import PageSource, RoomInfo, SourceProtocolError, SourceUnavailableError
+from .source import (
+    PageSource,
+    RoomInfo,
+    SourceAuthenticationError,
+    SourceProtocolError,
+    SourceUnavailableError,
+)
 
 __all__ = ["HttpPageSource", "PageServer", "answer"]
 
@@ -123,6 +132,8 @@ DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_SEND_TIMEOUT = 60.0
 
 _BUSY = _body(503, {"error": "unavailable", "message": "too many connections; retry later"})[1]
+#: The one answer to a request without the token, whatever its path (no 404 beside it, no room named).
+_UNAUTHORIZED = _error(401, "unauthorized", "a valid bearer token is required")
 _BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: "
                   + str(len(_BUSY)).encode() + b"\r\nConnection: close\r\nCache-Control: no-store\r\n\r\n" + _BUSY)
 
@@ -180,6 +191,9 @@ class _Handler(BaseHTTPRequestHandler):
     _reader: _DeadlineReader
 
     def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):  # here, on the connection's thread: never the accept loop's
+            self.request.settimeout(self.server.header_timeout)
+            self.request.do_handshake()
         super().setup()
         self._reader = _DeadlineReader(self.connection)
         self.rfile = io.BufferedReader(self._reader, 65536)
@@ -197,12 +211,14 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.server._set_busy(self.request, True):  # evicted while its headers arrived
             self.close_connection = True
             return
-        if self.headers.get("Content-Length", "0").strip() != "0" or "Transfer-Encoding" in self.headers:
-            # A body is never read: left on the connection it would be taken for the next request.
-            self.close_connection = True
+        with_body = self.headers.get("Content-Length", "0").strip() != "0" or "Transfer-Encoding" in self.headers
+        # A body is never read: left on the connection it would be taken for the next request.
+        self.close_connection = self.close_connection or with_body
+        if not self.server._authorized(self.headers):
+            self.close_connection = True  # a stranger holds no slot a standby may need
+            status, body = _UNAUTHORIZED
+        elif with_body:
             status, body = _error(400, "bad_request", "page requests carry no body")
-        elif self.server.authorize is not None and not self.server.authorize(self.headers):
-            status, body = _error(401, "unauthorized", "not authorized")
         elif not self.path.startswith(self.server.prefix + "/"):
             status, body = _error(404, "not_found", "no such page endpoint")
         else:
@@ -211,6 +227,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", _JSON)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        if status == 401:
+            self.send_header("WWW-Authenticate", 'Bearer realm="hostedrooms-pages"')
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
@@ -229,10 +247,14 @@ def _seconds(value: Any, label: str) -> float:
 class PageServer(ThreadingHTTPServer):
     """A standard-library HTTP server answering the page endpoints from ``source`` (one thread per connection).
 
-    ``prefix``: the mount point (``""``, or like ``"/standby"``). ``authorize(headers)``: return False to answer
-    401 (for instance, check a bearer token); without it every client that can connect reads every room, so bind
-    it to loopback (the default) or put it behind the gateway's authenticated transport. Use as a context
-    manager, or :meth:`start` and :meth:`stop`.
+    ``prefix``: the mount point (``""``, or like ``"/standby"``). ``token``: the shared bearer token (str or
+    bytes, see :mod:`~hostedrooms.standby.auth`): a request without ``Authorization: Bearer TOKEN`` is answered
+    401 (the same body on every path, naming no room). ``authorize(headers)``: return False to answer that 401
+    too (the gateway's own check; with ``token`` both must pass). Without either, every client that can connect
+    reads every room: so on an address that is not loopback the server refuses to start (InvalidInputError)
+    unless ``insecure_no_token=True`` says the network itself is trusted. ``ssl_context``: serve HTTPS with it
+    (:func:`~hostedrooms.standby.auth.server_tls_context`; each handshake runs on its connection's thread,
+    bounded by ``header_timeout``). Use as a context manager, or :meth:`start` and :meth:`stop`.
 
     Slow and idle clients are bounded, so they cannot hold the threads and descriptors a standby needs:
 
@@ -251,7 +273,8 @@ class PageServer(ThreadingHTTPServer):
     request_queue_size = 128  # a burst of connections waits in the kernel's queue, not in SYN retries
 
     def __init__(self, source: PageSource, address: tuple[str, int] = ("127.0.0.1", 0), *, prefix: str = "",
-                 authorize: Callable[[Any], bool] | None = None,
+                 authorize: Callable[[Any], bool] | None = None, token: PageToken | str | bytes | None = None,
+                 insecure_no_token: bool = False, ssl_context: ssl.SSLContext | None = None,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
                  header_timeout: float = DEFAULT_HEADER_TIMEOUT, send_timeout: float = DEFAULT_SEND_TIMEOUT) -> None:
         if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
@@ -260,18 +283,45 @@ class PageServer(ThreadingHTTPServer):
         self.header_timeout = _seconds(header_timeout, "header_timeout")
         self.send_timeout = _seconds(send_timeout, "send_timeout")
         self.max_connections = max_connections
-        super().__init__(address, _Handler)
+        self._token = page_token(token)
+        if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
+            raise HostedRoomError("ssl_context must be an ssl.SSLContext")
+        self.ssl_context = ssl_context
         self.source = source
         self.prefix = prefix.rstrip("/")
         self.authorize = authorize
+        super().__init__(address, _Handler, bind_and_activate=False)
+        try:
+            self.server_bind()
+            self._refuse_open_bind(insecure_no_token)
+            self.server_activate()
+        except BaseException:
+            self.server_close()
+            raise
         self._thread: threading.Thread | None = None
         self._slots_lock = threading.Lock()
         self._slots: dict[socket.socket, _Slot] = {}
 
+    def _refuse_open_bind(self, insecure_no_token: bool) -> None:
+        """Refuse to listen beyond loopback with nothing checking who reads (the bound address is checked, so a
+        host name that resolves elsewhere is caught too)."""
+        host = str(self.server_address[0])
+        if self._token is None and self.authorize is None and not insecure_no_token and not is_loopback(host):
+            raise InvalidInputError(
+                f"refusing to serve every room on {host} (not a loopback address) without a "
+                "token: pass token= (hostedrooms serve-pages: --token-file or $HOSTEDROOMS_PAGE_TOKEN), or "
+                "insecure_no_token=True when only trusted clients can reach it", field="token")
+
+    def _authorized(self, headers: Any) -> bool:
+        if self._token is not None and not authorization_matches(self._token, headers.get_all("Authorization")):
+            return False
+        return self.authorize is None or bool(self.authorize(headers))
+
     @property
     def url(self) -> str:
         host, port = str(self.server_address[0]), self.server_address[1]
-        return f"http://{f'[{host}]' if ':' in host else host}:{port}{self.prefix}"
+        scheme = "http" if self.ssl_context is None else "https"
+        return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}{self.prefix}"
 
     @property
     def connections(self) -> int:
@@ -282,6 +332,12 @@ class PageServer(ThreadingHTTPServer):
     # -- admission --
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        if self.ssl_context is not None:  # no I/O here: the handshake runs on the connection's thread
+            try:
+                request = self.ssl_context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+            except OSError:
+                self.shutdown_request(request)
+                return
         with self._slots_lock:
             admitted = len(self._slots) < self.max_connections or self._evict_waiting()
             if admitted:
@@ -369,8 +425,13 @@ def _reject_constant(name: str) -> Any:
 class HttpPageSource:
     """A :class:`PageSource` reading a gateway's page endpoints over HTTP(S) (one keep-alive connection).
 
-    ``base_url``: ``http://host:port/prefix`` (no credentials, query or fragment: pass ``headers``, for
-    instance ``{"Authorization": "Bearer ..."}``). ``timeout``: seconds for a whole request, however slowly the
+    ``base_url``: ``http://host:port/prefix`` (no credentials, query or fragment). ``token``: the server's
+    bearer token (str or bytes, see :mod:`~hostedrooms.standby.auth`), sent as ``Authorization: Bearer ...``
+    on every request and shown nowhere (not in :meth:`describe`, messages or ``repr``); a 401 or 403 raises
+    :class:`~hostedrooms.standby.source.SourceAuthenticationError`. ``headers``: more request headers (another
+    scheme of authentication; not with ``token``). ``ssl_context``: for ``https://``, the default verifies the
+    server's certificate against the system's CAs (:func:`~hostedrooms.standby.auth.client_tls_context` takes a
+    CA file of your own). ``timeout``: seconds for a whole request, however slowly the
     peer sends. ``max_response_bytes``: the largest answer read (default: MAX_LOG_PAGE_BYTES plus 1 MiB, since a
     page fits MAX_LOG_PAGE_BYTES as JSON and members fit MAX_MEMBERS_JSON_BYTES). Redirects are not followed.
     Thread-safe (requests are serialised).
@@ -385,6 +446,7 @@ class HttpPageSource:
         headers: Mapping[str, str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
         limits: Limits | None = None,
+        token: PageToken | str | bytes | None = None,
     ) -> None:
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -398,6 +460,9 @@ class HttpPageSource:
             if not (isinstance(key, str) and isinstance(value, str) and key.isascii() and key.isprintable()
                     and ":" not in key and "\r" not in value and "\n" not in value):
                 raise HostedRoomError("headers must map header names to single-line strings")
+        self._token = page_token(token)
+        if self._token is not None and any(key.lower() == "authorization" for key in headers or {}):
+            raise HostedRoomError("pass the page token as token= or as an Authorization header, not both")
         self.limits = default_limits if limits is None else limits
         self.max_response_bytes = (int(self.limits.MAX_LOG_PAGE_BYTES) + (1 << 20) if max_response_bytes is None
                                    else int(max_response_bytes))
@@ -531,7 +596,8 @@ class HttpPageSource:
                  deadline: float) -> tuple[int, str, bytes]:
         if connection.sock is not None:
             connection.sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        connection.request("GET", target, headers=self._headers)
+        headers = self._headers if self._token is None else {**self._headers, "Authorization": self._token.header()}
+        connection.request("GET", target, headers=headers)
         response = connection.getresponse()
         declared = response.getheader("Content-Length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_response_bytes):
@@ -559,6 +625,8 @@ class HttpPageSource:
             connection.close()
 
     def _decode(self, status: int, content_type: str, body: bytes) -> dict[str, Any]:
+        if status in (401, 403):  # whatever the body (a proxy's page, or the server's): the same remedy
+            raise SourceAuthenticationError(self._refusal(status))
         if content_type.split(";")[0].strip().lower() != _JSON:
             raise SourceProtocolError(f"the source answered {status} with a body that is not JSON")
         try:
@@ -584,9 +652,19 @@ class HttpPageSource:
             raise RoomHistoryExpiredError(_EXPIRED_MESSAGE)
         if status == 404 and code == "room_not_found":
             raise RoomNotFoundError("hosted room not found")
-        if status in (401, 403, 407, 429) or status >= 500:
+        if status in (407, 429) or status >= 500:
             raise SourceUnavailableError(f"page source {self._described} answered {status}")
         raise SourceProtocolError(f"the source refused the request ({status}): {message}")
+
+
+    def _refusal(self, status: int) -> str:
+        named = f"page source {self._described} answered {status}"
+        if status == 403:
+            return f"{named}: access refused"
+        if self._token is None:
+            return (f"{named}: it requires a token, and none was given (token=; the command line reads "
+                    "--token-file or $HOSTEDROOMS_PAGE_TOKEN)")
+        return f"{named}: it refused the token (not the one the server holds)"
 
 
 def _shut(connection: http.client.HTTPConnection, expired: threading.Event) -> None:
