@@ -757,10 +757,24 @@ def _add_replicate(sub: argparse.ArgumentParser) -> None:
     _add_page_client(sub)
 
 
+class _NoTokenOption(argparse.Action):
+    """``--token VALUE`` (which argparse would otherwise take for ``--token-file``, then quote VALUE in its error):
+    refused without repeating the value."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error("there is no --token option (a command line is visible to other users): put the token in a "
+                     "file for --token-file, or in $HOSTEDROOMS_PAGE_TOKEN")
+
+
+def _add_token_file(sub: argparse.ArgumentParser, help_: str) -> None:
+    sub.add_argument("--token-file", metavar="PATH", help=help_)
+    sub.add_argument("--token", nargs="?", action=_NoTokenOption, help=argparse.SUPPRESS)
+
+
 def _add_page_client(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--token-file", metavar="PATH",
-                     help="an http(s) source's bearer token: the file's one line (not readable by others; default: "
-                     "$HOSTEDROOMS_PAGE_TOKEN)")
+    _add_token_file(sub, "an http(s) source's bearer token: the file's one line (not readable by others; default: "
+                    "$HOSTEDROOMS_PAGE_TOKEN)")
     sub.add_argument("--tls-ca", metavar="FILE",
                      help="an https source's certificate is verified against the CA certificates in FILE (PEM) "
                      "instead of the system's")
@@ -770,9 +784,8 @@ def _add_serve_pages(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
                      help="the address to serve at (default 127.0.0.1:0: loopback, a free port, printed)")
     sub.add_argument("--prefix", default="", help="the endpoint's path (e.g. /standby; default: the root)")
-    sub.add_argument("--token-file", metavar="PATH",
-                     help="the bearer token standbys must send: the file's one line (not readable by others; "
-                     "default: $HOSTEDROOMS_PAGE_TOKEN); required unless HOST is loopback")
+    _add_token_file(sub, "the bearer token standbys must send: the file's one line (not readable by others; "
+                    "default: $HOSTEDROOMS_PAGE_TOKEN); required unless HOST is loopback")
     sub.add_argument("--insecure-no-token", action="store_true",
                      help="serve beyond loopback without a token (every client that can connect reads every room)")
     sub.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate chain (PEM)")
