@@ -347,13 +347,20 @@ class _Served:
         self.child = subprocess.Popen([*CLI, "serve-pages", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       stdin=subprocess.DEVNULL, text=True, env=env)
         self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._err: list[str] = []
+        self._readers = [threading.Thread(target=self._read, daemon=True),
+                         threading.Thread(target=self._read_err, daemon=True)]
+        for reader in self._readers:
+            reader.start()
 
     def _read(self) -> None:
         assert self.child.stdout is not None
         for line in self.child.stdout:
             self._lines.put(line)
-        self._lines.put("")
+
+    def _read_err(self) -> None:
+        assert self.child.stderr is not None
+        self._err.append(self.child.stderr.read())
 
     def first_line(self) -> str:
         try:
@@ -362,18 +369,22 @@ class _Served:
             raise AssertionError("serve-pages printed nothing within 60 s") from None
 
     def stop(self) -> tuple[int, str, str]:
+        """SIGTERM; the exit code, what it printed after the first line, and its stderr."""
         if self.child.poll() is None:
             self.child.send_signal(signal.SIGTERM)
         try:
-            _, err = self.child.communicate(timeout=60)
+            self.child.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.child.kill()
-            self.child.communicate(timeout=60)
+            self.child.wait(timeout=60)
             raise AssertionError("serve-pages did not stop on SIGTERM within 60 s") from None
+        for reader in self._readers:
+            reader.join(timeout=30)
+            assert not reader.is_alive(), "the child's output did not end"
         rest = []
         while not self._lines.empty():
             rest.append(self._lines.get_nowait())
-        return self.child.returncode, "".join(rest), err
+        return self.child.returncode, "".join(rest), "".join(self._err)
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -510,6 +521,7 @@ def test_tls_round_trip_and_a_client_refusing_an_unknown_ca(engine: Engine, toke
             source.close()
 
 
+@sqlite_only  # serve-pages on both backends: test_serve_pages_with_a_token_from_the_environment
 def test_serve_pages_over_tls_to_replicate_with_a_ca_file(engine: Engine, target: str, standby_target: str,
                                                           token: str, token_file: Path, tls_files: dict[str, str],
                                                           served: list[_Served],

@@ -2,7 +2,7 @@
 
 * :class:`~hostedrooms.standby.source.PageSource`: the authority's side (its rooms and ``read_events`` pages);
   :class:`EnginePageSource` reads the authority's database, :class:`HttpPageSource` a gateway's HTTP endpoint
-  (served with :func:`~hostedrooms.standby.http.answer` or :class:`PageServer`).
+  (served with :func:`~hostedrooms.standby.server.answer` or :class:`PageServer`).
 * :class:`Replicator`: ``sync_once()`` brings every replica up to date and reports per room; ``run()`` follows
   (a :class:`Waker` says when to look again).
 * :func:`failover`: promote every caught-up replica of a silent authority at ``epoch + 1``; with its store still

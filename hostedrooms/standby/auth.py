@@ -1,6 +1,6 @@
 """Who may read the page endpoint: a shared bearer token, and TLS through the standard library's :mod:`ssl`.
 
-The page endpoint (:class:`~hostedrooms.standby.http.PageServer`, ``hostedrooms serve-pages``) lets its reader
+The page endpoint (:class:`~hostedrooms.standby.server.PageServer`, ``hostedrooms serve-pages``) lets its reader
 copy every room, and a log it serves is what a returning authority's replicator reads to demote itself. So it
 answers only a client presenting the shared token (``Authorization: Bearer TOKEN``), compared in constant time,
 and it refuses to listen beyond loopback without one. Without the token every request gets the same small 401,
