@@ -552,10 +552,17 @@ def cmd_replicate(args: argparse.Namespace, out: TextIO) -> int:
         source.close()
 
 
+def _warn(message: str) -> None:
+    """A warning an operator must see: on stderr, whatever the logging options (and logged)."""
+    _log.warning("%s", message)
+    sys.stderr.write(terminal_text(f"hostedrooms: WARNING: {message}") + "\n")
+    sys.stderr.flush()
+
+
 def _page_client_options(args: argparse.Namespace, spec: str | None) -> dict[str, Any]:
     """An http(s) page source's token (``--token-file``, else ``$HOSTEDROOMS_PAGE_TOKEN``) and TLS CA
     (``--tls-ca``); the options are refused where they would be ignored."""
-    from .standby.auth import client_tls_context, resolve_token
+    from .standby.auth import client_tls_context, in_clear, resolve_token
     from .standby.open import is_http_source
 
     if spec is None or not is_http_source(spec):
@@ -565,6 +572,8 @@ def _page_client_options(args: argparse.Namespace, spec: str | None) -> dict[str
     if args.tls_ca is not None and not spec.startswith("https://"):
         raise HostedRoomError("--tls-ca needs an https:// page source")
     options: dict[str, Any] = {"token": resolve_token(args.token_file)}
+    if options["token"] is not None and in_clear(spec):
+        _warn(f"the page token is sent in clear to {describe_target(spec)}: use https://")
     if args.tls_ca is not None:
         options["ssl_context"] = client_tls_context(args.tls_ca)
     return options
@@ -573,7 +582,7 @@ def _page_client_options(args: argparse.Namespace, spec: str | None) -> dict[str
 def cmd_serve_pages(args: argparse.Namespace, out: TextIO) -> int:
     """Serve this gateway's pages to its standbys until SIGINT or SIGTERM."""
     from .standby import EnginePageSource, PageServer
-    from .standby.auth import is_loopback, resolve_token, server_tls_context
+    from .standby.auth import in_clear, is_loopback, resolve_token, server_tls_context
     from .standby.metrics import parse_address
 
     address = parse_address(args.listen, option="--listen")
@@ -591,12 +600,12 @@ def cmd_serve_pages(args: argparse.Namespace, out: TextIO) -> int:
             with PageServer(source, address, prefix=args.prefix, token=token, ssl_context=context,
                             insecure_no_token=args.insecure_no_token) as server, _stop_on_signals() as stop:
                 if token is None and not is_loopback(str(server.server_address[0])):
-                    warning = (f"serving every room of {describe_target(engine.url)} WITHOUT A TOKEN at "
-                               f"{server.url} (--insecure-no-token): anyone who can connect reads every room "
-                               "and can serve a log that demotes a returning authority")
-                    _log.warning("%s", warning)
-                    sys.stderr.write(terminal_text(f"hostedrooms: WARNING: {warning}") + "\n")
-                    sys.stderr.flush()
+                    _warn(f"serving every room of {describe_target(engine.url)} WITHOUT A TOKEN at {server.url} "
+                          "(--insecure-no-token): anyone who can connect reads every room and can serve a log "
+                          "that demotes a returning authority")
+                elif in_clear(server.url):
+                    _warn(f"the token and the pages cross the network in clear at {server.url}: serve with "
+                          "--tls-cert and --tls-key (or behind a TLS proxy)")
                 guard = "token required" if token is not None else "no token"
                 out.write(terminal_text(f"serve-pages: {describe_target(engine.url)} at {server.url} ({guard})")
                           + "\n")

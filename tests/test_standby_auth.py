@@ -4,8 +4,11 @@ the token read from a file or the environment by `serve-pages`, `replicate` and 
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import hmac
 import http.client
+import io
 import os
 import pickle
 import queue
@@ -16,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +29,7 @@ import pytest
 from sqlalchemy import Engine
 from standby_support import GATEWAY_A, GATEWAY_B, host, replica_log, room_log
 
+from hostedrooms import cli
 from hostedrooms.cli import main
 from hostedrooms.errors import InvalidInputError
 from hostedrooms.standby import (
@@ -94,6 +99,7 @@ def test_without_the_token_every_path_gets_the_same_401_naming_no_room(engine: E
              {"Authorization": f"Bearer {token} extra"}, {"X-Token": token}]
     answers = set()
     with PageServer(EnginePageSource(engine), prefix="/standby", token=token) as server:
+        assert token not in repr(vars(server)) and token not in repr(server)
         for path in PATHS:
             for headers in wrong:
                 status, got, body = _get(server.url, path, headers)
@@ -326,6 +332,48 @@ def test_client_options_are_refused_where_they_would_be_ignored(
     code, _, err = _run(capsys, "replicate", "--from", "http://127.0.0.1:1", "--to", standby_target, "--tls-ca",
                         str(token_file))
     assert code == 1 and "--tls-ca needs an https:// page source" in err
+
+
+def test_a_token_sent_in_clear_beyond_loopback_is_warned_about(token: str, token_file: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    args = argparse.Namespace(token_file=str(token_file), tls_ca=None)
+    for url in ("http://127.0.0.1:1/standby", "http://localhost:1", "http://[::1]:1", "https://10.0.0.5:1"):
+        assert cli._page_client_options(args, url)["token"] is not None
+        assert capsys.readouterr().err == ""
+    cli._page_client_options(args, "http://10.0.0.5:8470/standby")
+    err = capsys.readouterr().err
+    assert err == ("hostedrooms: WARNING: the page token is sent in clear to http://10.0.0.5:8470/standby: use "
+                   "https://\n")
+    cli._page_client_options(argparse.Namespace(token_file=None, tls_ca=None), "http://10.0.0.5:8470/standby")
+    assert capsys.readouterr().err == ""  # no token, nothing to leak (the server will answer 401)
+
+
+@sqlite_only
+def test_serve_pages_warns_when_the_token_would_cross_the_network_in_clear(
+        target: str, token: str, token_file: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    stop = threading.Event()
+
+    @contextlib.contextmanager
+    def stopped_by_the_test() -> Iterator[threading.Event]:
+        yield stop
+
+    monkeypatch.setattr(cli, "_stop_on_signals", stopped_by_the_test)
+    out = io.StringIO()
+    codes: list[int] = []
+    serving = threading.Thread(target=lambda: codes.append(main(
+        ["serve-pages", "--url", target, "--listen", "0.0.0.0:0", "--token-file", str(token_file)], out=out)))
+    serving.start()
+    deadline = time.monotonic() + 30
+    while "serve-pages: " not in out.getvalue() and serving.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    serving.join(30)
+    assert not serving.is_alive() and codes == [0]
+    assert "(token required)" in out.getvalue()
+    err = capsys.readouterr().err
+    assert "hostedrooms: WARNING: the token and the pages cross the network in clear at http://0.0.0.0:" in err
+    assert token not in out.getvalue() + err
 
 
 def test_there_is_no_token_option_on_the_command_line(token: str, capsys: pytest.CaptureFixture[str]) -> None:

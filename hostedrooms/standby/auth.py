@@ -25,6 +25,7 @@ import ipaddress
 import os
 import ssl
 import stat
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "TOKEN_ENV",
     "PageToken",
     "client_tls_context",
+    "in_clear",
     "is_loopback",
     "page_token",
     "read_token_file",
@@ -166,6 +168,14 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
     except ValueError:
         return False
+
+
+def in_clear(url: str) -> bool:
+    """Whether ``url`` is plain ``http://`` to a host that is not loopback (``localhost`` counts as loopback):
+    a token sent there, and the pages, cross a network unencrypted."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    return parts.scheme == "http" and host != "localhost" and not is_loopback(host)
 
 
 def server_tls_context(cert_file: str | os.PathLike[str], key_file: str | os.PathLike[str]) -> ssl.SSLContext:
