@@ -9,6 +9,7 @@ import contextlib
 import hmac
 import http.client
 import io
+import logging
 import os
 import pickle
 import queue
@@ -160,13 +161,18 @@ def test_the_token_is_compared_with_compare_digest_and_its_verdict_decides(
 
 
 @sqlite_only
-def test_a_server_beyond_loopback_needs_a_token_or_an_explicit_opt_out(engine: Engine, token: str) -> None:
+def test_a_server_beyond_loopback_needs_a_token_or_an_explicit_opt_out(engine: Engine, token: str,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
     source = EnginePageSource(engine)
     with pytest.raises(InvalidInputError, match=r"refusing to serve every room on 0\.0\.0\.0 .*without a token"):
         PageServer(source, ("0.0.0.0", 0))
     for options in ({"token": token}, {"insecure_no_token": True}, {"authorize": lambda headers: False}):
-        with PageServer(source, ("0.0.0.0", 0), **options) as server:
-            assert server.server_address[0] == "0.0.0.0"
+        with caplog.at_level(logging.WARNING, logger="hostedrooms.standby.server"):
+            caplog.clear()
+            with PageServer(source, ("0.0.0.0", 0), **options) as server:
+                assert server.server_address[0] == "0.0.0.0"
+        opted_out = [record for record in caplog.records if "serves every room" in record.getMessage()]
+        assert len(opted_out) == (1 if "insecure_no_token" in options else 0)
     with PageServer(source) as server:  # loopback: optional, and honoured when set
         assert _get(server.url, "/rooms")[0] == 200
     with PageServer(source, token=token) as server:

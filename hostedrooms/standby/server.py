@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import socket
 import ssl
@@ -39,6 +40,8 @@ __all__ = [
     "PageServer",
     "answer",
 ]
+
+_log = logging.getLogger(__name__)
 
 JSON_TYPE = "application/json"
 #: Longest error message kept from a peer (its text reaches reports and terminals, escaped).
@@ -279,11 +282,16 @@ class PageServer(ThreadingHTTPServer):
         """Refuse to listen beyond loopback with nothing checking who reads (the bound address is checked, so a
         host name that resolves elsewhere is caught too)."""
         host = str(self.server_address[0])
-        if self._token is None and self.authorize is None and not insecure_no_token and not is_loopback(host):
+        if self._token is not None or self.authorize is not None or is_loopback(host):
+            return
+        if insecure_no_token:
+            _log.warning("page server at %s serves every room to every client that can connect (no token, "
+                         "insecure_no_token=True)", self.url)
+        else:
             raise InvalidInputError(
-                f"refusing to serve every room on {host} (not a loopback address) without a "
-                "token: pass token= (hostedrooms serve-pages: --token-file or $HOSTEDROOMS_PAGE_TOKEN), or "
-                "insecure_no_token=True when only trusted clients can reach it", field="token")
+                f"refusing to serve every room on {host} (not a loopback address) without a token: pass token= "
+                "(hostedrooms serve-pages: --token-file or $HOSTEDROOMS_PAGE_TOKEN), or insecure_no_token=True "
+                "when only trusted clients can reach it", field="token")
 
     def _authorized(self, headers: Any) -> bool:
         if self._token is not None and not authorization_matches(self._token, headers.get_all("Authorization")):
