@@ -12,10 +12,12 @@ a file that already exists, for tools that must never leave a stray file behind 
 from __future__ import annotations
 
 import os
+import re
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
+from urllib.parse import unquote
 
 from sqlalchemy import URL, Engine, make_url
 from sqlalchemy import create_engine as _sa_create_engine
@@ -32,7 +34,13 @@ from .dialect import (
     pooler_of,
     use_pooler,
 )
-from .errors import HostedRoomError, MisuseError, StoreConfigurationError, describe_target, mask_url_text
+from .errors import (
+    HostedRoomError,
+    InvalidInputError,
+    MisuseError,
+    StoreConfigurationError,
+    describe_target,
+)
 
 Target = str | os.PathLike[str] | URL | Engine
 
@@ -58,26 +66,112 @@ def reject_async(target: object) -> None:
 
 
 def resolve_url(target: str | os.PathLike[str] | URL) -> URL:
-    """The SQLAlchemy URL for a target; a plain path becomes an absolute SQLite file URL."""
+    """The SQLAlchemy URL for a target; a plain path becomes an absolute SQLite file URL, a URL string is read
+    by :func:`parse_url`. A libpq keyword DSN (``host=... password=...``) or a URL missing its ``//`` is refused
+    (an :class:`~hostedrooms.errors.InvalidInputError` that does not quote it), never taken for a file name."""
     reject_async(target)
     if isinstance(target, URL):
         url = target
     elif isinstance(target, os.PathLike) or "://" not in str(target):
         text = os.fspath(target)
+        if not isinstance(text, str):
+            raise InvalidInputError(f"database target must be a path or a URL, not {type(text).__name__}",
+                                    field="target")
         if not text:
             raise HostedRoomError("database target must not be empty")
+        _refuse_unparsed(text)
         return URL.create("sqlite", database=str(Path(text).expanduser().resolve()))
     else:
-        try:
-            url = make_url(str(target))
-        except (sa_exc.ArgumentError, ValueError) as exc:
-            raise HostedRoomError(f"malformed database URL: {_mask_raw(str(target))}") from exc
+        url = parse_url(str(target))
     dialect = dialect_named(url.get_backend_name())
     if dialect is None:
         raise HostedRoomError(
             f"unsupported database dialect {url.get_backend_name()!r} in {describe_target(url)}; "
             "use sqlite or postgresql")
     return _own_driver(dialect, dialect.normalise_url(url))
+
+
+#: libpq's connection keywords (a keyword DSN names at least one of them).
+_LIBPQ_KEYWORDS = frozenset({
+    "host", "hostaddr", "port", "dbname", "user", "password", "passfile", "require_auth", "channel_binding",
+    "connect_timeout", "client_encoding", "options", "application_name", "fallback_application_name",
+    "keepalives", "sslmode", "sslcert", "sslkey", "sslpassword", "sslrootcert", "sslcrl", "service",
+    "target_session_attrs", "load_balance_hosts", "gssencmode", "krbsrvname", "requiressl", "sslnegotiation"})
+_KEYWORD_PAIR = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*(?:'(?:[^'\\]|\\.)*'|[^\s']*)\s*")
+#: A database URL scheme written without ``//`` (``postgresql:u:pw@h/db``, ``sqlite:state.db``).
+_SCHEME_WITHOUT_SLASHES = re.compile(
+    r"(?i)(?:postgres|postgresql|sqlite|mysql|mariadb|oracle|mssql|cockroachdb|http|https)(?:\+[\w.-]+)?:")
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def is_keyword_dsn(text: str) -> bool:
+    """Whether ``text`` is a libpq keyword DSN: only ``key=value`` pairs, at least one a libpq keyword."""
+    position, keys = 0, set()
+    while position < len(text):
+        match = _KEYWORD_PAIR.match(text, position)
+        if match is None or match.end() == position:
+            return False
+        keys.add(match.group(1).lower())
+        position = match.end()
+    return bool(keys & _LIBPQ_KEYWORDS)
+
+
+def _refuse_unparsed(text: str) -> None:
+    """Refuse a target that is neither a path nor a URL hostedrooms reads, without quoting it (it may hold a
+    password)."""
+    if is_keyword_dsn(text):
+        raise InvalidInputError(
+            "a libpq keyword DSN (host=... dbname=... password=...) is not a hostedrooms target: give a URL, "
+            "postgresql://USER:PASSWORD@HOST:PORT/DBNAME (percent-encode reserved characters of the password)",
+            field="target")
+    if _SCHEME_WITHOUT_SLASHES.match(text):
+        raise InvalidInputError(
+            "the database target looks like a URL without '//' after its scheme: write scheme://..., or give a "
+            "path that does not start with a URL scheme", field="target")
+
+
+def parse_url(text: str) -> URL:
+    """A database URL string as libpq reads it, to a SQLAlchemy URL.
+
+    ``scheme://[user[:password]@][host[:port][,host[:port]...]][/dbname][?key=value&...]``: the user info ends
+    at the LAST ``@`` before the host part (which ends at the first ``/`` or ``?`` after it), so a password may
+    hold a raw ``@``, ``:`` or ``#``; the user and password are then percent-decoded (``%40`` is ``@``). A raw
+    ``/``, ``?`` or ``%`` in a password cannot be told from the URL's own delimiters: a ``%`` not followed by
+    two hex digits is refused, and so is an ``@`` after the host part (a password holding ``/`` or ``?``, or an
+    ``@`` in the database name), each with a message that masks the password. Several hosts
+    (``h1:p1,h2:p2``) become libpq's ``?host=h1:p1,h2:p2``. Any refusal is an
+    :class:`~hostedrooms.errors.InvalidInputError` quoting the URL through
+    :func:`~hostedrooms.errors.describe_target`.
+    """
+    scheme, _, rest = text.partition("://")
+    if not _URL_SCHEME.fullmatch(scheme):
+        raise InvalidInputError(f"malformed database URL: {describe_target(text)}", field="target")
+    delimiters = [index for index in (rest.find("/"), rest.find("?")) if index >= 0]
+    at = rest.rfind("@", 0, min(delimiters, default=len(rest)))
+    host_start = at + 1
+    host_end = min([index for index in (rest.find("/", host_start), rest.find("?", host_start)) if index >= 0],
+                   default=len(rest))
+    if host_end > 0 and "@" in rest[host_end:]:
+        raise InvalidInputError(
+            f"ambiguous database URL {describe_target(text)}: an '@' follows the host part; percent-encode it "
+            "(%40), and in a password also '/' (%2F), '?' (%3F) and '%' (%25)", field="target")
+    userinfo, hostport, tail = rest[:max(at, 0)], rest[host_start:host_end], rest[host_end:]
+    if _PERCENT.search(userinfo):
+        raise InvalidInputError(
+            f"malformed database URL {describe_target(text)}: a '%' in the user or password must be "
+            "percent-encoded (%25)", field="target")
+    hosts = hostport.split(",") if "," in hostport else None
+    try:
+        url = make_url(f"{scheme}://{'' if hosts else hostport}{tail}")
+    except (sa_exc.ArgumentError, ValueError) as exc:
+        raise InvalidInputError(f"malformed database URL: {describe_target(text)}", field="target") from exc
+    if hosts:
+        url = url.update_query_dict({"host": ",".join(hosts)})
+    if at < 0:
+        return url
+    user, has_password, password = userinfo.partition(":")
+    return url.set(username=unquote(user) or None, password=unquote(password) if has_password else None)
 
 
 def _own_driver(dialect: StoreDialect, url: URL) -> URL:
@@ -89,11 +183,6 @@ def _own_driver(dialect: StoreDialect, url: URL) -> URL:
     raise StoreConfigurationError(
         f"hosted room store {describe_target(url)} names the driver {url.get_driver_name()!r}, which hostedrooms "
         f"does not use: give {describe_target(own)} (hostedrooms.aio runs it with {dialect.async_driver})")
-
-
-def _mask_raw(text: str) -> str:
-    """Mask ``user:password@`` and secret query parameters (``?password=``) in a string that did not parse."""
-    return mask_url_text(text)
 
 
 def create_engine(
