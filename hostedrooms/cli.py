@@ -29,7 +29,7 @@ from sqlalchemy import Engine
 
 from . import migrate
 from . import rooms as room_service
-from .db import DATABASE_URL_ENV, create_engine
+from .db import DATABASE_URL_ENV, create_engine, looks_like_target
 from .display import terminal_text
 from .errors import (
     UPGRADE_HINT,
@@ -125,6 +125,7 @@ def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) -
 
 
 def cmd_upgrade(args: argparse.Namespace, out: TextIO) -> int:
+    migrate.check_revision(args.revision)
     progress = Progress()
     progress(f"upgrading to {args.revision} ...")
     with _engine(args, create=True) as engine:
@@ -314,6 +315,9 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_alembic_ini(args: argparse.Namespace, out: TextIO) -> int:
     """Write an ``alembic.ini`` that drives the installed hostedrooms (``script_location`` inside the package)."""
+    if looks_like_target(args.path):
+        raise HostedRoomError("the file to write looks like a database URL or DSN: give the URL with --url and a "
+                              "file name (or -) as the argument")
     text = migrate.alembic_ini(args.ini_url)
     if args.path == "-":
         out.write(text)
@@ -765,11 +769,14 @@ class RedactingParser(argparse.ArgumentParser):
     postgresql://user:pw@...`` for a URL put before the command, after a mistyped option or as a positional), so
     every message goes through :func:`~hostedrooms.errors.redact`. Subparsers are of this class too."""
 
+    #: The subcommands' names (set by :func:`build_parser` on the top parser).
+    command_names: tuple[str, ...] = ()
+
     def error(self, message: str) -> NoReturn:
         super().error(error_text(message))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> RedactingParser:
     parser = RedactingParser(prog="hostedrooms", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -819,6 +826,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--url-b", help="gateway B's database URL (instead of a SQLite file)")
     for name in LOGGING_COMMANDS:
         _add_logging(commands.choices[name])
+    parser.command_names = tuple(commands.choices)
     return parser
 
 
@@ -834,8 +842,10 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     try:
         return parser.parse_args(arguments)
     except SystemExit as exc:
-        # A monitoring system reads 2 as critical: a usage error of the status check is unknown (3).
-        if exc.code == EXIT_USAGE and arguments[:1] == ["status"]:
+        # A monitoring system reads 2 as critical: a usage error of the status check is unknown (3), wherever
+        # the command stands (an argument misplaced before it).
+        names = getattr(parser, "command_names", ())
+        if exc.code == EXIT_USAGE and next((word for word in arguments if word in names), None) == "status":
             raise SystemExit(EXIT_STATUS_UNKNOWN) from None
         raise
 

@@ -117,6 +117,12 @@ def is_keyword_dsn(text: str) -> bool:
     return bool(keys & _LIBPQ_KEYWORDS)
 
 
+def looks_like_target(text: str) -> bool:
+    """Whether ``text`` looks like a database URL or a libpq keyword DSN (a file name argument that does may be
+    a misplaced URL, with its password)."""
+    return "://" in text or is_keyword_dsn(text) or _SCHEME_WITHOUT_SLASHES.match(text) is not None
+
+
 def _refuse_unparsed(text: str) -> None:
     """Refuse a target that is neither a path nor a URL hostedrooms reads, without quoting it (it may hold a
     password)."""

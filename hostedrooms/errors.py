@@ -194,7 +194,10 @@ _SECRET_QUERY = re.compile(r"([?&;]([^=&;#\s]*)=)([^&;#\s]*)")
 #: quoted (libpq's ``'...'`` with backslash escapes) or up to the next blank or separator.
 _SECRET_KEYWORD = re.compile(
     r"(?i)\b([\w.-]*(?:pass|pwd|secret|token)[\w.-]*)(\s*=\s*)('(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|[^\s&;,]*)")
-_SCHEME_MARK = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+#: Where a URL starts in free text: any ``scheme://``, or a database scheme missing its ``//``.
+_SCHEME_MARK = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.-]*://|(?i:\b(?:postgres|postgresql|sqlite|mysql|mariadb|oracle|mssql|cockroachdb)"
+    r"(?:\+[\w.-]+)?:)")
 
 
 def _secret_parameter(name: str) -> bool:
