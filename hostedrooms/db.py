@@ -11,6 +11,7 @@ a file that already exists, for tools that must never leave a stray file behind 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import weakref
@@ -47,6 +48,8 @@ Target = str | os.PathLike[str] | URL | Engine
 #: Environment variable naming the default database URL (CLI, Alembic, tests).
 DATABASE_URL_ENV = "HOSTEDROOMS_DATABASE_URL"
 DEFAULT_BUSY_TIMEOUT = 10.0
+#: The longest ``busy_timeout`` (seconds): a day; SQLite takes milliseconds as a 32-bit int.
+MAX_BUSY_TIMEOUT = 86_400.0
 SYNCHRONOUS_MODES = frozenset({"FULL", "EXTRA", "NORMAL"})
 
 _configured: weakref.WeakSet[Engine] = weakref.WeakSet()
@@ -232,6 +235,7 @@ def create_engine(
     """
     reject_async(target)
     check_synchronous(synchronous)
+    check_engine_options(busy_timeout, create, schema)
     if isinstance(target, Engine):
         return _adopt_engine(target, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema,
                              pooler=pooler, listen_url=listen_url)
@@ -296,8 +300,20 @@ def refuse_translate_map(engine: Engine) -> None:
 
 def check_synchronous(synchronous: str) -> None:
     """Refuse a SQLite ``synchronous`` mode hostedrooms does not offer."""
-    if synchronous not in SYNCHRONOUS_MODES:
+    if not isinstance(synchronous, str) or synchronous not in SYNCHRONOUS_MODES:
         raise MisuseError(f"synchronous must be one of {', '.join(sorted(SYNCHRONOUS_MODES))}")
+
+
+def check_engine_options(busy_timeout: object, create: object, schema: object) -> None:
+    """Refuse ``busy_timeout``, ``create`` or ``schema`` of the wrong type or range (before anything opens)."""
+    if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or not (
+            math.isfinite(busy_timeout) and 0 <= busy_timeout <= MAX_BUSY_TIMEOUT):
+        raise InvalidInputError(f"busy_timeout must be a number of seconds from 0 to {MAX_BUSY_TIMEOUT:g}",
+                                field="busy_timeout")
+    if not isinstance(create, bool):
+        raise InvalidInputError("create must be True or False", field="create")
+    if schema is not None and not isinstance(schema, str):
+        raise StoreConfigurationError(f"schema must be None or a schema name, not {type(schema).__name__}")
 
 
 def build_configured(

@@ -166,8 +166,31 @@ class LimitValues:
 
 def in_force(limits: Limits | None) -> Limits:
     """The limits a service reads for one call: ``limits``, or (None) this module, whose constants are read when
-    the service reads them (so lowering one here takes effect)."""
-    return _MODULE if limits is None else limits
+    the service reads them (so lowering one here takes effect). Anything else must hold every limit as a
+    non-negative int (checked before any transaction opens), else :class:`~hostedrooms.errors.InvalidInputError`."""
+    if limits is None:
+        return _MODULE
+    if type(limits) is not LimitValues or not _checked_values(limits):
+        check_limits(limits)
+    return limits
+
+
+def _checked_values(limits: LimitValues) -> bool:
+    # A LimitValues built by read() holds ints; one built by hand is checked like any other object.
+    return all(type(getattr(limits, name)) is int for name in LIMIT_NAMES)
+
+
+def check_limits(limits: object) -> None:
+    """Refuse a ``limits=`` that lacks a limit or holds one that is not a non-negative int."""
+    from .errors import InvalidInputError
+
+    for name in LIMIT_NAMES:
+        value = getattr(limits, name, None)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidInputError(
+                f"limits must be None, hostedrooms.limits or an object with every limit as a non-negative int "
+                f"(LimitValues.read(...)); {type(limits).__name__} has {name} = {type(value).__name__}",
+                field="limits")
 
 
 from . import limits as _this_module  # noqa: E402  # itself: the module satisfies Limits (mypy checks it)

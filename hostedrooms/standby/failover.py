@@ -37,7 +37,6 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from .. import limits as default_limits
 from .. import rooms as room_services
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
@@ -49,7 +48,7 @@ from ..errors import (
     StoreUnavailableError,
 )
 from ..identity import local_gateway_id as resolve_local_gateway_id
-from ..limits import Limits
+from ..limits import Limits, in_force
 from ..replicas import demote_room, promote_replica
 from ..validation import identifier
 from .heads import LISTING_PAGE, RoomHead, all_replica_heads, all_room_heads, disbanded_replicas
@@ -178,7 +177,7 @@ def fence_authority(
     authority committed, by ``room_id``. A room that could not be fenced is returned with ``refused`` set.
     Storage errors that make the store unusable are raised. Idempotent.
     """
-    lim = default_limits if limits is None else limits
+    lim = in_force(limits)
     silent = identifier(from_gateway, error=HostedRoomError, label="from_gateway", max_chars=lim.MAX_ACTOR_ID_CHARS)
     local = resolve_local_gateway_id(local_gateway_id)
     if silent == local:
@@ -301,7 +300,7 @@ def failover(
     catch-up stops early (``report.catch_up.error``), nothing is promoted; rooms fenced by then stay fenced, and a
     later run picks them up.
     """
-    lim = default_limits if limits is None else limits
+    lim = in_force(limits)
     silent = identifier(from_gateway, error=HostedRoomError, label="from_gateway", max_chars=lim.MAX_ACTOR_ID_CHARS)
     local = resolve_local_gateway_id(local_gateway_id)
     if silent == local:
