@@ -24,12 +24,20 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.runtime.environment import EnvironmentContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
 from .db import DATABASE_URL_ENV, Target, create_engine, engine_schema, resolve_url
 from .dialect import creating_schemas, dialect_for
-from .errors import HostedRoomError, InvalidInputError, SchemaMissingError, StoreConfigurationError, describe_target, translate
+from .errors import (
+    HostedRoomError,
+    InvalidInputError,
+    SchemaMissingError,
+    StoreConfigurationError,
+    describe_target,
+    translate,
+)
 from .models import metadata
 
 if TYPE_CHECKING:
@@ -149,11 +157,14 @@ def _run(target: Target | Connection, revision: str, steps: Callable[[ScriptDire
     environment = EnvironmentContext(
         config, script, fn=lambda heads, _context: steps(script, heads), destination_rev=revision)
     with _bound(target, schema, upgrading=upgrading) as bind:
-        if isinstance(bind, Connection):
-            _run_on(environment, bind)
-            return
-        with create_engine(bind).connect() as connection:  # a given Engine gets our SQLite hooks
-            _run_on(environment, connection)
+        try:
+            if isinstance(bind, Connection):
+                _run_on(environment, bind)
+                return
+            with create_engine(bind).connect() as connection:  # a given Engine gets our SQLite hooks
+                _run_on(environment, connection)
+        except CommandError as exc:  # an unknown or unreachable revision: nothing was run
+            raise InvalidInputError(f"revision {revision!r}: {exc}", field="revision") from exc
 
 
 #: What an Alembic revision argument may hold: ``head``, ``base``, an id or a name, ``+2``, ``-1``, ``branch@id``.

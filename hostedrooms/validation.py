@@ -71,6 +71,13 @@ def identifier(
     return text
 
 
+def flag(value: Any, label: str) -> bool:
+    """``value`` if it is a bool, else :class:`InvalidInputError` naming ``label``."""
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{label} must be True or False", field=label)
+    return value
+
+
 def _utf8(text: str) -> bool:
     """Whether ``text`` can be stored as UTF-8 (a lone surrogate cannot)."""
     try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -157,7 +156,7 @@ URL_OPTION_WORDS = ("url", "to", "from", "catch-up-from")
 
 def _url_options(sub: argparse.ArgumentParser) -> list[str]:
     return [option for action in sub._actions for option in action.option_strings
-            if option.startswith("--") and option[2:] in URL_OPTION_WORDS or option.startswith("--url")
+            if (option.startswith("--") and option[2:] in URL_OPTION_WORDS) or option.startswith("--url")
             or option.endswith("-url")]
 
 
@@ -229,14 +228,14 @@ def test_every_command_never_prints_a_password(
     for option in _url_options(sub):
         argv = [command, *_required_positionals(sub), *_required(sub, option, quiet_cwd), option, text]
         if command == "alembic-ini":  # writes the URL into its file, on purpose: not to the terminal
-            runs.append((argv + [str(quiet_cwd / f"{name}.ini")], {EXIT_OK if _accepted(text) else EXIT_FAILED}))
+            runs.append(([*argv, str(quiet_cwd / f"{name}.ini")], {EXIT_OK if _accepted(text) else EXIT_FAILED}))
             continue
         expected = {EXIT_STATUS_UNKNOWN} if command == "status" else {EXIT_FAILED}
         runs.append((argv, expected))
         if command == "status":
-            runs.append((argv + ["--json"], expected))
+            runs.append(([*argv, "--json"], expected))
         if command in ("replicate", "failover", "log"):
-            runs.append((argv + ["--log-level", "debug", "--log-format", "json"], expected))
+            runs.append(([*argv, "--log-level", "debug", "--log-format", "json"], expected))
     assert len(runs) > 3 or command in ("demo",) or not _url_options(sub)
     for argv, expected in runs:
         code, printed = _run(argv, capsys, caplog)

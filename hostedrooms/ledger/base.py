@@ -34,7 +34,7 @@ def _check_options(clock: object, path: object, limits: object) -> None:
     """Refuse a constructor option of the wrong kind before anything is opened."""
     if clock is not None and not callable(clock):
         raise LedgerInputError("clock must be None or a callable returning the time in seconds", field="clock")
-    if path is not None and not isinstance(path, str | os.PathLike) or isinstance(path, str) and not path:
+    if (path is not None and not isinstance(path, str | os.PathLike)) or (isinstance(path, str) and not path):
         raise LedgerInputError("path must be None or the ledger's file path", field="path")
     if limits is not None and not callable(limits):
         check_limits(limits)
