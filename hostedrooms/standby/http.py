@@ -46,7 +46,7 @@ from ..errors import (
     StorageError,
     StoreUnavailableError,
 )
-from ..limits import Limits
+from ..limits import Limits, check_limits
 from ..lineage import check_lineage
 from ..validation import INT64_MAX, identifier, json_depth_within, max_json_depth
 from .heads import LISTING_PAGE, RoomHead
@@ -254,6 +254,13 @@ class PageServer(ThreadingHTTPServer):
                  authorize: Callable[[Any], bool] | None = None,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
                  header_timeout: float = DEFAULT_HEADER_TIMEOUT, send_timeout: float = DEFAULT_SEND_TIMEOUT) -> None:
+        if not all(callable(getattr(source, name, None)) for name in ("list_rooms", "room_info", "read_events")):
+            raise HostedRoomError("source must be a page source (EnginePageSource, HttpPageSource, ...)")
+        if not (isinstance(address, tuple) and len(address) == 2 and isinstance(address[0], str)
+                and type(address[1]) is int and 0 <= address[1] <= 65535):
+            raise HostedRoomError("address must be a (host, port) tuple, the port from 0 to 65535")
+        if not isinstance(prefix, str) or (authorize is not None and not callable(authorize)):
+            raise HostedRoomError("prefix must be a string and authorize None or a callable")
         if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
             raise HostedRoomError("max_connections must be a positive integer")
         self.idle_timeout = _seconds(idle_timeout, "idle_timeout")
@@ -386,6 +393,15 @@ class HttpPageSource:
         ssl_context: ssl.SSLContext | None = None,
         limits: Limits | None = None,
     ) -> None:
+        if not isinstance(base_url, str):
+            raise HostedRoomError(f"the page source URL must be a string, not {type(base_url).__name__}")
+        if (headers is not None and not isinstance(headers, Mapping)) or (ssl_context is not None and not isinstance(
+                ssl_context, ssl.SSLContext)):
+            raise HostedRoomError("headers must be None or a mapping, ssl_context None or an ssl.SSLContext")
+        if max_response_bytes is not None and (type(max_response_bytes) is not int or max_response_bytes < 1):
+            raise HostedRoomError("max_response_bytes must be None or a positive int")
+        if limits is not None:
+            check_limits(limits)
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise HostedRoomError("the page source URL must be http:// or https:// with a host")
