@@ -104,7 +104,7 @@ _KEYWORD_PAIR = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*(?:'(?:[^'\\]|\\.)*'|[^\s']
 #: A database URL scheme written without ``//`` (``postgresql:u:pw@h/db``, ``sqlite:state.db``).
 _SCHEME_WITHOUT_SLASHES = re.compile(
     r"(?i)(?:postgres|postgresql|sqlite|mysql|mariadb|oracle|mssql|cockroachdb|http|https)(?:\+[\w.-]+)?:")
-_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+._-]*")
 _PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 

@@ -196,7 +196,7 @@ _SECRET_KEYWORD = re.compile(
     r"(?i)\b([\w.-]*(?:pass|pwd|secret|token)[\w.-]*)(\s*=\s*)('(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|[^\s&;,]*)")
 #: Where a URL starts in free text: any ``scheme://``, or a database scheme missing its ``//``.
 _SCHEME_MARK = re.compile(
-    r"[A-Za-z][A-Za-z0-9+.-]*://|(?i:\b(?:postgres|postgresql|sqlite|mysql|mariadb|oracle|mssql|cockroachdb)"
+    r"[A-Za-z][A-Za-z0-9+._-]*://|(?i:\b(?:postgres|postgresql|sqlite|mysql|mariadb|oracle|mssql|cockroachdb)"
     r"(?:\+[\w.-]+)?:)")
 
 
