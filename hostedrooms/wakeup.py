@@ -59,6 +59,7 @@ from .dialect import (
 )
 from .errors import translate
 from .filewatch import FileWatch, watch_writes
+from .validation import interval
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL", "LEDGER_WORK_CHANNEL", "ROOM_EVENTS_CHANNEL", "SharedWaiter", "Subscription", "Wakeup",
@@ -421,6 +422,8 @@ class Wakeup:
     def __init__(
         self, engine: Engine, channel: str, *, key: str | None = None, poll_interval: float | None = None
     ) -> None:
+        if poll_interval is not None:
+            interval(poll_interval, "poll_interval")  # the poller thread would fail on it later
         self.engine = engine
         self.dialect: StoreDialect = dialect_for(engine)
         if self.dialect.notifies:

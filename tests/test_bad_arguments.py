@@ -65,7 +65,7 @@ def _public_functions() -> dict[str, Callable[..., Any]]:
         for name in module.__all__:
             value = getattr(module, name)
             if inspect.isfunction(value) and not name.startswith("validate_") and name not in (
-                    "follow", "decode_rows", "event_to_dict", "room_to_dict", "payload_json", "system_actor_json",
+                    "decode_rows", "event_to_dict", "room_to_dict", "payload_json", "system_actor_json",
                     "user_event_id", "room_stop_event", "max_event_bytes", "event_page_checker", "run_room_write",
                     "room_grant_scope_key", "forget_probe_engines", "answer", "iter_rooms", "open_source",
                     "perfdata", "assess"):
@@ -203,6 +203,41 @@ def test_the_canonical_bad_constructor_values(store: Engine, name: str, keyword:
         check_call(CONSTRUCTORS[name], store, keyword, value)
 
 
+# --- the delivery ledger's methods ------------------------------------------------------------------------------
+
+LEDGER_METHODS = {name: function for name, function in inspect.getmembers(DeliveryLedger, inspect.isfunction)
+                  if not name.startswith("_") and name != "close"}
+LEDGER_CASES = [(name, parameter.name) for name, function in sorted(LEDGER_METHODS.items())
+                for parameter in _keywords(function)]
+
+
+@pytest.fixture(scope="module")
+def ledger(store: Engine) -> Iterator[DeliveryLedger]:
+    opened = DeliveryLedger(store, clock=lambda: 1_700_000_000)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+@pytest.mark.parametrize(("name", "keyword"), LEDGER_CASES, ids=[f"ledger-{n}-{k}" for n, k in LEDGER_CASES])
+def test_the_ledger_methods_raise_documented_errors(
+    store: Engine, ledger: DeliveryLedger, name: str, keyword: str
+) -> None:
+    for value in CANONICAL:
+        before = _fingerprint(store)
+        try:
+            result = _call(LEDGER_METHODS[name], ledger, keyword, value)
+            close = getattr(result, "close", None)
+            if callable(close):
+                close()
+        except HostedRoomError:
+            assert _fingerprint(store) == before, (name, keyword, value)
+        except Exception as exc:
+            raise AssertionError(f"DeliveryLedger.{name}({keyword}={value!r:.80}) raised {type(exc).__name__}: "
+                                 f"{exc}") from exc
+
+
 # --- hostedrooms.aio: the same coroutines, the same errors -------------------------------------------------------
 
 AIO_CASES = [(name, keyword) for name, keyword in CASES
@@ -233,7 +268,11 @@ def test_the_asyncio_api_raises_the_same_documented_errors(store: Engine, name: 
                              if parameter.default is inspect.Parameter.empty}
                 arguments[keyword] = value
                 try:
-                    await coroutine(engine, **arguments)
+                    result = coroutine(engine, **arguments)
+                    if inspect.isawaitable(result):
+                        result = await result
+                    if inspect.isasyncgen(result):
+                        await result.aclose()
                 except HostedRoomError:
                     assert _fingerprint(store) == before, (name, keyword, value)
                 except Exception as exc:

@@ -43,6 +43,7 @@ from ..limits import Limits, in_force
 from ..lineage import check_lineage, lost_event, same_event
 from ..records import EventPage, EventRecord
 from ..telemetry import follow_woke, traced
+from ..validation import interval
 from ..wakeup import FALLBACK_INTERVAL, ROOM_EVENTS_CHANNEL, Wakeup, check_waitable
 from .events import read_events
 from .lifecycle import room_state
@@ -168,6 +169,14 @@ class FollowCursor:
 
 
 @traced("follow")
+def check_intervals(poll_interval: Any, fallback_interval: Any) -> None:
+    """Refuse a ``poll_interval`` (None or seconds) or ``fallback_interval`` (seconds) that is no interval, before
+    anything is opened (a waiter would fail on it later, in its own thread)."""
+    if poll_interval is not None:
+        interval(poll_interval, "poll_interval")
+    interval(fallback_interval, "fallback_interval")
+
+
 def follow(
     engine: EngineSource, room_id: str, since_seq: int = 0, *, limit: int = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
@@ -183,6 +192,7 @@ def follow(
     ``last_event``: the event at ``since_seq`` this reader handled before (resuming a follower): it is checked
     against the store unless ``lineage`` (the lineage it was read under) is the store's still; gone or different,
     StoreLineageError. On a hot standby ``follow()`` raises StoreReadOnlyError (it cannot ``LISTEN``)."""
+    check_intervals(poll_interval, fallback_interval)
     cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)
     source = resolve_engine(engine)
     check_waitable(source)  # behind a transaction pooler without listen_url: refused now, not at the first wait
