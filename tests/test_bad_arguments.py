@@ -26,7 +26,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
-from hostedrooms import HostedRoomError, integrity, migrate, models, peers, replicas, rooms, standby, status
+from hostedrooms import (
+    HostedRoomError,
+    InvalidInputError,
+    integrity,
+    migrate,
+    models,
+    peers,
+    replicas,
+    rooms,
+    standby,
+    status,
+)
 from hostedrooms.db import create_engine, sqlite_path
 from hostedrooms.engines import resolve_engine
 from hostedrooms.ledger import DeliveryLedger
@@ -156,6 +167,20 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         yield engine
     finally:
         engine.dispose()
+
+
+def test_the_examples_of_the_issue(store: Engine) -> None:
+    with pytest.raises(InvalidInputError) as caught:
+        integrity.verify(store, expect_heads=5)  # type: ignore[arg-type]
+    assert caught.value.field == "expect_heads"
+    with pytest.raises(HostedRoomError, match="must be a string"):
+        standby.HttpPageSource(1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError) as caught:
+        rooms.list_rooms(store, limits=object())  # type: ignore[arg-type]
+    assert caught.value.field == "limits"
+    with pytest.raises(InvalidInputError) as caught:
+        migrate.upgrade(store, "no-such-revision")
+    assert caught.value.field == "revision"
 
 
 CASES = [(name, parameter.name) for name, function in sorted(FUNCTIONS.items())

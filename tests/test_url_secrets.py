@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -246,9 +247,9 @@ def test_every_command_never_prints_a_password(
 # --- a reachable server, a role with every reserved character in its password -----------------------------
 
 
-@pytest.fixture
-def secret_role(pg_admin_url: str) -> Iterator[sa.URL]:
-    """An empty database on the test server and a role whose password is FULL (``@ : / ? % #``), as a URL."""
+@contextlib.contextmanager
+def _role_with_password(pg_admin_url: str, password: str) -> Iterator[sa.URL]:
+    """An empty database on the test server owned by a new role whose password is ``password``, as a URL."""
     psycopg = pytest.importorskip("psycopg")
     from psycopg import sql
 
@@ -261,14 +262,31 @@ def secret_role(pg_admin_url: str) -> Iterator[sa.URL]:
                              dbname=admin.database, autocommit=True) as connection:
             connection.execute(statement)
 
-    run(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(FULL)))
-    run(sql.SQL("GRANT ALL ON DATABASE {} TO {}").format(sql.Identifier(name), sql.Identifier(role)))
+    run(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
     run(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(name), sql.Identifier(role)))
     try:
-        yield admin.set(drivername="postgresql", username=role, password=FULL, database=name)
+        yield admin.set(drivername="postgresql", username=role, password=password, database=name)
     finally:
         drop_database(pg_admin_url, name)
         run(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+@pytest.fixture
+def secret_role(pg_admin_url: str) -> Iterator[sa.URL]:
+    """A role whose password is FULL (``@ : / ? % #``) and its own empty database."""
+    with _role_with_password(pg_admin_url, FULL) as url:
+        yield url
+
+
+def test_a_raw_at_in_a_password_reaches_the_server(
+    pg_admin_url: str, quiet_cwd: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+) -> None:
+    with _role_with_password(pg_admin_url, RAW) as url:
+        raw = f"postgresql://{url.username}:{RAW}@{url.host}:{url.port}/{url.database}"
+        for argv in (["upgrade"], ["rooms"], ["status", "--json"]):
+            code, printed = _run([*argv, "--url", raw], capsys, caplog)
+            assert code == EXIT_OK, (argv, redact(printed))
+            assert_no_secret(printed)
 
 
 def _reachable_forms(url: sa.URL) -> list[str]:
