@@ -18,6 +18,7 @@ import asyncio
 import inspect
 import math
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -90,7 +91,9 @@ def _public_functions() -> dict[str, Callable[..., Any]]:
 FUNCTIONS = _public_functions()
 #: Constructors and factories whose every keyword argument is checked too (no store written).
 CONSTRUCTORS: dict[str, Callable[..., Any]] = {
-    "DeliveryLedger": DeliveryLedger, "Replicator": lambda engine, **kw: standby.Replicator(
+    "DeliveryLedger": lambda engine, **kw: _closed_ledger(DeliveryLedger(
+        engine, **{**kw, "path": _confined(kw["path"])} if "path" in kw else kw)),
+    "Replicator": lambda engine, **kw: standby.Replicator(
         standby.EnginePageSource(engine), engine, **{"local_gateway_id": GATEWAY, **kw}),
     "EnginePageSource": standby.EnginePageSource, "create_engine": create_engine,
     "create_engine_url": lambda engine, **kw: _disposed(create_engine(str(sqlite_path(engine)), **kw)),
@@ -99,6 +102,15 @@ CONSTRUCTORS: dict[str, Callable[..., Any]] = {
         kw.pop("source", standby.EnginePageSource(engine)), **kw)),
     "resolve_engine": resolve_engine,
 }
+
+
+def _confined(path: Any) -> Any:
+    """A drawn ``path=`` kept inside the working folder (a temporary one): no "/" and no "..", NULs kept."""
+    return path.replace("/", "_").replace("..", "__") if isinstance(path, str) else path
+
+
+def _closed_ledger(ledger: DeliveryLedger) -> None:
+    ledger.close()
 
 
 def _disposed(engine: Engine) -> None:
@@ -112,7 +124,7 @@ def _closed(server: Any) -> None:
 #: The signature each constructor case follows (a lambda stands in for it).
 SIGNATURES: dict[str, Callable[..., Any]] = {
     "Replicator": standby.Replicator, "create_engine_url": create_engine, "HttpPageSource": standby.HttpPageSource,
-    "PageServer": standby.PageServer,
+    "PageServer": standby.PageServer, "DeliveryLedger": DeliveryLedger,
 }
 
 
@@ -126,6 +138,12 @@ def _fingerprint(engine: Engine) -> tuple[int, ...]:
     with engine.connect() as connection:
         return tuple(connection.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
                      for table in models.metadata.sorted_tables)
+
+
+@pytest.fixture(autouse=True)
+def _in_a_temporary_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files a call creates from a drawn relative path (a ledger's ``path=``) land in a temporary folder."""
+    monkeypatch.chdir(tmp_path)
 
 
 def _call(function: Callable[..., Any], target: Any, keyword: str, value: Any) -> Any:
