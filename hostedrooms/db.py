@@ -1,7 +1,10 @@
 """Engines: turn a target (filesystem path, URL or Engine) into a configured SQLAlchemy Engine.
 
-A filesystem path means a SQLite file (WAL, ``synchronous=FULL``, foreign keys, a busy timeout, and
-``BEGIN IMMEDIATE`` for write transactions). A ``postgresql://`` URL uses psycopg 3. Bad targets raise
+A URL string is read as libpq reads it (:func:`parse_url`: the last ``@`` before the host ends the user info,
+user and password are percent-decoded, several hosts become ``?host=``); a libpq keyword DSN or a URL missing its
+``//`` is refused without being quoted, never taken for a file name. A filesystem path means a SQLite file
+(WAL, ``synchronous=FULL``, foreign keys, a busy timeout, and ``BEGIN IMMEDIATE`` for write transactions). A
+``postgresql://`` URL uses psycopg 3. Bad targets raise
 :class:`~hostedrooms.errors.HostedRoomError` naming the target with its password masked; a URL naming another
 driver (``postgresql+asyncpg://``) :class:`~hostedrooms.errors.StoreConfigurationError` naming the URL to give.
 
