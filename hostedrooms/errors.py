@@ -215,6 +215,8 @@ def describe_target(url: URL | str) -> str:
     base = url.set(query={}).render_as_string(hide_password=True)
     pairs = [(name, value) for name, values in url.query.items()
              for value in ((values,) if isinstance(values, str) else values)]
+    if url.password is not None and not url.username:  # rendered nowhere else: say it is there, masked
+        pairs.append(("password", _MASK))
     if not pairs:
         return base
     return base + "?" + "&".join(

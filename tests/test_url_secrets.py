@@ -132,6 +132,14 @@ def test_every_form_is_masked_as_text_and_parsed(name: str, text: str) -> None:
         assert url.password in (None, RAW, FULL) or url.query.get("password") == FULL
 
 
+def test_a_query_password_becomes_the_password_and_stays_masked() -> None:
+    url = resolve_url(f"postgresql://h:5432/rooms?user=gw&password={ENCODED}")
+    assert url.password == FULL and "password" not in url.query
+    assert describe_target(url) == "postgresql+psycopg://h:5432/rooms?user=gw&password=***"
+    assert resolve_url(f"postgresql://gw:other@h/rooms?password={ENCODED}").password == FULL  # libpq: it wins
+    assert_no_secret(repr(url) + str(url) + repr(sa.create_engine(url)))
+
+
 def test_redact_keeps_text_without_a_secret() -> None:
     text = "room r-1 refused: MAX_ROOM_EVENTS at postgresql://alice@h:5432/rooms?sslmode=require"
     assert redact(text) == text
