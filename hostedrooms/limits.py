@@ -148,6 +148,9 @@ class LimitValues:
     MAX_REPLICA_EVENT_BYTES: int
     MAX_NONTERMINAL_DELIVERIES: int
 
+    def __post_init__(self) -> None:
+        check_limits(self)
+
     @classmethod
     def read(cls, *sources: object) -> LimitValues:
         """Each limit from the first of ``sources`` that defines it (a facade module first), else from this
@@ -168,16 +171,11 @@ def in_force(limits: Limits | None) -> Limits:
     """The limits a service reads for one call: ``limits``, or (None) this module, whose constants are read when
     the service reads them (so lowering one here takes effect). Anything else must hold every limit as a
     non-negative int (checked before any transaction opens), else :class:`~hostedrooms.errors.InvalidInputError`."""
-    if limits is None:
+    if limits is None or limits is _MODULE:
         return _MODULE
-    if type(limits) is not LimitValues or not _checked_values(limits):
+    if type(limits) is not LimitValues:  # a LimitValues was checked when it was made
         check_limits(limits)
     return limits
-
-
-def _checked_values(limits: LimitValues) -> bool:
-    # A LimitValues built by read() holds ints; one built by hand is checked like any other object.
-    return all(type(getattr(limits, name)) is int for name in LIMIT_NAMES)
 
 
 def check_limits(limits: object) -> None:
