@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TextIO, cast
+from typing import Any, NoReturn, TextIO, cast
 
 import sqlalchemy as sa
 from alembic.util.exc import CommandError
@@ -29,9 +29,17 @@ from sqlalchemy import Engine
 
 from . import migrate
 from . import rooms as room_service
-from .db import DATABASE_URL_ENV, create_engine
+from .db import DATABASE_URL_ENV, create_engine, looks_like_target
 from .display import terminal_text
-from .errors import UPGRADE_HINT, HostedRoomError, SchemaMissingError, StorageError, describe_target, translate
+from .errors import (
+    UPGRADE_HINT,
+    HostedRoomError,
+    SchemaMissingError,
+    StorageError,
+    describe_target,
+    redact,
+    translate,
+)
 from .integrity import repair_budget, verify
 from .limits import MAX_LOG_LIMIT
 from .logs import FORMATS, LEVELS, logging_to, logs_enabled
@@ -117,6 +125,7 @@ def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) -
 
 
 def cmd_upgrade(args: argparse.Namespace, out: TextIO) -> int:
+    migrate.check_revision(args.revision)
     progress = Progress()
     progress(f"upgrading to {args.revision} ...")
     with _engine(args, create=True) as engine:
@@ -322,6 +331,9 @@ def cmd_repair_budget(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_alembic_ini(args: argparse.Namespace, out: TextIO) -> int:
     """Write an ``alembic.ini`` that drives the installed hostedrooms (``script_location`` inside the package)."""
+    if looks_like_target(args.path):
+        raise HostedRoomError("the file to write looks like a database URL or DSN: give the URL with --url and a "
+                              "file name (or -) as the argument")
     text = migrate.alembic_ini(args.ini_url)
     if args.path == "-":
         out.write(text)
@@ -407,7 +419,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         with _engine(args) as engine:
             status = store_status(engine, now=status_clock(), top=args.top)
     except (HostedRoomError, OSError, sa.exc.SQLAlchemyError) as exc:
-        error = terminal_text(translate(exc, args.url) if isinstance(exc, sa.exc.SQLAlchemyError) else exc)
+        error = error_text(translate(exc, args.url) if isinstance(exc, sa.exc.SQLAlchemyError) else exc)
         if args.json:
             out.write(json.dumps({"state": UNKNOWN, "exit_code": EXIT_CODES[UNKNOWN], "target": target,
                                   "error": error}) + "\n")
@@ -461,7 +473,7 @@ class _ReplicateDisplay:
         self.passes += 1
         self.rooms, self.lag = 0, 0
         self.progress(f"replicating from {self.source}: {len(report.rooms)} rooms, {self.events:,} events "
-                      f"so far, lag {report.lag:,} events" + (f"; {report.error}" if report.error else ""))
+                      f"so far, lag {report.lag:,} events" + (f"; {redact(report.error)}" if report.error else ""))
 
 
 class SignalStop(threading.Event):
@@ -692,7 +704,7 @@ def cmd_failover(args: argparse.Namespace, out: TextIO) -> int:
         if report.catch_up.error:
             fenced = (f"; the {len(report.fenced)} rooms fenced in its store stay fenced: run failover again"
                       if report.fenced else "")
-            raise HostedRoomError(f"the catch-up from {named} failed ({report.catch_up.error}); nothing was "
+            raise HostedRoomError(f"the catch-up from {named} failed ({redact(report.catch_up.error)}); nothing was "
                                   f"promoted{fenced} (without --catch-up-from, failover promotes what is "
                                   "replicated)")
     for room in report.rooms:
@@ -866,8 +878,25 @@ def _add_status(sub: argparse.ArgumentParser) -> None:
                      help="the verdict when the store's schema is not this installation's head (default warning)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hostedrooms", description=__doc__.splitlines()[0])
+def error_text(error: object) -> str:
+    """An error for stderr or a status line: one line, any password it may quote masked, controls escaped."""
+    return terminal_text(redact(str(error)))
+
+
+class RedactingParser(argparse.ArgumentParser):
+    """argparse, whose usage errors never quote a password: they echo what was given (``unrecognized arguments:
+    postgresql://user:pw@...`` for a URL put before the command, after a mistyped option or as a positional), so
+    every message goes through :func:`~hostedrooms.errors.redact`. Subparsers are of this class too."""
+
+    #: The subcommands' names (set by :func:`build_parser` on the top parser).
+    command_names: tuple[str, ...] = ()
+
+    def error(self, message: str) -> NoReturn:
+        super().error(error_text(message))
+
+
+def build_parser() -> RedactingParser:
+    parser = RedactingParser(prog="hostedrooms", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, handler: Callable[[argparse.Namespace, TextIO], int], help_: str,
@@ -920,6 +949,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--url-b", help="gateway B's database URL (instead of a SQLite file)")
     for name in LOGGING_COMMANDS:
         _add_logging(commands.choices[name])
+    parser.command_names = tuple(commands.choices)
     return parser
 
 
@@ -935,8 +965,10 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     try:
         return parser.parse_args(arguments)
     except SystemExit as exc:
-        # A monitoring system reads 2 as critical: a usage error of the status check is unknown (3).
-        if exc.code == EXIT_USAGE and arguments[:1] == ["status"]:
+        # A monitoring system reads 2 as critical: a usage error of the status check is unknown (3), wherever
+        # the command stands (an argument misplaced before it).
+        names = getattr(parser, "command_names", ())
+        if exc.code == EXIT_USAGE and next((word for word in arguments if word in names), None) == "status":
             raise SystemExit(EXIT_STATUS_UNKNOWN) from None
         raise
 
@@ -952,10 +984,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (HostedRoomError, OSError, CommandError) as exc:
-        sys.stderr.write(f"hostedrooms: error: {terminal_text(exc)}\n")
+        sys.stderr.write(f"hostedrooms: error: {error_text(exc)}\n")
         return EXIT_FAILED
     except sa.exc.SQLAlchemyError as exc:
-        sys.stderr.write(f"hostedrooms: error: {terminal_text(translate(exc, getattr(args, 'url', '?')))}\n")
+        sys.stderr.write(f"hostedrooms: error: {error_text(translate(exc, getattr(args, 'url', '?')))}\n")
         return EXIT_FAILED
 
 

@@ -353,6 +353,11 @@ def verify(target: Target, *, progress: Callable[[str], Any] | None = None,
     event_id)``, ``"ROOM/SEQ/EVENT_ID"`` or an event dict; checked before anything is opened); one gone or
     different is an ``expected_head`` violation.
     """
+    if progress is not None and not callable(progress):
+        raise InvalidInputError("progress must be None or a callable taking a check's name", field="progress")
+    if isinstance(expect_heads, str | bytes | Mapping) or not isinstance(expect_heads, Iterable):
+        raise InvalidInputError("expect_heads must be an iterable of remembered events (ExpectedHead, (room_id, "
+                                "seq, event_id), 'ROOM/SEQ/EVENT_ID' or an event dict)", field="expect_heads")
     heads = [ExpectedHead.of(head) for head in expect_heads]
     engine = create_engine(target, create=False)
     try:

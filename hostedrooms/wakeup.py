@@ -69,6 +69,7 @@ from .dialect import (
 )
 from .errors import translate
 from .filewatch import FileWatch, watch_writes
+from .validation import interval
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL", "LEDGER_WORK_CHANNEL", "RECONNECT_DEADLINE", "ROOM_EVENTS_CHANNEL", "SharedWaiter",
@@ -519,6 +520,8 @@ class Wakeup:
         self, engine: Engine, channel: str, *, key: str | None = None, poll_interval: float | None = None,
         reconnect_deadline: float | None = None,
     ) -> None:
+        if poll_interval is not None:
+            interval(poll_interval, "poll_interval")  # the poller thread would fail on it later
         self.engine = engine
         self.dialect: StoreDialect = dialect_for(engine)
         if self.dialect.notifies:

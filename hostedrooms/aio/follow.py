@@ -18,7 +18,7 @@ from .. import rooms as _rooms
 from ..errors import InvalidInputError
 from ..limits import Limits
 from ..records import EventPage, EventRecord
-from ..rooms.follow import FollowCursor
+from ..rooms.follow import FollowCursor, check_intervals
 from ..telemetry import follow_woke
 from ..wakeup import FALLBACK_INTERVAL, RECONNECT_DEADLINE, check_waitable
 from .derive import service
@@ -44,6 +44,7 @@ def follow(
     ``lineage``: resuming across a failover, as the synchronous ``follow()`` (StoreLineageError);
     ``reconnect_deadline``: how long it waits through a lost waiting connection, as the synchronous ``follow()``
     (then StoreUnavailableError)."""
+    check_intervals(poll_interval, fallback_interval)
     cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)
     checked = require_async_engine(engine)
     check_waitable(checked.sync_engine)  # behind a transaction pooler without listen_url: refused now
@@ -60,6 +61,7 @@ async def open_follow(
     RoomNotFoundError here, a purged one RoomHistoryExpiredError, a ``since_seq`` ahead of the log
     InvalidInputError, as the synchronous ``follow()`` does when called. ``events = await open_follow(engine,
     room_id, since)``, then answer and ``async for event in events``; nothing is held until it is iterated."""
+    check_intervals(poll_interval, fallback_interval)
     cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)
     checked = require_async_engine(engine)
     check_waitable(checked.sync_engine)

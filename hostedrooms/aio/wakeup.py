@@ -24,6 +24,7 @@ from sqlalchemy.pool import NullPool
 
 from ..db import create_engine, engine_schema
 from ..dialect import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, dialect_for, dialect_for_url, pooler_of
+from ..validation import interval
 from ..wakeup import DEFAULT_POLL_INTERVAL, SharedWaiter, Subscription, check_waitable, driver_error, join_waiter
 from .engines import require_async_engine, runner_for
 
@@ -111,6 +112,8 @@ class AsyncWakeup:
             dialect.listen_statement(channel)  # one of hostedrooms' channels (a programming error otherwise)
         check_waitable(self.engine.sync_engine)  # a transaction pooler without listen_url: refused at once
         self.channel, self.key = channel, key
+        if poll_interval is not None:
+            interval(poll_interval, "poll_interval")
         self.poll_interval = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
         self.reconnect_deadline = reconnect_deadline
         self._subscription: _LoopSubscription | None = None

@@ -46,6 +46,7 @@ from ..limits import Limits, in_force
 from ..lineage import check_lineage, lost_event, same_event
 from ..records import EventPage, EventRecord
 from ..telemetry import follow_woke, traced
+from ..validation import interval
 from ..wakeup import FALLBACK_INTERVAL, RECONNECT_DEADLINE, ROOM_EVENTS_CHANNEL, Wakeup, check_waitable
 from .events import read_events
 from .lifecycle import room_state
@@ -171,6 +172,14 @@ class FollowCursor:
 
 
 @traced("follow")
+def check_intervals(poll_interval: Any, fallback_interval: Any) -> None:
+    """Refuse a ``poll_interval`` (None or seconds) or ``fallback_interval`` (seconds) that is no interval, before
+    anything is opened (a waiter would fail on it later, in its own thread)."""
+    if poll_interval is not None:
+        interval(poll_interval, "poll_interval")
+    interval(fallback_interval, "fallback_interval")
+
+
 def follow(
     engine: EngineSource, room_id: str, since_seq: int = 0, *, limit: int = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
@@ -192,6 +201,7 @@ def follow(
     engine's waiting connection is lost (a restarted server, a terminated backend), the shared waiter opens a new
     one with back-off and the follower goes on from its cursor, skipping and repeating nothing; only when no new
     one serves for this long does its wait raise StoreUnavailableError."""
+    check_intervals(poll_interval, fallback_interval)
     cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)
     source = resolve_engine(engine)
     check_waitable(source)  # behind a transaction pooler without listen_url: refused now, not at the first wait

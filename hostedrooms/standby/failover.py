@@ -34,11 +34,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from .. import limits as default_limits
 from ..engines import EngineSource, resolve_engine
 from ..errors import HostedRoomError, ReplicaError
 from ..identity import local_gateway_id as resolve_local_gateway_id
-from ..limits import Limits
+from ..limits import Limits, in_force
 from ..validation import identifier
 from .fence import Fence, FencedSource, fence_authority
 from .heads import all_replica_heads, all_room_heads, disbanded_replicas
@@ -108,7 +107,7 @@ def failover(
     replicated from once, and then every caught-up replica is promoted; when that catch-up stops early
     (``report.catch_up.error``), nothing is promoted.
     """
-    lim = default_limits if limits is None else limits
+    lim = in_force(limits)
     silent = identifier(from_gateway, error=HostedRoomError, label="from_gateway", max_chars=lim.MAX_ACTOR_ID_CHARS)
     local = resolve_local_gateway_id(local_gateway_id)
     if silent == local:

@@ -22,13 +22,12 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from .. import limits as default_limits
 from .. import rooms as room_services
 from ..demotion import demote_room, lost_event_id
 from ..engines import EngineSource, resolve_engine
 from ..errors import HostedRoomError, RoomNotFoundError, StoreConfigurationError, StoreUnavailableError
 from ..identity import local_gateway_id as resolve_local_gateway_id
-from ..limits import Limits
+from ..limits import Limits, in_force
 from ..replicas import supersede_replica
 from ..validation import identifier
 from .heads import LISTING_PAGE, RoomHead, TakeoverHead, all_room_heads
@@ -104,7 +103,7 @@ def fence_authority(
     promotes or releases it. :func:`~hostedrooms.standby.failover.failover` fences only the rooms it planned to
     promote.
     """
-    lim = default_limits if limits is None else limits
+    lim = in_force(limits)
     silent = identifier(from_gateway, error=HostedRoomError, label="from_gateway", max_chars=lim.MAX_ACTOR_ID_CHARS)
     local = resolve_local_gateway_id(local_gateway_id)
     if silent == local:

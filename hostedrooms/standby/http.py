@@ -39,7 +39,7 @@ from typing import Any
 
 from .. import limits as default_limits
 from ..errors import HostedRoomError, RoomHistoryExpiredError, RoomNotFoundError
-from ..limits import Limits
+from ..limits import Limits, check_limits
 from ..lineage import check_lineage
 from ..validation import INT64_MAX, identifier, json_depth_within, max_json_depth
 from .auth import PageToken, page_token
@@ -110,6 +110,15 @@ class HttpPageSource:
         limits: Limits | None = None,
         token: PageToken | str | bytes | None = None,
     ) -> None:
+        if not isinstance(base_url, str):
+            raise HostedRoomError(f"the page source URL must be a string, not {type(base_url).__name__}")
+        if (headers is not None and not isinstance(headers, Mapping)) or (ssl_context is not None and not isinstance(
+                ssl_context, ssl.SSLContext)):
+            raise HostedRoomError("headers must be None or a mapping, ssl_context None or an ssl.SSLContext")
+        if max_response_bytes is not None and (type(max_response_bytes) is not int or max_response_bytes < 1):
+            raise HostedRoomError("max_response_bytes must be None or a positive int")
+        if limits is not None:
+            check_limits(limits)
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise HostedRoomError("the page source URL must be http:// or https:// with a host")

@@ -253,6 +253,13 @@ class PageServer(ThreadingHTTPServer):
                  insecure_no_token: bool = False, ssl_context: ssl.SSLContext | None = None,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
                  header_timeout: float = DEFAULT_HEADER_TIMEOUT, send_timeout: float = DEFAULT_SEND_TIMEOUT) -> None:
+        if not all(callable(getattr(source, name, None)) for name in ("list_rooms", "room_info", "read_events")):
+            raise HostedRoomError("source must be a page source (EnginePageSource, HttpPageSource, ...)")
+        if not (isinstance(address, tuple) and len(address) == 2 and isinstance(address[0], str)
+                and type(address[1]) is int and 0 <= address[1] <= 65535):
+            raise HostedRoomError("address must be a (host, port) tuple, the port from 0 to 65535")
+        if not isinstance(prefix, str) or (authorize is not None and not callable(authorize)):
+            raise HostedRoomError("prefix must be a string and authorize None or a callable")
         if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
             raise HostedRoomError("max_connections must be a positive integer")
         self.idle_timeout = _seconds(idle_timeout, "idle_timeout")
