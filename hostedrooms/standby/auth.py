@@ -181,6 +181,9 @@ def in_clear(url: str) -> bool:
 def server_tls_context(cert_file: str | os.PathLike[str], key_file: str | os.PathLike[str]) -> ssl.SSLContext:
     """A server context (TLS 1.2 at least) with the certificate chain in ``cert_file`` and its key in
     ``key_file`` (PEM). A file that cannot be loaded raises HostedRoomError naming it."""
+    for label, value in (("cert_file", cert_file), ("key_file", key_file)):
+        if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+            raise HostedRoomError(f"{label} must be a file path (a non-empty string or os.PathLike)")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -194,6 +197,8 @@ def server_tls_context(cert_file: str | os.PathLike[str], key_file: str | os.Pat
 def client_tls_context(ca_file: str | os.PathLike[str] | None = None) -> ssl.SSLContext:
     """A client context verifying the server's certificate and host name (TLS 1.2 at least): against the
     system's CAs, or only the CA certificates in ``ca_file`` (PEM) when given."""
+    if ca_file is not None and (not isinstance(ca_file, (str, os.PathLike)) or not os.fspath(ca_file)):
+        raise HostedRoomError("ca_file must be None or a file path (a non-empty string or os.PathLike)")
     try:
         context = ssl.create_default_context(cafile=None if ca_file is None else os.fspath(ca_file))
     except (OSError, ssl.SSLError) as exc:
