@@ -30,7 +30,7 @@ import pytest
 from sqlalchemy import Engine
 from standby_support import GATEWAY_A, GATEWAY_B, host, replica_log, room_log
 
-from hostedrooms import cli
+from hostedrooms import cli_standby as cli
 from hostedrooms.cli import main
 from hostedrooms.errors import InvalidInputError
 from hostedrooms.standby import (
