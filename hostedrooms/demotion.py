@@ -81,6 +81,17 @@ def _max_size(value: Any) -> tuple[int, int] | None:
     return events, size
 
 
+def _check_conditions(tx: RoomTransaction, room: RowLike, local: str, proven: ProvenHead | None,
+                      bound: tuple[int, int] | None) -> None:
+    """Raise DemotionStaleError unless ``room`` (locked) still meets what the caller's proof or plan established."""
+    if proven is not None:
+        _check_proven(tx, room, local, proven)
+    events, size = int(room["next_seq"]) - 1, int(room["event_bytes"])
+    if bound is not None and (events > bound[0] or size > bound[1]):
+        raise DemotionStaleError(f"the room holds {events} events and {size} bytes, more than the {bound[0]} events "
+                                 f"and {bound[1]} bytes the demotion was planned for; nothing was changed")
+
+
 def _check_proven(tx: RoomTransaction, room: RowLike, local: str, proven: ProvenHead) -> None:
     """Raise DemotionStaleError unless ``room`` (locked in this transaction) still stands at ``proven``."""
     head = int(room["next_seq"]) - 1
@@ -145,12 +156,7 @@ def demote_room(
         if current_gateway == observed_gateway and current_epoch == epoch:
             return {"room_id": room_id, "authority_gateway_id": current_gateway, "authority_epoch": current_epoch,
                     "idempotent": True}
-        if proven is not None:
-            _check_proven(tx, room, local, proven)
-        if bound is not None and (int(room["next_seq"]) - 1 > bound[0] or int(room["event_bytes"]) > bound[1]):
-            raise DemotionStaleError(
-                f"the room holds {int(room['next_seq']) - 1} events and {int(room['event_bytes'])} bytes, more than "
-                f"the {bound[0]} events and {bound[1]} bytes the demotion was planned for; nothing was changed")
+        _check_conditions(tx, room, local, proven, bound)
         if epoch <= current_epoch:
             raise ReplicaEpochRegressionError("observed epoch does not supersede the stored authority")
         if current_gateway != local:

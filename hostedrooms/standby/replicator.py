@@ -51,7 +51,6 @@ its :class:`~hostedrooms.standby.wake.Waker` says the source changed, or at the 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -61,7 +60,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..demotion import ProvenHead, demote_room
+from ..demotion import demote_room
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
     DemotionStaleError,
@@ -74,11 +73,11 @@ from ..errors import (
 from ..identity import local_gateway_id as resolve_local_gateway_id
 from ..limits import Limits, in_force
 from ..replicas import CheckedPage, ingest_page, prune_disbanded_replicas, validate_page
-from ..rooms import read_events as read_local_events
 from ..rooms import rules as room_rules
 from ..telemetry import pass_attributes, record_pass, traced
 from ..validation import INT64_MAX, MAX_EPOCH, identifier
 from .heads import ReplicaHead, RoomHead, all_replica_heads, all_room_heads
+from .proof import LocalLog, Proofs, Refused
 from .source import (
     PageSource,
     RoomInfo,
@@ -259,10 +258,6 @@ class Backoff:
                 del self._rooms[room_id]
 
 
-class _Refused(Exception):
-    """A room-level refusal found by the replicator itself (not by a service)."""
-
-
 class _Bounded(Exception):
     """The pass reached one of its bounds (the message says which)."""
 
@@ -317,17 +312,6 @@ class _Budget:
         if left < 0:
             with self._lock:
                 self.reached = self.reached or "the pass read its byte limit (max_bytes_per_pass)"
-
-
-@dataclass(slots=True)
-class _Proof:
-    """How far a demotion proof of one room got: the source's log equals the local log up to seq ``matched``,
-    read from a source store of ``lineage`` (unknown before its first page), for ``gateway`` at ``epoch``."""
-
-    gateway: str
-    epoch: int
-    lineage: Any = _UNKNOWN
-    matched: int = 0
 
 
 class Replicator:
@@ -419,8 +403,8 @@ class Replicator:
         # Per room: the source store's lineage its replica was last fed under (a room absent: not read yet by
         # this replicator, so its first page is checked against the replica's last event).
         self._lineages: dict[str, str | None] = {}
-        # Per room: how far a demotion proof cut short by a pass bound got (it resumes there).
-        self._proofs: dict[str, _Proof] = {}
+        # Demotion proofs cut short by a pass bound, by room (each resumes there).
+        self._proofs = Proofs()
 
     # -- one pass ----------------------------------------------------------------------------------------------
 
@@ -472,8 +456,7 @@ class Replicator:
                     del self._infos[room_id]
                 for room_id in [room for room in self._lineages if room not in seen]:
                     del self._lineages[room_id]
-                for room_id in [room for room in self._proofs if room not in seen]:
-                    del self._proofs[room_id]
+                self._proofs.keep_only(seen)
             self._prune(report)
         if report.bound:
             last = report.rooms[-1].room_id if report.rooms else start_after
@@ -634,7 +617,7 @@ class Replicator:
             return report, True
         except RoomNotFoundError as exc:  # purged (or expired) between the listing and the read
             report.status, report.reason = GONE, str(exc)
-        except (HostedRoomError, _Refused) as exc:
+        except (HostedRoomError, Refused) as exc:
             self._infos.pop(head.room_id, None)
             delay = self.backoff.refuse(head.room_id, str(exc), self._monotonic())
             report.status, report.reason = REFUSED, f"{exc} (retrying in {delay:.0f} s)"
@@ -646,15 +629,15 @@ class Replicator:
     def _check_lineage(head: RoomHead, replica: ReplicaHead) -> None:
         """Refuse, without reading a page, a source that is behind what this replica already holds."""
         if head.authority_epoch < replica.authority_epoch:
-            raise _Refused(f"the source holds epoch {head.authority_epoch}, older than this replica's epoch "
+            raise Refused(f"the source holds epoch {head.authority_epoch}, older than this replica's epoch "
                            f"{replica.authority_epoch}")
         if (head.authority_epoch == replica.authority_epoch
                 and head.authority_gateway_id != replica.authority_gateway_id):
-            raise _Refused(f"the source's owner at epoch {head.authority_epoch} differs from this replica's")
+            raise Refused(f"the source's owner at epoch {head.authority_epoch} differs from this replica's")
         # Only stored events count: a latest_seq no stored event supports is the page's claim, which the next page
         # read confirms or corrects (see _catch_up).
         if _same_lineage(head, replica) and head.latest_seq < replica.last_seq:
-            raise _Refused(f"the source's log ends at seq {head.latest_seq}, before the seq "
+            raise Refused(f"the source's log ends at seq {head.latest_seq}, before the seq "
                            f"{replica.last_seq} this replica stored")
 
     def _catch_up(self, head: RoomHead, replica: ReplicaHead | None, report: RoomReport, budget: _Budget) -> None:
@@ -683,7 +666,7 @@ class Replicator:
                 assert replica is not None
                 try:
                     _check_fork(page, since, replica)
-                except _Refused as exc:
+                except Refused as exc:
                     raise _lineage_refusal(exc, known, page) if lineage_check else exc from None
                 fork_check = False
             claim = page.latest_seq if page.latest_seq is not None else 0
@@ -692,7 +675,7 @@ class Replicator:
             if page.last_seq is None or page.last_seq <= since:
                 # Only a full page (the fork check's, of one event) may hold nothing new while the log goes on.
                 if claim > since and len(page.events) < self.page_limit:
-                    raise _Refused(f"the source reports seq {claim} but its page holds nothing after seq "
+                    raise Refused(f"the source reports seq {claim} but its page holds nothing after seq "
                                    f"{since}")
                 if not store_empty and not unsupported:
                     break
@@ -758,7 +741,9 @@ class Replicator:
             report.status, report.reason = BACKING_OFF, f"{waiting[1]} (retrying in {waiting[0]:.0f} s)"
             return report, False
         try:
-            new_gateway, new_epoch, proven = self._prove_continuation(head.room_id, local, local_gateway, budget)
+            new_gateway, new_epoch, proven = self._proofs.prove(
+                head.room_id, local, local_gateway, lambda since: self._read_page(head.room_id, since, budget),
+                self._local_log)
             step("replicator.proved", room_id=head.room_id, gateway=local_gateway)
             demote_room(self.target, room_id=head.room_id, observed_gateway_id=new_gateway,
                         observed_epoch=new_epoch, now=self._now(), local_gateway_id=local_gateway,
@@ -772,7 +757,7 @@ class Replicator:
         except DemotionStaleError as exc:  # written to after the proof: nothing changed, and the next pass proves
             report.reason = f"{held}; not demoted: {exc}"
             return report, False
-        except (HostedRoomError, _Refused) as exc:
+        except (HostedRoomError, Refused) as exc:
             delay = self.backoff.refuse(head.room_id, str(exc), self._monotonic())
             report.status, report.reason = REFUSED, f"demotion refused: {exc} (retrying in {delay:.0f} s)"
             return report, False
@@ -783,103 +768,8 @@ class Replicator:
                          f"{local.authority_epoch} is fenced")
         return report, False
 
-    def _prove_continuation(self, room_id: str, local: RoomHead, gateway: str,
-                            budget: _Budget) -> tuple[str, int, ProvenHead]:
-        """The source's current lineage (gateway, epoch) and the local head it was proven against, once the
-        source's log is proven to continue this local room: from seq 1, exactly the local events up to the local
-        head, then, before any event of a newer epoch, an ``authority.claimed`` naming (``gateway``, the local
-        epoch) as the previous authority. Read a page at a time from each side; anything else raises _Refused
-        with the reason. A proof cut short by a pass bound resumes on the next pass where it stopped
-        (``self._proofs``): the local log below its head never changes, and a source whose store lineage changed
-        is read again from seq 1."""
-        epoch = local.authority_epoch
-        proof = self._proofs.get(room_id)
-        if proof is None or (proof.gateway, proof.epoch) != (gateway, epoch) or proof.matched > local.latest_seq:
-            proof = self._proofs[room_id] = _Proof(gateway, epoch)
-        since = proof.matched
-        mine = self._local_events(room_id, local.latest_seq, since)
-        try:
-            while True:
-                page = self._read_page(room_id, since, budget)
-                if proof.lineage is not _UNKNOWN and page.lineage != proof.lineage:  # read it again from seq 1
-                    proof.lineage, proof.matched, since = page.lineage, 0, 0
-                    mine = self._local_events(room_id, local.latest_seq, 0)
-                    continue
-                proof.lineage = page.lineage
-                observed = self._prove_page(page, since, local, gateway, mine, proof)
-                if observed is not None:
-                    del self._proofs[room_id]
-                    return (*observed, ProvenHead(local.latest_seq, self._local_event_id(room_id, local.latest_seq),
-                                                  epoch))
-                since = page.events[-1].seq
-        except _Refused:
-            self._proofs.pop(room_id, None)
-            raise
-
-    def _prove_page(self, page: CheckedPage, since: int, local: RoomHead, gateway: str,
-                    mine: Iterator[dict[str, Any]], proof: _Proof) -> tuple[str, int] | None:
-        """Check one page of the proof (see :meth:`_prove_continuation`): the source's lineage once the claim is
-        found, else None (read on)."""
-        epoch = local.authority_epoch
-        if not page.events:
-            if since < local.latest_seq:
-                raise _Refused(f"local events after seq {since} are missing from the source (its log ends "
-                               "there): it does not continue this room")
-            raise _Refused(f"the source's log holds no authority.claimed naming {gateway} at epoch {epoch} "
-                           f"after seq {local.latest_seq}: it does not continue this room")
-        if page.events[0].seq != since + 1:
-            raise _Refused(f"the source's page after seq {since} does not start at seq {since + 1}")
-        for event in page.events:
-            kind, event_epoch = event.event.kind, event.event.authority_epoch
-            if event.seq <= local.latest_seq:
-                record = next(mine, None)
-                if record is None:
-                    raise _Refused(f"the local log of this room ends before its seq {local.latest_seq}")
-                if event.same_record(record, self.limits):
-                    proof.matched = event.seq
-                    continue
-                if kind == "authority.claimed" and _claims_from(event.event.payload_json, gateway, epoch):
-                    raise _Refused(f"local events from seq {event.seq} to {local.latest_seq} are missing from "
-                                   f"the source (its claim is at seq {event.seq}): they were written here "
-                                   "after its last copy")
-                raise _Refused(f"the source's event at seq {event.seq} is not this room's (another event id "
-                               "or content): it does not continue this room")
-            if kind == "authority.claimed":
-                if event_epoch == epoch + 1 and _claims_from(event.event.payload_json, gateway, epoch):
-                    if page.epoch <= epoch or page.gateway_id == gateway:
-                        raise _Refused("the source's page authority does not hold a newer epoch")
-                    return page.gateway_id, page.epoch
-                raise _Refused(f"the source's claim at seq {event.seq} does not name {gateway} at epoch "
-                               f"{epoch} as the previous authority")
-            if event_epoch is None or event_epoch > epoch:
-                raise _Refused(f"the source's seq {event.seq} was written at epoch {event_epoch} before any "
-                               f"claim from {gateway} at epoch {epoch}")
-        return None
-
-    def _local_events(self, room_id: str, head: int, since: int) -> Iterator[dict[str, Any]]:
-        """The local log of ``room_id`` after seq ``since`` up to seq ``head``, a page at a time."""
-        while since < head:
-            page = read_local_events(self.target, room_id=room_id, since_seq=since,
-                                     limit=min(self.page_limit, 500), include_disbanded=True, limits=self.limits)
-            events = page["events"]
-            if not events:
-                return
-            for event in events:
-                if int(event["seq"]) > head:
-                    return
-                yield dict(event)
-            since = int(events[-1]["seq"])
-
-    def _local_event_id(self, room_id: str, seq: int) -> str | None:
-        """The id of the local event at ``seq`` (None for seq 0)."""
-        if seq == 0:
-            return None
-        page = read_local_events(self.target, room_id=room_id, since_seq=seq - 1, limit=1, include_disbanded=True,
-                                 limits=self.limits)
-        events = page["events"]
-        if not events or int(events[0]["seq"]) != seq:
-            raise _Refused(f"the local log of this room holds no event at its seq {seq}")
-        return str(events[0]["event_id"])
+    def _local_log(self) -> LocalLog:
+        return LocalLog(self.target, self.page_limit, self.limits)
 
     def _local_gateway(self) -> str | None:
         try:
@@ -955,14 +845,6 @@ def _head_problem(head: RoomHead, lim: Limits) -> str:
     return ""
 
 
-def _claims_from(payload_json: str, gateway: str, epoch: int) -> bool:
-    """Whether a validated ``authority.claimed`` payload names (``gateway``, ``epoch``) as the previous authority
-    (both claim paths write ``previous_gateway_id`` and the new ``authority_epoch``, ``epoch + 1``)."""
-    payload = json.loads(payload_json)
-    return (isinstance(payload, dict) and payload.get("previous_gateway_id") == gateway
-            and _int_within(payload.get("authority_epoch"), epoch + 1, epoch + 1))
-
-
 #: Event kinds after which a room's name or members may differ (a rename; a claim adopting a legacy room).
 _INFO_KINDS = frozenset({"room.renamed", "authority.claimed"})
 
@@ -972,11 +854,11 @@ def _changes_info(page: CheckedPage) -> bool:
 
 
 
-def _lineage_refusal(exc: Exception, known: Any, page: CheckedPage) -> _Refused:
+def _lineage_refusal(exc: Exception, known: Any, page: CheckedPage) -> Refused:
     """The refusal of a room whose replica's last event the source no longer holds as it was (checked after the
     source's store lineage changed, or on the first read of the room by this replicator)."""
     previous = "unknown" if known is _UNKNOWN else str(known)
-    return _Refused(f"the source's store lineage is {page.lineage} (was {previous}) and it no longer holds this "
+    return Refused(f"the source's store lineage is {page.lineage} (was {previous}) and it no longer holds this "
                     f"replica's last event as stored ({exc}): the source lost events this replica has (a standby "
                     "that lacked them was promoted?); refusing to ingest a diverged log")
 
@@ -991,10 +873,10 @@ def _check_fork(page: CheckedPage, since: int, replica: ReplicaHead) -> None:
     """
     first = page.events[0] if page.events else None
     if first is None or first.seq != since:
-        raise _Refused(f"the source's log no longer holds this replica's seq {since}")
+        raise Refused(f"the source's log no longer holds this replica's seq {since}")
     epoch = first.event.authority_epoch
     if epoch is not None and epoch > replica.authority_epoch:
-        raise _Refused(f"the source forked from this replica: its seq {since} was written at epoch {epoch}, "
+        raise Refused(f"the source forked from this replica: its seq {since} was written at epoch {epoch}, "
                        f"after this replica's epoch {replica.authority_epoch}")
 
 
