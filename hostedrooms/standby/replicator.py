@@ -15,7 +15,9 @@ the source's head (lineage, latest seq) with what the local store holds:
   of a newer epoch, an ``authority.claimed`` naming this gateway at the local epoch as the previous authority.
   Anything else (another gateway's room of the same name, a listing that only claims a newer epoch, a claim
   naming another previous authority, local events the source never got) refuses the room with the reason and
-  changes nothing; a room that is not this gateway's is reported ``local`` and left alone;
+  changes nothing (:mod:`.proof`); the demoting write is conditioned on the head the proof read, so a write
+  committed after the proof leaves the room untouched and proved again next pass; a room that is not this
+  gateway's is reported ``local`` and left alone;
 * a listing head's ``latest_seq`` is never stored: only pages are; a replica whose stored ``latest_seq`` is
   above its ``last_seq`` (no stored event supports it) takes the source's current claim from the next page
   (``ingest_page``'s ``supersede_latest_seq``), so one lying page cannot keep it from ever being caught up;
