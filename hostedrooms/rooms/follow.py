@@ -171,7 +171,6 @@ class FollowCursor:
         return not self.done and not self.more
 
 
-@traced("follow")
 def check_intervals(poll_interval: Any, fallback_interval: Any) -> None:
     """Refuse a ``poll_interval`` (None or seconds) or ``fallback_interval`` (seconds) that is no interval, before
     anything is opened (a waiter would fail on it later, in its own thread)."""
@@ -180,6 +179,7 @@ def check_intervals(poll_interval: Any, fallback_interval: Any) -> None:
     interval(fallback_interval, "fallback_interval")
 
 
+@traced("follow")
 def follow(
     engine: EngineSource, room_id: str, since_seq: int = 0, *, limit: int = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
