@@ -16,6 +16,9 @@ connect are translated here, in one place.
 
 On a SQLite file engine a write unit runs on the engine's one held writer connection when it can take it
 (:mod:`hostedrooms.writer`), otherwise on a pooled connection; both give the same transaction, results and errors.
+Before either, a write unit on a SQLite file waits for its process's turn on the database's lock file, so the
+writers of several processes queue instead of polling (:mod:`hostedrooms.writelock`); the turn ends in
+``_close``, after the transaction committed or rolled back, however the unit ends.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from sqlalchemy import Connection, Engine, Executable, Result
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
+from . import writelock
 from . import writer as held
 from .db import reject_async
 from .dialect import StoreDialect, dialect_for
@@ -48,12 +52,22 @@ class UnitOfWork:
         self._session: Session | None = None
         self._committed = False
         self._writer: held.HeldWriter | None = None
+        self._turn: writelock.FileWriteLock | None = None
 
     def __enter__(self) -> Self:
         if self.write:
-            writer = held.take(self.engine)
-            if writer is not None:
-                return self._enter_held(writer)
+            self._turn = writelock.take(self.engine)  # other processes' writers queue; released by _close
+            try:
+                writer = held.take(self.engine)
+                if writer is not None:
+                    return self._enter_held(writer)
+                return self._enter_pooled()
+            except BaseException:
+                self._close()
+                raise
+        return self._enter_pooled()
+
+    def _enter_pooled(self) -> Self:
         try:
             connection = self._connection = self.engine.connect()
             if self.statement_snapshots:
@@ -166,12 +180,17 @@ class UnitOfWork:
             connection.end_direct(commit=commit)
 
     def _close(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
-        connection, self._connection = self._connection, None
-        writer, self._writer = self._writer, None
-        if writer is not None:  # the held writer stays open for the next unit (unless the unit broke it)
-            writer.release()
-        elif connection is not None:
-            connection.close()
+        try:
+            if self._session is not None:
+                self._session.close()
+                self._session = None
+            connection, self._connection = self._connection, None
+            writer, self._writer = self._writer, None
+            if writer is not None:  # the held writer stays open for the next unit (unless the unit broke it)
+                writer.release()
+            elif connection is not None:
+                connection.close()  # a transaction still open is rolled back on its way to the pool
+        finally:
+            turn, self._turn = self._turn, None
+            if turn is not None:  # after the transaction ended, whichever way
+                turn.release()
