@@ -22,12 +22,19 @@ open file description, which a forked child shares: a child closes every descrip
 (:func:`_forked`; that never unlocks the parent's lock) and opens its own, and a lock object of the parent
 never unlocks anything in a child (the pid is checked).
 
-The wait is bounded by the engine's busy timeout, then :class:`~hostedrooms.errors.StoreUnavailableError`, as a
-busy SQLite lock always was. A blocking ``flock`` has no timeout and nothing interrupts it in a thread, and a
-loop of non-blocking attempts would be polling again; so an uncontended turn is one non-blocking ``flock``, and
-a contended one blocks in a short-lived helper thread on a fresh descriptor while the caller waits on an event
-with the deadline. A helper whose caller gave up unlocks as soon as its ``flock`` returns and closes its
-descriptor (a fresh one each time: the abandoned lock can never be mistaken for a later caller's).
+How long a writer waits (:class:`_Patience`): while the queue moves. Each turn, as it ends, writes its process
+id and a count into the lock file; a waiter that sees no turn end within the engine's busy timeout (a stopped
+process, a transaction that does not end) gives up with :class:`~hostedrooms.errors.StoreUnavailableError`, as
+a busy SQLite lock always made it, and so does one still waiting after :data:`PATIENCE` busy timeouts. A plain
+deadline of one busy timeout would fail a writer that is merely far back in a long queue: many short-lived
+processes each writing once take that long in all when the machine is loaded, although every turn is short.
+
+A blocking ``flock`` has no timeout and nothing interrupts it in a thread, and a loop of non-blocking attempts
+would be polling again; so an uncontended turn is one non-blocking ``flock``, and a contended one blocks in a
+short-lived helper thread on a fresh descriptor while the caller waits on an event and checks the queue's
+progress once per busy timeout (the helper keeps its place meanwhile). A helper whose caller gave up unlocks as
+soon as its ``flock`` returns and closes its descriptor (a fresh one each time: the abandoned lock can never be
+mistaken for a later caller's).
 
 Where no lock is taken: an in-memory database or a SQLite URI (used as given), an AsyncEngine's own
 ``sync_engine`` (its driver calls are awaited on the loop: ``AsyncUnitOfWork`` and ``services="awaited"`` keep
@@ -39,9 +46,11 @@ busy timeout stays the backstop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
+import struct
 import threading
 import time
 
@@ -59,6 +68,11 @@ __all__ = ["LOCK_SUFFIX", "FileWriteLock", "allow", "lock_file", "take"]
 
 #: The lock file of a database file ``X`` is ``X-hostedrooms.lock``.
 LOCK_SUFFIX = "-hostedrooms.lock"
+#: A waiter gives up after this many busy timeouts even while the queue moves (:class:`_Patience`).
+PATIENCE = 3
+#: Written into the lock file by each turn as it ends: the process id and its count of turns (waiters read it
+#: to tell a moving queue from a holder that does not let go).
+_TURN = struct.Struct("<qq")
 #: The attribute of an engine's SQLAlchemy dialect (shared with its ``execution_options()`` engines) holding
 #: its :class:`_Site`.
 _ATTRIBUTE = "_hostedrooms_write_lock"
@@ -93,6 +107,44 @@ class _Site:
                     lock = _locks[self.path] = FileWriteLock(self.path, self.database)
             self.lock, self.generation = lock, _generation
         return lock
+
+
+class _Patience:
+    """How long a waiter keeps its place in the queue: as long as some writer (of any process) ends its turn at
+    least once per busy timeout, and :data:`PATIENCE` busy timeouts at most. So a holder that keeps its turn past
+    the busy timeout (a stopped process, a long transaction) fails the waiters as a busy SQLite lock did, while a
+    long queue that keeps moving (many processes writing at once) does not."""
+
+    def __init__(self, fd: int, timeout: float) -> None:
+        self.fd = fd
+        self.timeout = timeout
+        now = time.monotonic()
+        self.limit = now + timeout * PATIENCE
+        self.next = now + timeout
+        self.seen = _last_turn(fd)
+
+    def interval(self) -> float:
+        return max(0.0, min(self.next, self.limit) - time.monotonic())
+
+    def check(self) -> None:
+        """Raise TimeoutError when no turn ended since the last check (a busy timeout ago) or the limit passed."""
+        now = time.monotonic()
+        if now < min(self.next, self.limit):
+            return
+        if now >= self.limit:
+            raise TimeoutError(f"still no turn after {self.timeout * PATIENCE:g} s")
+        turn = _last_turn(self.fd)
+        if turn == self.seen:
+            raise TimeoutError(f"no writer ended its turn within the busy timeout of {self.timeout:g} s")
+        self.seen, self.next = turn, now + self.timeout
+
+
+def _last_turn(fd: int) -> bytes:
+    """What the last turn to end wrote into the lock file (its process and its count of turns)."""
+    try:
+        return os.pread(fd, _TURN.size, 0)
+    except OSError:
+        return b""
 
 
 class _Wait:
@@ -131,19 +183,25 @@ class FileWriteLock:
         self._fd: int | None = None  # for uncontended turns, opened on first use
         self._held: int | None = None  # the descriptor holding the flock during a turn
         self._warned = False
+        self._turns = 0  # turns this process ended: with the pid, what it writes into the lock file
 
     def take(self, timeout: float) -> bool:
-        """Wait (at most ``timeout`` seconds) for this thread's turn; True: held (call :meth:`release`). False: no
-        turn is needed or possible (this thread holds one already, or the lock file cannot be used). Raises
-        TimeoutError when the turn did not come in time."""
+        """Wait for this thread's turn (see :class:`_Patience` for how long); True: held (call :meth:`release`).
+        False: no turn is needed or possible (this thread holds one already, or the lock file cannot be used).
+        Raises TimeoutError when the turn did not come in time."""
         ident = threading.get_ident()
         if self._owner == ident:
             return False
-        deadline = time.monotonic() + timeout
-        if not self._mutex.acquire(timeout=timeout):
-            raise TimeoutError(self.path)
+        fd = self._fd
+        if fd is None:
+            fd = self._fd = self._open()
+            if fd is None:
+                return False
+        patience = _Patience(fd, timeout)
+        while not self._mutex.acquire(timeout=patience.interval()):
+            patience.check()  # another thread of this process holds the turn
         try:
-            held = self._lock(deadline)
+            held = self._lock(fd, patience)
         except BaseException:
             self._mutex.release()
             raise
@@ -159,18 +217,16 @@ class FileWriteLock:
         self._owner = None
         try:
             if held is not None and os.getpid() == self.pid:  # a forked child never unlocks its parent's lock
+                self._turns += 1
+                with contextlib.suppress(OSError):  # the waiters only see less progress
+                    os.pwrite(held, _TURN.pack(self.pid, self._turns), 0)
                 fcntl.flock(held, fcntl.LOCK_UN)
                 if held != self._fd:
                     _close(held)
         finally:
             self._mutex.release()
 
-    def _lock(self, deadline: float) -> int | None:
-        fd = self._fd
-        if fd is None:
-            fd = self._fd = self._open()
-            if fd is None:
-                return None
+    def _lock(self, fd: int, patience: _Patience) -> int | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
@@ -179,7 +235,7 @@ class FileWriteLock:
         fresh = self._open()
         if fresh is None:
             return None
-        return _wait(fresh, deadline)
+        return _wait(fresh, patience)
 
     def _open(self) -> int | None:
         """A new descriptor of the lock file (created ``0600`` if missing); None when it cannot be used."""
@@ -196,7 +252,7 @@ class FileWriteLock:
 
 
 def _open(path: str) -> int:
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # O_NONBLOCK: a FIFO never blocks open
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # O_NONBLOCK: a FIFO never blocks open
     with _fds_lock:
         try:
             fd = os.open(path, flags)
@@ -216,15 +272,19 @@ def _close(fd: int) -> None:
         os.close(fd)
 
 
-def _wait(fd: int, deadline: float) -> int:
-    """Block for the lock on ``fd`` (in a helper thread) until ``deadline``; ``fd`` once it holds the lock."""
+def _wait(fd: int, patience: _Patience) -> int:
+    """Block for the lock on ``fd`` (in a helper thread) while ``patience`` lasts; ``fd`` once it holds the lock."""
     wait = _Wait(fd)
     threading.Thread(target=wait.block, name="hostedrooms-write-lock", daemon=True).start()
-    if not wait.done.wait(max(0.0, deadline - time.monotonic())):
-        with wait.lock:
-            if not wait.done.is_set():
-                wait.abandoned = True  # the helper unlocks and closes when its flock returns
-                raise TimeoutError(fd)
+    while not wait.done.wait(patience.interval()):
+        try:
+            patience.check()
+        except TimeoutError:
+            with wait.lock:
+                if not wait.done.is_set():
+                    wait.abandoned = True  # the helper unlocks and closes when its flock returns
+                    raise
+            break
     if wait.error is not None:
         _close(fd)
         raise wait.error
@@ -256,10 +316,10 @@ def take(engine: Engine) -> FileWriteLock | None:
     lock = site.current()
     try:
         return lock if lock.take(site.timeout) else None
-    except TimeoutError:
+    except TimeoutError as exc:
         raise StoreUnavailableError(
-            f"hosted room store {site.where} is unavailable: database is locked (another writer kept its turn "
-            f"past the busy timeout of {site.timeout:g} s; lock file {site.path})") from None
+            f"hosted room store {site.where} is unavailable: database is locked (waiting for a turn to write: "
+            f"{exc}; lock file {site.path})") from None
     except OSError as exc:
         raise StoreUnavailableError(
             f"hosted room store {site.where} is unavailable: cannot lock {site.path}: {exc}") from exc

@@ -153,6 +153,37 @@ def test_a_turn_that_does_not_come_within_the_busy_timeout_is_a_locked_store(eng
     assert _event_ids(engine) == ["e1"]
 
 
+def test_a_waiter_keeps_its_place_past_the_busy_timeout_while_the_queue_moves(engine: Engine, path: Path) -> None:
+    outcome: list[Any] = []
+    waiting = hostedrooms.create_engine(path, busy_timeout=1.0)
+    thread = threading.Thread(target=lambda: outcome.append(_outcome(lambda: _append(waiting, "patient"))))
+    try:
+        with held_elsewhere(path):
+            fd = os.open(writelock.lock_file(str(path)), os.O_RDWR | os.O_CLOEXEC)
+            try:
+                thread.start()
+                for n in range(6):  # 1.8 s, past its busy timeout (1 s): turns end every 0.3 s meanwhile
+                    thread.join(timeout=0.3)
+                    os.pwrite(fd, n.to_bytes(16, "little"), 0)  # as each turn writes as it ends
+                assert thread.is_alive() and outcome == []
+            finally:
+                os.close(fd)
+        thread.join(timeout=BOUND)
+    finally:
+        waiting.dispose()
+    assert not thread.is_alive() and outcome[0]["event_id"] == "patient"
+    with held_elsewhere(path):  # the queue stands still: a busy timeout later the waiter gives up
+        with pytest.raises(StoreUnavailableError, match="no writer ended its turn within the busy timeout"):
+            _append(engine, "e2")
+
+
+def _outcome(call: Any) -> Any:
+    try:
+        return call()
+    except Exception as exc:  # the test thread reports it
+        return exc
+
+
 def test_a_nested_write_unit_of_the_same_thread_does_not_wait_for_itself(engine: Engine, path: Path) -> None:
     began = time.monotonic()
     with UnitOfWork(engine) as outer:
