@@ -17,7 +17,8 @@ database exists and is never deleted (deleting it while processes use it would s
 
 In one process: a thread mutex first (so one thread per process waits in the kernel, and a thread's nested
 write unit, which already holds the lock, proceeds without it as before: SQLite's busy timeout decides), then
-the ``flock`` on a descriptor of this process's own, opened lazily, ``O_CLOEXEC``. ``flock`` locks belong to an
+the ``flock`` on a descriptor of this process's own, opened lazily (``O_CLOEXEC``; one per database file, kept
+for the life of the process: engines come and go, the file stays). ``flock`` locks belong to an
 open file description, which a forked child shares: a child closes every descriptor it inherited from here
 (:func:`_forked`; that never unlocks the parent's lock) and opens its own, and a lock object of the parent
 never unlocks anything in a child (the pid is checked).
