@@ -10,6 +10,7 @@ Any other error ends the process with a traceback and a non-zero exit.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -21,15 +22,19 @@ from sqlalchemy import Engine
 import hostedrooms
 from hostedrooms import rooms
 from hostedrooms.errors import StoreUnavailableError
+from hostedrooms.limits import LimitValues
 
 GATEWAY = "install:gw-local"
+#: Room for what 30 s of appends at full speed store (the default limits would end the run, not the test).
+ROOMY = dataclasses.replace(LimitValues.read(), MAX_EVENTS_PER_ROOM=10_000_000, MAX_ROOM_EVENT_BYTES=2**40,
+                            MAX_GATEWAY_EVENT_BYTES=2**40)
 START_WITHIN = 120.0
 
 
 def append(engine: Engine, room: str, event_id: str) -> None:
     rooms.append_event(engine, room_id=room, event_id=event_id, kind="message.user",
                        actor={"kind": "user", "id": "u1"}, payload={"text": event_id},
-                       authority_gateway_id=GATEWAY, authority_epoch=1)
+                       authority_gateway_id=GATEWAY, authority_epoch=1, limits=ROOMY)
 
 
 def main(path: str, room: str, seconds: float, out: str) -> None:
