@@ -198,11 +198,13 @@ class FileWriteLock:
             fd = self._fd = self._open()
             if fd is None:
                 return False
-        patience = _Patience(fd, timeout)
-        while not self._mutex.acquire(timeout=patience.interval()):
-            patience.check()  # another thread of this process holds the turn
+        patience = None  # only a turn that has to wait reads the queue's progress
+        if not self._mutex.acquire(blocking=False):
+            patience = _Patience(fd, timeout)
+            while not self._mutex.acquire(timeout=patience.interval()):
+                patience.check()  # another thread of this process holds the turn
         try:
-            held = self._lock(fd, patience)
+            held = self._lock(fd, patience, timeout)
         except BaseException:
             self._mutex.release()
             raise
@@ -227,7 +229,7 @@ class FileWriteLock:
         finally:
             self._mutex.release()
 
-    def _lock(self, fd: int, patience: _Patience) -> int | None:
+    def _lock(self, fd: int, patience: _Patience | None, timeout: float) -> int | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
@@ -236,7 +238,7 @@ class FileWriteLock:
         fresh = self._open()
         if fresh is None:
             return None
-        return _wait(fresh, patience)
+        return _wait(fresh, patience or _Patience(fd, timeout))
 
     def _open(self) -> int | None:
         """A new descriptor of the lock file (created ``0600`` if missing); None when it cannot be used."""
