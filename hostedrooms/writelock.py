@@ -180,6 +180,7 @@ class FileWriteLock:
         self.database = database
         self.pid = os.getpid()
         self._mutex = threading.Lock()
+        self._opening = threading.Lock()
         self._owner: int | None = None
         self._fd: int | None = None  # for uncontended turns, opened on first use
         self._held: int | None = None  # the descriptor holding the flock during a turn
@@ -193,11 +194,9 @@ class FileWriteLock:
         ident = threading.get_ident()
         if self._owner == ident:
             return False
-        fd = self._fd
+        fd = self._fd if self._fd is not None else self._first_descriptor()
         if fd is None:
-            fd = self._fd = self._open()
-            if fd is None:
-                return False
+            return False
         patience = None  # only a turn that has to wait reads the queue's progress
         if not self._mutex.acquire(blocking=False):
             patience = _Patience(fd, timeout)
@@ -228,6 +227,12 @@ class FileWriteLock:
                     _close(held)
         finally:
             self._mutex.release()
+
+    def _first_descriptor(self) -> int | None:
+        with self._opening:  # one descriptor for uncontended turns, ever: release() tells it from fresh ones
+            if self._fd is None:
+                self._fd = self._open()
+            return self._fd
 
     def _lock(self, fd: int, patience: _Patience | None, timeout: float) -> int | None:
         try:

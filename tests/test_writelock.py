@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from factories import USER, file_mode, make_room
+from factories import USER, file_mode, make_room, run_together
 from sqlalchemy import Engine
 
 import hostedrooms
@@ -182,6 +182,27 @@ def _outcome(call: Any) -> Any:
         return call()
     except Exception as exc:  # the test thread reports it
         return exc
+
+
+def test_threads_taking_their_first_turns_at_once_share_one_descriptor(path: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "fresh.db"  # a lock file this process has not opened yet
+    shutil.copy(path, copy)
+    engine = hostedrooms.create_engine(copy, busy_timeout=BOUND)
+
+    def turns(_: int) -> int:
+        for _ in range(50):
+            lock = writelock.take(engine)
+            assert lock is not None
+            lock.release()
+        return 0
+
+    try:
+        assert run_together(turns, 16) == [0] * 16
+    finally:
+        engine.dispose()
+    assert lock_is_free(copy)
+    opened = writelock._locks[writelock.lock_file(str(copy))]._fd
+    assert opened is not None and os.fstat(opened).st_ino == os.stat(writelock.lock_file(str(copy))).st_ino
 
 
 def test_a_nested_write_unit_of_the_same_thread_does_not_wait_for_itself(engine: Engine, path: Path) -> None:
