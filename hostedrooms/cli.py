@@ -1,4 +1,4 @@
-"""The ``hostedrooms`` console script: migrate, inspect, verify, and a demo of the whole story.
+"""The ``hostedrooms`` console script: migrate, inspect, verify, repair the budget, and a demo of the whole story.
 
 Every command takes ``--url`` (default: ``$HOSTEDROOMS_DATABASE_URL``, else ``./state.db``). Errors are one
 line on stderr and a non-zero exit; progress is shown only when stderr is a terminal. Only ``upgrade`` and
@@ -15,13 +15,10 @@ import json
 import logging
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, TextIO, cast
+from typing import Any, NoReturn, TextIO, cast
 
 import sqlalchemy as sa
 from alembic.util.exc import CommandError
@@ -29,12 +26,42 @@ from sqlalchemy import Engine
 
 from . import migrate
 from . import rooms as room_service
-from .db import DATABASE_URL_ENV, create_engine
+from .cli_standby import (
+    _add_failover,
+    _add_replicate,
+    _add_serve_pages,
+    cmd_failover,
+    cmd_replicate,
+    cmd_serve_pages,
+)
+from .cli_support import (
+    DEFAULT_DATABASE,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STATUS_UNKNOWN,
+    EXIT_USAGE,
+    LISTEN_URL_ENV,
+    POOLER_ENV,
+    Progress,
+    default_url,
+    engine_of,
+    error_text,
+    non_negative_int,
+    positive_int,
+    print_table,
+    require_schema,
+)
+from .db import DATABASE_URL_ENV, looks_like_target
 from .display import terminal_text
-from .errors import UPGRADE_HINT, HostedRoomError, SchemaMissingError, StorageError, describe_target, translate
-from .integrity import verify
+from .errors import (
+    HostedRoomError,
+    StorageError,
+    describe_target,
+    translate,
+)
+from .integrity import repair_budget, verify
 from .limits import MAX_LOG_LIMIT
-from .logs import FORMATS, LEVELS, logging_to, logs_enabled
+from .logs import FORMATS, LEVELS, logging_to
 from .migrate import SCHEMA_ENV
 from .models import deliveries, replicas, rooms
 from .records import EventRecord
@@ -43,15 +70,8 @@ from .store import REPLAY_COLUMNS, room_store
 from .uow import UnitOfWork
 from .validation import INT64_MAX, stored_json
 
-DEFAULT_DATABASE = "state.db"
-#: Environment variables for ``--pooler`` and ``--listen-url`` (see ``hostedrooms.create_engine``).
-POOLER_ENV = "HOSTEDROOMS_POOLER"
-LISTEN_URL_ENV = "HOSTEDROOMS_LISTEN_URL"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-#: ``status``'s exit code when the store cannot be read or an option is invalid (Nagios' UNKNOWN).
-EXIT_STATUS_UNKNOWN = 3
 #: The long-running commands, which take ``--log-format`` and ``--log-level``.
-LOGGING_COMMANDS = ("replicate", "log", "failover")
+LOGGING_COMMANDS = ("replicate", "log", "failover", "serve-pages")
 _log = logging.getLogger("hostedrooms.cli")  # not __name__: run as a script it is __main__
 #: Where ``status`` reads the time, once per run (tests replace it).
 status_clock: Callable[[], float] = time.time
@@ -59,67 +79,14 @@ status_clock: Callable[[], float] = time.time
 _SEQ, _ACTOR, _PAYLOAD = (REPLAY_COLUMNS.index(name) for name in ("seq", "actor_json", "payload_json"))
 
 
-class Progress:
-    """One self-overwriting status line on a terminal; silent when stderr is piped or takes log lines."""
-
-    def __init__(self, stream: TextIO | None = None) -> None:
-        self.stream = stream or sys.stderr
-        # Log lines (--log-format) go to stderr too: a line overwriting itself would garble them.
-        self.enabled = self.stream.isatty() and not logs_enabled()
-        self._width = 0
-
-    def __call__(self, message: str) -> None:
-        if self.enabled:
-            text = f"\r{message}".ljust(self._width + 1)
-            self._width = len(message)
-            self.stream.write(text)
-            self.stream.flush()
-
-    def done(self) -> None:
-        if self.enabled and self._width:
-            self.stream.write("\r" + " " * (self._width + 1) + "\r")
-            self.stream.flush()
-
-
-def default_url() -> str:
-    """``$HOSTEDROOMS_DATABASE_URL``, else ``state.db`` in the current directory."""
-    return os.environ.get(DATABASE_URL_ENV) or DEFAULT_DATABASE
-
-
-@contextmanager
-def _engine(args: argparse.Namespace, *, create: bool = False) -> Iterator[Engine]:
-    """The engine of ``--url``; a SQLite file must already exist unless ``create`` (upgrade only)."""
-    engine = create_engine(args.url, create=create, schema=getattr(args, "schema", None) or None,
-                           pooler=getattr(args, "pooler", None) or None,
-                           listen_url=getattr(args, "listen_url", None) or None)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-
-
-def _require_schema(engine: Engine) -> None:
-    if migrate.current_revision(engine) is None:
-        raise SchemaMissingError(f"no hostedrooms schema in {describe_target(engine.url)}; {UPGRADE_HINT} first")
-
-
-def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) -> None:
-    cells = [[terminal_text(value) for value in row] for row in rows]
-    widths = [max([len(header), *(len(row[index]) for row in cells)]) for index, header in enumerate(headers)]
-    out.write("  ".join(header.ljust(width) for header, width in zip(headers, widths, strict=True)).rstrip() + "\n")
-    for row in cells:
-        out.write("  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip() + "\n")
-    if not rows:
-        out.write("(none)\n")
-
-
 # --- commands ------------------------------------------------------------------------------------------
 
 
 def cmd_upgrade(args: argparse.Namespace, out: TextIO) -> int:
+    migrate.check_revision(args.revision)
     progress = Progress()
     progress(f"upgrading to {args.revision} ...")
-    with _engine(args, create=True) as engine:
+    with engine_of(args, create=True) as engine:
         migrate.upgrade(engine, args.revision)
         progress.done()
         out.write(f"at {migrate.current_revision(engine)}\n")
@@ -128,7 +95,7 @@ def cmd_upgrade(args: argparse.Namespace, out: TextIO) -> int:
 
 def _revisions(args: argparse.Namespace) -> tuple[str | None, str | None]:
     """The database's current revision (None before the first migration) and the head revision."""
-    with _engine(args) as engine:
+    with engine_of(args) as engine:
         revision = migrate.current_revision(engine)
     return revision, migrate.head_revision()
 
@@ -149,14 +116,14 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_rooms(args: argparse.Namespace, out: TextIO) -> int:
-    with _engine(args) as engine:
-        _require_schema(engine)
+    with engine_of(args) as engine:
+        require_schema(engine)
         with UnitOfWork(engine, write=False) as uow:
             rows = uow.execute(sa.select(
                 rooms.c.room_id, rooms.c.name, rooms.c.authority_gateway_id, rooms.c.authority_epoch,
                 rooms.c.next_seq - 1, rooms.c.event_bytes, rooms.c.disbanded_at,
             ).order_by(rooms.c.updated_at.desc(), rooms.c.room_id)).all()
-    _table([[*list(row)[:6], "yes" if row.disbanded_at is not None else ""] for row in rows],
+    print_table([[*list(row)[:6], "yes" if row.disbanded_at is not None else ""] for row in rows],
            ("ROOM", "NAME", "AUTHORITY", "EPOCH", "LATEST_SEQ", "BYTES", "DISBANDED"), out)
     return EXIT_OK
 
@@ -230,8 +197,8 @@ def cmd_log(args: argparse.Namespace, out: TextIO) -> int:
         raise HostedRoomError(f"--limit must be between 1 and {INT64_MAX}")
     if not math.isfinite(args.interval) or args.interval < 0:
         raise HostedRoomError("--interval must be a finite number of seconds, 0 or more")
-    with _engine(args) as engine:
-        _require_schema(engine)
+    with engine_of(args) as engine:
+        require_schema(engine)
         if not args.follow:
             _print_log(engine, args, out)
             return EXIT_OK
@@ -264,20 +231,20 @@ def _followed_line(event: EventRecord) -> str:
 
 
 def cmd_replicas(args: argparse.Namespace, out: TextIO) -> int:
-    with _engine(args) as engine:
-        _require_schema(engine)
+    with engine_of(args) as engine:
+        require_schema(engine)
         with UnitOfWork(engine, write=False) as uow:
             rows = uow.execute(sa.select(
                 replicas.c.room_id, replicas.c.authority_gateway_id, replicas.c.authority_epoch,
                 replicas.c.last_seq, replicas.c.latest_seq, replicas.c.event_bytes,
             ).order_by(replicas.c.room_id)).all()
-    _table(rows, ("ROOM", "AUTHORITY", "EPOCH", "LAST_SEQ", "LATEST_SEQ", "BYTES"), out)
+    print_table(rows, ("ROOM", "AUTHORITY", "EPOCH", "LAST_SEQ", "LATEST_SEQ", "BYTES"), out)
     return EXIT_OK
 
 
 def cmd_deliveries(args: argparse.Namespace, out: TextIO) -> int:
-    with _engine(args) as engine:
-        _require_schema(engine)
+    with engine_of(args) as engine:
+        require_schema(engine)
         query = sa.select(
             deliveries.c.envelope_id, deliveries.c.state, deliveries.c.kind, deliveries.c.target_chat_id,
             deliveries.c.queued_id, deliveries.c.run_id, deliveries.c.updated_at,
@@ -286,15 +253,15 @@ def cmd_deliveries(args: argparse.Namespace, out: TextIO) -> int:
             query = query.where(deliveries.c.state == args.state)
         with UnitOfWork(engine, write=False) as uow:
             rows = uow.execute(query).all()
-    _table([tuple("" if value is None else value for value in row) for row in rows],
+    print_table([tuple("" if value is None else value for value in row) for row in rows],
            ("ENVELOPE", "STATE", "KIND", "CHAT", "QUEUED_ID", "RUN_ID", "UPDATED_AT"), out)
     return EXIT_OK
 
 
 def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     progress = Progress()
-    with _engine(args) as engine:
-        _require_schema(engine)
+    with engine_of(args) as engine:
+        require_schema(engine)
         found = verify(engine, progress=lambda name: progress(f"verifying {name} ..."),
                        expect_heads=args.expect_head or ())
     progress.done()
@@ -304,8 +271,27 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK if not found else EXIT_FAILED
 
 
+def cmd_repair_budget(args: argparse.Namespace, out: TextIO) -> int:
+    """Re-derive the gateway budget's shards from the rooms when ``verify`` would report them; exit 0 either way."""
+    with engine_of(args) as engine:
+        require_schema(engine)
+        repair = repair_budget(engine)
+    for violation in repair.problems:
+        out.write(f"{terminal_text(violation)}\n")
+    if not repair.changed:
+        out.write(f"repair-budget: clean, nothing changed (shards account for {repair.rooms_bytes} bytes)\n")
+    else:
+        out.write(f"repair-budget: repaired: shards accounted for {repair.shards_used} bytes, now "
+                  f"{repair.rooms_bytes} (what the rooms hold); allowances {repair.allowance_before} -> "
+                  f"{repair.allowance_after} bytes, spread for {repair.limit}\n")
+    return EXIT_OK
+
+
 def cmd_alembic_ini(args: argparse.Namespace, out: TextIO) -> int:
     """Write an ``alembic.ini`` that drives the installed hostedrooms (``script_location`` inside the package)."""
+    if looks_like_target(args.path):
+        raise HostedRoomError("the file to write looks like a database URL or DSN: give the URL with --url and a "
+                              "file name (or -) as the argument")
     text = migrate.alembic_ini(args.ini_url)
     if args.path == "-":
         out.write(text)
@@ -356,14 +342,14 @@ def _status_screen(target: str, status: Any, verdict: Any, perf: str, out: TextI
     out.write("".join(terminal_text(line) + "\n" for line in lines))
     out.write("\nrooms closest to their per-room limits (events of MAX_EVENTS_PER_ROOM, bytes of "
               "MAX_ROOM_EVENT_BYTES)\n")
-    _table([(room["room_id"], _use(room["events"]), _use(room["bytes"])) for room in room_status["fullest"]],
+    print_table([(room["room_id"], _use(room["events"]), _use(room["bytes"])) for room in room_status["fullest"]],
            ("ROOM", "EVENTS", "BYTES"), out)
     out.write("\n" + terminal_text(
         f"replicas    {_use(replica_status['rooms'])}; {replica_status['behind']:,} behind, lag "
         f"{replica_status['lag']:,} events in all, {replica_status['max_lag']:,} at most; largest "
         f"{_use(replica_status['largest'])}") + "\n")
     out.write("  (lag: the source's latest seq as the last ingested page reported it, minus the seq ingested)\n")
-    _table([(item["room_id"], item["authority"]["gateway_id"], item["authority"]["epoch"], item["last_seq"],
+    print_table([(item["room_id"], item["authority"]["gateway_id"], item["authority"]["epoch"], item["last_seq"],
              item["latest_seq"], item["lag"], _seconds_text(item["since_update"]))
             for item in replica_status["most_behind"]],
            ("REPLICA", "AUTHORITY", "EPOCH", "INGESTED", "SOURCE_LATEST", "LAG", "LAST_PAGE"), out)
@@ -374,7 +360,7 @@ def _status_screen(target: str, status: Any, verdict: Any, perf: str, out: TextI
             for state, item in ledger["deliveries"].items()]
     rows += [("outbound", state, item["count"], _seconds_text(item["oldest_age"]))
              for state, item in ledger["outbound"].items()]
-    _table(rows, ("KIND", "STATE", "COUNT", "OLDEST"), out)
+    print_table(rows, ("KIND", "STATE", "COUNT", "OLDEST"), out)
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
@@ -388,10 +374,10 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
             warn_percent=args.warn_percent, critical_percent=args.critical_percent,
             warn_backlog_age=args.warn_backlog_age, critical_backlog_age=args.critical_backlog_age,
             warn_lag=args.warn_lag, critical_lag=args.critical_lag, schema_behind=args.schema_behind)
-        with _engine(args) as engine:
+        with engine_of(args) as engine:
             status = store_status(engine, now=status_clock(), top=args.top)
     except (HostedRoomError, OSError, sa.exc.SQLAlchemyError) as exc:
-        error = terminal_text(translate(exc, args.url) if isinstance(exc, sa.exc.SQLAlchemyError) else exc)
+        error = error_text(translate(exc, args.url) if isinstance(exc, sa.exc.SQLAlchemyError) else exc)
         if args.json:
             out.write(json.dumps({"state": UNKNOWN, "exit_code": EXIT_CODES[UNKNOWN], "target": target,
                                   "error": error}) + "\n")
@@ -410,230 +396,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 # --- standby ------------------------------------------------------------------------------------------
 
 
-def _seconds(value: float, option: str) -> float:
-    if not math.isfinite(value) or value < 0:
-        raise HostedRoomError(f"{option} must be a finite number of seconds, 0 or more")
-    return value
-
-
-class _ReplicateDisplay:
-    """The replicate command's output: a progress line on a terminal (rooms, events, lag), a line per refused or
-    demoted room on stdout, and one summary line."""
-
-    def __init__(self, out: TextIO, source: str) -> None:
-        self.out, self.source = out, source
-        self.progress = Progress()
-        self.rooms = self.events = self.pages = self.passes = self.lag = 0
-
-    def on_page(self, page: Any) -> None:
-        self.events += page.events
-        self.pages += 1
-        self.progress(f"replicating from {self.source}: room {self.rooms + 1}, {self.events:,} events, "
-                      f"lag {self.lag:,} events ...")
-
-    def on_room(self, room: Any) -> None:
-        from .standby.replicator import DEMOTED, REFUSED
-
-        self.rooms += 1
-        self.lag += room.lag
-        if room.status in (REFUSED, DEMOTED):
-            self.progress.done()
-            self.out.write(terminal_text(f"{room.status} {room.room_id}: {room.reason}") + "\n")
-            self.out.flush()
-
-    def on_pass(self, report: Any) -> None:
-        self.passes += 1
-        self.rooms, self.lag = 0, 0
-        self.progress(f"replicating from {self.source}: {len(report.rooms)} rooms, {self.events:,} events "
-                      f"so far, lag {report.lag:,} events" + (f"; {report.error}" if report.error else ""))
-
-
-class SignalStop(threading.Event):
-    """A stop flag a signal handler may set: :meth:`signal` only assigns an attribute.
-
-    ``threading.Event.set`` takes the event's lock; a handler runs on the main thread between two bytecodes,
-    possibly while that thread holds the same lock inside ``Event.wait`` (a following replicator waits on the
-    event every few milliseconds), and would then wait for itself forever. Waits here poll the flag instead.
-    """
-
-    _POLL = 0.05
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.signalled = False
-
-    def signal(self, *_: Any) -> None:
-        """The handler: no lock, no allocation beyond the assignment."""
-        self.signalled = True
-
-    def is_set(self) -> bool:
-        return self.signalled or super().is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.is_set():
-            remaining = self._POLL if deadline is None else min(self._POLL, deadline - time.monotonic())
-            if remaining <= 0:
-                return False
-            super().wait(remaining)
-        return True
-
-
-@contextmanager
-def _stop_on_signals() -> Iterator[SignalStop]:
-    """A stop flag set by SIGTERM or SIGINT while the block runs (the previous handlers come back)."""
-    stop = SignalStop()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    previous = {number: signal.signal(number, stop.signal) for number in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield stop
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-
-
-def cmd_replicate(args: argparse.Namespace, out: TextIO) -> int:
-    from .standby import PollingWaker, Replicator, open_source
-
-    interval = _seconds(args.interval, "--interval")
-    # A database answers a change probe in microseconds; an HTTP endpoint costs a request per look.
-    http_source = args.source.startswith(("http://", "https://"))
-    poll = _seconds(args.poll if args.poll is not None else 0.5 if http_source else 0.01, "--poll")
-    metrics = _standby_metrics(args)
-    source = open_source(args.source)
-    try:
-        with _engine(argparse.Namespace(url=args.target, schema=args.schema)) as target:
-            _require_schema(target)
-            display = _ReplicateDisplay(out, terminal_text(source.describe()))
-            replicator = Replicator(source, target, local_gateway_id=args.gateway, on_page=display.on_page,
-                                    on_room=display.on_room, workers=args.workers,
-                                    max_pages_per_room=args.max_pages if args.follow else None,
-                                    prune_disbanded_after=args.prune_disbanded_after)
-            if not args.follow:
-                report = replicator.sync_once()
-                display.progress.done()
-                out.write(terminal_text(f"replicate: {report.summary()}") + "\n")
-                return EXIT_OK if report.ok else EXIT_FAILED
-            last: list[Any] = []
-
-            def on_pass(report: Any) -> None:
-                last[:] = [report]
-                display.on_pass(report)
-                if metrics is not None:
-                    metrics.on_pass(report)
-
-            waker = PollingWaker(source.change_token, poll_interval=poll) if poll > 0 else None
-            with _stop_on_signals() as stop, _serving(metrics, args.metrics, out):
-                replicator.run(interval=interval, waker=waker, stop=stop, on_pass=on_pass)
-            display.progress.done()
-            tail = f"; last pass: {last[0].summary()}" if last else ""
-            out.write(terminal_text(f"replicate: stopped after {display.passes} passes, {display.events:,} events "
-                                    f"in {display.pages:,} pages{tail}") + "\n")
-            return EXIT_OK
-    finally:
-        source.close()
-
-
-def _standby_metrics(args: argparse.Namespace) -> Any:
-    """The --metrics endpoint's metrics (None without the option), its address checked before anything opens."""
-    if args.metrics is None:
-        return None
-    from .standby.metrics import StandbyMetrics, parse_address
-
-    if not args.follow:
-        raise HostedRoomError("--metrics needs --follow (it serves a running replicator's metrics)")
-    parse_address(args.metrics)
-    return StandbyMetrics()
-
-
-@contextmanager
-def _serving(metrics: Any, address: str | None, out: TextIO) -> Iterator[None]:
-    """Serve ``metrics`` at ``address`` while the block runs (nothing without --metrics)."""
-    if metrics is None:
-        yield
-        return
-    host, port = metrics.serve(str(address))
-    shown = f"[{host}]" if ":" in host else host  # an IPv6 address
-    out.write(terminal_text(f"replicate: metrics at http://{shown}:{port}/metrics") + "\n")
-    out.flush()
-    try:
-        yield
-    finally:
-        metrics.close()
-
-
-def _failover_line(room: Any) -> str:
-    if room.outcome == "promoted":
-        what = f"epoch {room.previous_epoch} -> {room.epoch}, claim at seq {room.claim_seq}"
-    elif room.outcome == "would-promote":
-        what = f"epoch {room.previous_epoch} -> {room.epoch} (seq {room.last_seq})"
-    elif room.outcome == "taken-over":
-        what = f"epoch {room.previous_epoch} -> {room.epoch}, by another failover run"
-    else:
-        what = f"{room.outcome}: {room.reason}"
-    label = {"promoted": "promoted", "would-promote": "would promote",
-             "taken-over": "taken over"}.get(room.outcome, "not promoted")
-    return terminal_text(f"{label:<13} {room.room_id}  {what}")
-
-
-def cmd_failover(args: argparse.Namespace, out: TextIO) -> int:
-    from .identity import local_gateway_id
-    from .standby import failover, open_source
-
-    if args.dry_run and args.catch_up_from:
-        raise HostedRoomError("--dry-run writes nothing: run `hostedrooms replicate` first instead of "
-                              "--catch-up-from")
-    local = local_gateway_id(args.gateway)
-    # Every message names the source as describe_target masks it: the URL may carry a password.
-    named = describe_target(args.catch_up_from) if args.catch_up_from else ""
-    try:
-        with _engine(argparse.Namespace(url=args.target, schema=args.schema)) as target:
-            _require_schema(target)
-            source = open_source(args.catch_up_from) if args.catch_up_from else None
-            try:
-                report = failover(target, from_gateway=args.from_gateway, local_gateway_id=local,
-                                  dry_run=args.dry_run, reason=args.reason, catch_up_from=source)
-            finally:
-                if source is not None:
-                    source.close()
-    except (HostedRoomError, OSError, sa.exc.SQLAlchemyError) as exc:
-        if args.catch_up_from and args.catch_up_from in str(exc):
-            raise HostedRoomError(str(exc).replace(args.catch_up_from, named)) from None
-        raise
-    if report.catch_up is not None:
-        if report.fenced:
-            out.write(terminal_text(f"fenced: {len(report.fenced)} rooms of {report.from_gateway} in {named}")
-                      + "\n")
-        out.write(terminal_text(f"catch-up: {report.catch_up.summary()}") + "\n")
-        if report.catch_up.error:
-            fenced = (f"; the {len(report.fenced)} rooms fenced in its store stay fenced: run failover again"
-                      if report.fenced else "")
-            raise HostedRoomError(f"the catch-up from {named} failed ({report.catch_up.error}); nothing was "
-                                  f"promoted{fenced} (without --catch-up-from, failover promotes what is "
-                                  "replicated)")
-    for room in report.rooms:
-        out.write(_failover_line(room) + "\n")
-    out.write(terminal_text(f"failover: {report.summary()}") + "\n")
-    return EXIT_OK if report.ok else EXIT_FAILED
-
-
 # --- parser ------------------------------------------------------------------------------------------
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= INT64_MAX:
-        raise argparse.ArgumentTypeError(f"must be between 0 and {INT64_MAX}")
-    return value
 
 
 def _add_alembic_ini(sub: argparse.ArgumentParser) -> None:
@@ -645,62 +408,13 @@ def _add_alembic_ini(sub: argparse.ArgumentParser) -> None:
 def _add_log(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("room")
     sub.add_argument("--since", type=int, default=0, help="print events after this seq")
-    sub.add_argument("--limit", type=_positive, default=500, help="events per read")
+    sub.add_argument("--limit", type=positive_int, default=500, help="events per read")
     sub.add_argument("--follow", action="store_true",
                      help="print new events as they commit, until the room is disbanded")
     sub.add_argument("--interval", type=float, default=0.25,
                      help="with --follow on SQLite: how often to look for commits (seconds; PostgreSQL is woken "
                           "by NOTIFY)")
     sub.add_argument("--json", action="store_true", help="JSON lines instead of text")
-
-
-def _add_replicate(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--from", dest="source", required=True,
-                     help="the authority: its database (path or URL) or its page endpoint (http(s)://...)")
-    sub.add_argument("--to", dest="target", default=default_url(),
-                     help=f"this gateway's database (default: ${DATABASE_URL_ENV} or ./{DEFAULT_DATABASE})")
-    _add_target_schema(sub)
-    sub.add_argument("--follow", action="store_true", help="keep replicating until interrupted")
-    sub.add_argument("--interval", type=float, default=1.0,
-                     help="with --follow: seconds between passes at most (default 1)")
-    sub.add_argument("--poll", type=float,
-                     help="with --follow: seconds between checks for new commits on the source, which "
-                     "start a pass at once (default 0.01 for a database, 0.5 for an http(s) endpoint; "
-                     "0: passes at --interval only)")
-    sub.add_argument("--max-pages", type=_positive, default=16,
-                     help="with --follow: pages read from one room per pass (default 16)")
-    sub.add_argument("--workers", type=_positive, default=1,
-                     help="rooms replicated at once (default 1; more helps where the stores take concurrent "
-                     "work, such as PostgreSQL on a machine with cores to spare)")
-    sub.add_argument("--gateway", help="this gateway's id, to demote rooms the source shows a newer "
-                     "lineage of (default: install:$HOSTEDROOMS_INSTALL_ID)")
-    sub.add_argument("--prune-disbanded-after", type=_non_negative_int, metavar="SECONDS",
-                     help="remove a replica whose room was disbanded this many seconds after its disband, freeing "
-                     "its replica slot (default: keep them)")
-    sub.add_argument("--metrics", metavar="HOST:PORT",
-                     help="with --follow: serve Prometheus metrics (every room's lag, the passes' durations and "
-                     "failures) at http://HOST:PORT/metrics; port 0 takes a free port (printed); needs the "
-                     "metrics extra (prometheus-client)")
-
-
-def _add_target_schema(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--schema", default=os.environ.get(SCHEMA_ENV) or None,
-                     help=f"PostgreSQL: this gateway's schema in --to's database (default: ${SCHEMA_ENV}); a "
-                     "PostgreSQL source in a schema names it in its URL (?options=-csearch_path%%3DNAME)")
-
-
-def _add_failover(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--from-gateway", required=True, help="the silent authority's gateway id (install:...)")
-    sub.add_argument("--to", dest="target", default=default_url(),
-                     help=f"this gateway's database (default: ${DATABASE_URL_ENV} or ./{DEFAULT_DATABASE})")
-    _add_target_schema(sub)
-    sub.add_argument("--dry-run", action="store_true", help="report what would be promoted; write nothing")
-    sub.add_argument("--gateway", help="this gateway's id (default: install:$HOSTEDROOMS_INSTALL_ID)")
-    sub.add_argument("--catch-up-from", metavar="SOURCE",
-                     help="replicate from the authority's database or endpoint first (when still readable); its "
-                     "database is fenced first (each of its rooms demoted there, so it can no longer write), an "
-                     "http(s) endpoint cannot be: stop the authority before")
-    sub.add_argument("--reason", default="authority-unreachable", help="recorded in each claim event")
 
 
 def _percent(text: str) -> float:
@@ -739,16 +453,28 @@ def _add_status(sub: argparse.ArgumentParser) -> None:
                      help="warn when the oldest unfinished ledger item is this old (default: not checked)")
     sub.add_argument("--critical-backlog-age", type=_limit_seconds, metavar="SECONDS",
                      help="critical when the oldest unfinished ledger item is this old (default: not checked)")
-    sub.add_argument("--warn-lag", type=_non_negative_int, metavar="EVENTS",
+    sub.add_argument("--warn-lag", type=non_negative_int, metavar="EVENTS",
                      help="warn when a replica lags this many events (default: not checked)")
-    sub.add_argument("--critical-lag", type=_non_negative_int, metavar="EVENTS",
+    sub.add_argument("--critical-lag", type=non_negative_int, metavar="EVENTS",
                      help="critical when a replica lags this many events (default: not checked)")
     sub.add_argument("--schema-behind", choices=("ok", "warning", "critical"), default="warning",
                      help="the verdict when the store's schema is not this installation's head (default warning)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hostedrooms", description=__doc__.splitlines()[0])
+class RedactingParser(argparse.ArgumentParser):
+    """argparse, whose usage errors never quote a password: they echo what was given (``unrecognized arguments:
+    postgresql://user:pw@...`` for a URL put before the command, after a mistyped option or as a positional), so
+    every message goes through :func:`~hostedrooms.errors.redact`. Subparsers are of this class too."""
+
+    #: The subcommands' names (set by :func:`build_parser` on the top parser).
+    command_names: tuple[str, ...] = ()
+
+    def error(self, message: str) -> NoReturn:
+        super().error(error_text(message))
+
+
+def build_parser() -> RedactingParser:
+    parser = RedactingParser(prog="hostedrooms", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, handler: Callable[[argparse.Namespace, TextIO], int], help_: str,
@@ -783,6 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--expect-head", action="append", metavar="ROOM/SEQ/EVENT_ID",
         help="an event a reader remembers (repeatable): a violation when it is gone or another event holds its seq "
              "(a failover onto a standby that lacked it)")
+    command("repair-budget", cmd_repair_budget, "re-derive the gateway byte budget's shards from the rooms when "
+            "verify reports them wrong (a clean budget is left as it is)")
     _add_status(command("status", cmd_status, "a store's limits, ledger backlog and replica lag in one read; exit "
                         "0 ok, 1 warning, 2 critical, 3 unknown"))
     _add_alembic_ini(command("alembic-ini", cmd_alembic_ini, "write an alembic.ini for the installed package",
@@ -791,12 +519,15 @@ def build_parser() -> argparse.ArgumentParser:
                            "keep replicas of every room of another gateway caught up", url=False))
     _add_failover(command("failover", cmd_failover, "promote every caught-up replica of a silent authority",
                           url=False))
+    _add_serve_pages(command("serve-pages", cmd_serve_pages, "serve this gateway's pages to its standbys "
+                             "(until interrupted)"))
     demo = command("demo", cmd_demo, "run the failover story on two gateways' databases", url=False)
     demo.add_argument("--dir", help="folder for the two SQLite files (default: a temporary folder)")
     demo.add_argument("--url-a", help="gateway A's database URL (instead of a SQLite file)")
     demo.add_argument("--url-b", help="gateway B's database URL (instead of a SQLite file)")
     for name in LOGGING_COMMANDS:
         _add_logging(commands.choices[name])
+    parser.command_names = tuple(commands.choices)
     return parser
 
 
@@ -812,8 +543,10 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     try:
         return parser.parse_args(arguments)
     except SystemExit as exc:
-        # A monitoring system reads 2 as critical: a usage error of the status check is unknown (3).
-        if exc.code == EXIT_USAGE and arguments[:1] == ["status"]:
+        # A monitoring system reads 2 as critical: a usage error of the status check is unknown (3), wherever
+        # the command stands (an argument misplaced before it).
+        names = getattr(parser, "command_names", ())
+        if exc.code == EXIT_USAGE and next((word for word in arguments if word in names), None) == "status":
             raise SystemExit(EXIT_STATUS_UNKNOWN) from None
         raise
 
@@ -829,10 +562,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (HostedRoomError, OSError, CommandError) as exc:
-        sys.stderr.write(f"hostedrooms: error: {terminal_text(exc)}\n")
+        sys.stderr.write(f"hostedrooms: error: {error_text(exc)}\n")
         return EXIT_FAILED
     except sa.exc.SQLAlchemyError as exc:
-        sys.stderr.write(f"hostedrooms: error: {terminal_text(translate(exc, getattr(args, 'url', '?')))}\n")
+        sys.stderr.write(f"hostedrooms: error: {error_text(translate(exc, getattr(args, 'url', '?')))}\n")
         return EXIT_FAILED
 
 

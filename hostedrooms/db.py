@@ -1,7 +1,10 @@
 """Engines: turn a target (filesystem path, URL or Engine) into a configured SQLAlchemy Engine.
 
-A filesystem path means a SQLite file (WAL, ``synchronous=FULL``, foreign keys, a busy timeout, and
-``BEGIN IMMEDIATE`` for write transactions). A ``postgresql://`` URL uses psycopg 3. Bad targets raise
+A URL string is read as libpq reads it (:func:`parse_url`: the last ``@`` before the host ends the user info,
+user and password are percent-decoded, several hosts become ``?host=``); a libpq keyword DSN or a URL missing its
+``//`` is refused without being quoted, never taken for a file name. A filesystem path means a SQLite file
+(WAL, ``synchronous=FULL``, foreign keys, a busy timeout, and ``BEGIN IMMEDIATE`` for write transactions). A
+``postgresql://`` URL uses psycopg 3. Bad targets raise
 :class:`~hostedrooms.errors.HostedRoomError` naming the target with its password masked; a URL naming another
 driver (``postgresql+asyncpg://``) :class:`~hostedrooms.errors.StoreConfigurationError` naming the URL to give.
 
@@ -11,11 +14,14 @@ a file that already exists, for tools that must never leave a stray file behind 
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
+from urllib.parse import unquote
 
 from sqlalchemy import URL, Engine, make_url
 from sqlalchemy import create_engine as _sa_create_engine
@@ -32,13 +38,21 @@ from .dialect import (
     pooler_of,
     use_pooler,
 )
-from .errors import HostedRoomError, MisuseError, StoreConfigurationError, describe_target, mask_url_text
+from .errors import (
+    HostedRoomError,
+    InvalidInputError,
+    MisuseError,
+    StoreConfigurationError,
+    describe_target,
+)
 
 Target = str | os.PathLike[str] | URL | Engine
 
 #: Environment variable naming the default database URL (CLI, Alembic, tests).
 DATABASE_URL_ENV = "HOSTEDROOMS_DATABASE_URL"
 DEFAULT_BUSY_TIMEOUT = 10.0
+#: The longest ``busy_timeout`` (seconds): a day; SQLite takes milliseconds as a 32-bit int.
+MAX_BUSY_TIMEOUT = 86_400.0
 SYNCHRONOUS_MODES = frozenset({"FULL", "EXTRA", "NORMAL"})
 
 _configured: weakref.WeakSet[Engine] = weakref.WeakSet()
@@ -58,26 +72,118 @@ def reject_async(target: object) -> None:
 
 
 def resolve_url(target: str | os.PathLike[str] | URL) -> URL:
-    """The SQLAlchemy URL for a target; a plain path becomes an absolute SQLite file URL."""
+    """The SQLAlchemy URL for a target; a plain path becomes an absolute SQLite file URL, a URL string is read
+    by :func:`parse_url`. A libpq keyword DSN (``host=... password=...``) or a URL missing its ``//`` is refused
+    (an :class:`~hostedrooms.errors.InvalidInputError` that does not quote it), never taken for a file name."""
     reject_async(target)
     if isinstance(target, URL):
         url = target
     elif isinstance(target, os.PathLike) or "://" not in str(target):
         text = os.fspath(target)
+        if not isinstance(text, str):
+            raise InvalidInputError(f"database target must be a path or a URL, not {type(text).__name__}",
+                                    field="target")
         if not text:
             raise HostedRoomError("database target must not be empty")
+        _refuse_unparsed(text)
         return URL.create("sqlite", database=str(Path(text).expanduser().resolve()))
     else:
-        try:
-            url = make_url(str(target))
-        except (sa_exc.ArgumentError, ValueError) as exc:
-            raise HostedRoomError(f"malformed database URL: {_mask_raw(str(target))}") from exc
+        url = parse_url(str(target))
     dialect = dialect_named(url.get_backend_name())
     if dialect is None:
         raise HostedRoomError(
             f"unsupported database dialect {url.get_backend_name()!r} in {describe_target(url)}; "
             "use sqlite or postgresql")
     return _own_driver(dialect, dialect.normalise_url(url))
+
+
+#: libpq's connection keywords (a keyword DSN names at least one of them).
+_LIBPQ_KEYWORDS = frozenset({
+    "host", "hostaddr", "port", "dbname", "user", "password", "passfile", "require_auth", "channel_binding",
+    "connect_timeout", "client_encoding", "options", "application_name", "fallback_application_name",
+    "keepalives", "sslmode", "sslcert", "sslkey", "sslpassword", "sslrootcert", "sslcrl", "service",
+    "target_session_attrs", "load_balance_hosts", "gssencmode", "krbsrvname", "requiressl", "sslnegotiation"})
+_KEYWORD_PAIR = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*(?:'(?:[^'\\]|\\.)*'|[^\s']*)\s*")
+#: A database URL scheme written without ``//`` (``postgresql:u:pw@h/db``, ``sqlite:state.db``).
+_SCHEME_WITHOUT_SLASHES = re.compile(
+    r"(?i)(?:postgres|postgresql|sqlite|mysql|mariadb|oracle|mssql|cockroachdb|http|https)(?:\+[\w.-]+)?:")
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+._-]*")
+_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def is_keyword_dsn(text: str) -> bool:
+    """Whether ``text`` is a libpq keyword DSN: only ``key=value`` pairs, at least one a libpq keyword."""
+    position, keys = 0, set()
+    while position < len(text):
+        match = _KEYWORD_PAIR.match(text, position)
+        if match is None or match.end() == position:
+            return False
+        keys.add(match.group(1).lower())
+        position = match.end()
+    return bool(keys & _LIBPQ_KEYWORDS)
+
+
+def looks_like_target(text: str) -> bool:
+    """Whether ``text`` looks like a database URL or a libpq keyword DSN (a file name argument that does may be
+    a misplaced URL, with its password)."""
+    return "://" in text or is_keyword_dsn(text) or _SCHEME_WITHOUT_SLASHES.match(text) is not None
+
+
+def _refuse_unparsed(text: str) -> None:
+    """Refuse a target that is neither a path nor a URL hostedrooms reads, without quoting it (it may hold a
+    password)."""
+    if is_keyword_dsn(text):
+        raise InvalidInputError(
+            "a libpq keyword DSN (host=... dbname=... password=...) is not a hostedrooms target: give a URL, "
+            "postgresql://USER:PASSWORD@HOST:PORT/DBNAME (percent-encode reserved characters of the password)",
+            field="target")
+    if _SCHEME_WITHOUT_SLASHES.match(text):
+        raise InvalidInputError(
+            "the database target looks like a URL without '//' after its scheme: write scheme://..., or give a "
+            "path that does not start with a URL scheme", field="target")
+
+
+def parse_url(text: str) -> URL:
+    """A database URL string as libpq reads it, to a SQLAlchemy URL.
+
+    ``scheme://[user[:password]@][host[:port][,host[:port]...]][/dbname][?key=value&...]``: the user info ends
+    at the LAST ``@`` before the host part (which ends at the first ``/`` or ``?`` after it), so a password may
+    hold a raw ``@``, ``:`` or ``#``; the user and password are then percent-decoded (``%40`` is ``@``). A raw
+    ``/``, ``?`` or ``%`` in a password cannot be told from the URL's own delimiters: a ``%`` not followed by
+    two hex digits is refused, and so is an ``@`` after the host part (a password holding ``/`` or ``?``, or an
+    ``@`` in the database name), each with a message that masks the password. Several hosts
+    (``h1:p1,h2:p2``) become libpq's ``?host=h1:p1,h2:p2``. Any refusal is an
+    :class:`~hostedrooms.errors.InvalidInputError` quoting the URL through
+    :func:`~hostedrooms.errors.describe_target`.
+    """
+    scheme, _, rest = text.partition("://")
+    if not _URL_SCHEME.fullmatch(scheme):
+        raise InvalidInputError(f"malformed database URL: {describe_target(text)}", field="target")
+    delimiters = [index for index in (rest.find("/"), rest.find("?")) if index >= 0]
+    at = rest.rfind("@", 0, min(delimiters, default=len(rest)))
+    host_start = at + 1
+    host_end = min([index for index in (rest.find("/", host_start), rest.find("?", host_start)) if index >= 0],
+                   default=len(rest))
+    if host_end > 0 and "@" in rest[host_end:]:
+        raise InvalidInputError(
+            f"ambiguous database URL {describe_target(text)}: an '@' follows the host part; percent-encode it "
+            "(%40), and in a password also '/' (%2F), '?' (%3F) and '%' (%25)", field="target")
+    userinfo, hostport, tail = rest[:max(at, 0)], rest[host_start:host_end], rest[host_end:]
+    if _PERCENT.search(userinfo):
+        raise InvalidInputError(
+            f"malformed database URL {describe_target(text)}: a '%' in the user or password must be "
+            "percent-encoded (%25)", field="target")
+    hosts = hostport.split(",") if "," in hostport else None
+    try:
+        url = make_url(f"{scheme}://{'' if hosts else hostport}{tail}")
+    except (sa_exc.ArgumentError, ValueError) as exc:
+        raise InvalidInputError(f"malformed database URL: {describe_target(text)}", field="target") from exc
+    if hosts:
+        url = url.update_query_dict({"host": ",".join(hosts)})
+    if at < 0:
+        return url
+    user, has_password, password = userinfo.partition(":")
+    return url.set(username=unquote(user) or None, password=unquote(password) if has_password else None)
 
 
 def _own_driver(dialect: StoreDialect, url: URL) -> URL:
@@ -89,11 +195,6 @@ def _own_driver(dialect: StoreDialect, url: URL) -> URL:
     raise StoreConfigurationError(
         f"hosted room store {describe_target(url)} names the driver {url.get_driver_name()!r}, which hostedrooms "
         f"does not use: give {describe_target(own)} (hostedrooms.aio runs it with {dialect.async_driver})")
-
-
-def _mask_raw(text: str) -> str:
-    """Mask ``user:password@`` and secret query parameters (``?password=``) in a string that did not parse."""
-    return mask_url_text(text)
 
 
 def create_engine(
@@ -137,6 +238,7 @@ def create_engine(
     """
     reject_async(target)
     check_synchronous(synchronous)
+    check_engine_options(busy_timeout, create, schema)
     if isinstance(target, Engine):
         return _adopt_engine(target, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema,
                              pooler=pooler, listen_url=listen_url)
@@ -201,8 +303,20 @@ def refuse_translate_map(engine: Engine) -> None:
 
 def check_synchronous(synchronous: str) -> None:
     """Refuse a SQLite ``synchronous`` mode hostedrooms does not offer."""
-    if synchronous not in SYNCHRONOUS_MODES:
+    if not isinstance(synchronous, str) or synchronous not in SYNCHRONOUS_MODES:
         raise MisuseError(f"synchronous must be one of {', '.join(sorted(SYNCHRONOUS_MODES))}")
+
+
+def check_engine_options(busy_timeout: object, create: object, schema: object) -> None:
+    """Refuse ``busy_timeout``, ``create`` or ``schema`` of the wrong type or range (before anything opens)."""
+    if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or not (
+            math.isfinite(busy_timeout) and 0 <= busy_timeout <= MAX_BUSY_TIMEOUT):
+        raise InvalidInputError(f"busy_timeout must be a number of seconds from 0 to {MAX_BUSY_TIMEOUT:g}",
+                                field="busy_timeout")
+    if not isinstance(create, bool):
+        raise InvalidInputError("create must be True or False", field="create")
+    if schema is not None and not isinstance(schema, str):
+        raise StoreConfigurationError(f"schema must be None or a schema name, not {type(schema).__name__}")
 
 
 def build_configured(

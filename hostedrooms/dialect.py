@@ -558,6 +558,12 @@ class PostgreSQLDialect(StoreDialect):
         if isinstance(hosts, str) and "," in hosts:
             # libpq's multi-host form (host=h1:p1,h2:p2), as SQLAlchemy takes it: one host parameter per server.
             url = url.update_query_dict({"host": tuple(hosts.split(","))})
+        password = url.query.get("password")
+        if password is not None:
+            # libpq's ?password= is the password (the last given wins, as in libpq): held where SQLAlchemy's own
+            # rendering (an Engine's repr, str(url)) masks it, never as a query parameter it prints.
+            url = url.difference_update_query(["password"]).set(
+                password=password if isinstance(password, str) else password[-1])
         if url.get_driver_name() in ("psycopg2", "psycopg", ""):
             return url.set(drivername="postgresql+psycopg")
         return url

@@ -18,7 +18,7 @@ import re
 from urllib.parse import quote_plus
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL
 
 
 class HostedRoomError(ValueError):
@@ -63,6 +63,11 @@ class ReplicaError(HostedRoomError):
 
 class ReplicaGapError(ReplicaError):
     """A page does not start at the replica's next expected sequence."""
+
+
+class DemotionStaleError(ReplicaError):
+    """The room moved on after the proof a demotion (or a fence) was conditioned on: a write committed after the
+    proven head, or the authority changed. Nothing was changed; read the room again and prove again."""
 
 
 class ReplicaEpochRegressionError(ReplicaError):
@@ -189,7 +194,15 @@ UPGRADE_HINT = "run `hostedrooms upgrade`"
 #: Words that make a URL query parameter secret (``?password=``, ``sslpassword``, a token): masked in messages.
 _SECRET_PARAMETER_WORDS = ("pass", "pwd", "secret", "token", "key")
 _MASK = "***"
-_SECRET_QUERY = re.compile(r"([?&;]([^=&;#]*)=)([^&;#]*)")
+_SECRET_QUERY = re.compile(r"([?&;]([^=&;#\s]*)=)([^&;#\s]*)")
+#: ``password=...`` and the like in free text (a libpq keyword DSN, an argument echoed back): the value is masked,
+#: quoted (libpq's ``'...'`` with backslash escapes) or up to the next blank or separator.
+_SECRET_KEYWORD = re.compile(
+    r"(?i)\b([\w.-]*(?:pass|pwd|secret|token)[\w.-]*)(\s*=\s*)('(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|[^\s&;,]*)")
+#: Where a URL starts in free text: any ``scheme://``, or a database scheme missing its ``//``.
+_SCHEME_MARK = re.compile(
+    r"[A-Za-z][A-Za-z0-9+._-]*://|(?i:\b(?:postgres|postgresql|sqlite|mysql|mariadb|oracle|mssql|cockroachdb)"
+    r"(?:\+[\w.-]+)?:)")
 
 
 def _secret_parameter(name: str) -> bool:
@@ -199,19 +212,16 @@ def _secret_parameter(name: str) -> bool:
 
 def describe_target(url: URL | str) -> str:
     """Render a database target for messages, with any password masked: the ``user:***@`` of a URL and every
-    secret query parameter (``?password=***``). A string is parsed as a URL when it looks like one; a plain
-    path is returned as it is."""
+    secret query parameter (``?password=***``). A string is masked as text (:func:`mask_url_text`), never parsed
+    (a parser that split a raw ``@`` of a password elsewhere would show the rest of it); a plain path is returned
+    as it is, a ``password=`` in it (a libpq keyword DSN) masked."""
     if isinstance(url, str):
-        text = url
-        if "://" not in text:
-            return text
-        try:
-            url = make_url(text)
-        except (sa_exc.ArgumentError, ValueError):
-            return mask_url_text(text)
+        return mask_url_text(url) if "://" in url else redact(url)
     base = url.set(query={}).render_as_string(hide_password=True)
     pairs = [(name, value) for name, values in url.query.items()
              for value in ((values,) if isinstance(values, str) else values)]
+    if url.password is not None and not url.username:  # rendered nowhere else: say it is there, masked
+        pairs.append(("password", _MASK))
     if not pairs:
         return base
     return base + "?" + "&".join(
@@ -219,18 +229,43 @@ def describe_target(url: URL | str) -> str:
 
 
 def mask_url_text(text: str) -> str:
-    """Mask ``user:password@`` and secret query parameters in a string that did not parse as a URL."""
+    """Mask ``user:password@`` and secret query parameters of one URL given as text, parsed or not.
+
+    The user info ends at the LAST ``@`` of the text: a password may hold a raw ``@``, ``/``, ``?`` or ``#``, so
+    everything between ``user:`` and that ``@`` is masked (more than the password, never less, when an ``@``
+    follows in the path or the query)."""
     scheme, sep, rest = text.partition("://")
     if not sep:
-        return text
-    # The credentials end at the last "@" before the query (a sloppy password may hold "/" or "@").
-    query = rest.find("?")
-    at = (rest if query < 0 else rest[:query]).rfind("@")
+        return redact(text)
+    return f"{scheme}://{_mask_after_scheme(rest)}"
+
+
+def _mask_after_scheme(rest: str) -> str:
+    at = rest.rfind("@")
     if at >= 0 and ":" in rest[:at]:
         rest = f"{rest[:at].split(':', 1)[0]}:{_MASK}{rest[at:]}"
     masked = _SECRET_QUERY.sub(
         lambda match: match.group(1) + (_MASK if _secret_parameter(match.group(2)) else match.group(3)), rest)
-    return f"{scheme}://{masked}"
+    return _SECRET_KEYWORD.sub(lambda match: match.group(1) + match.group(2) + _MASK, masked)
+
+
+def redact(text: str) -> str:
+    """``text`` (a message, a usage error, a log line) with every password it may quote masked: the user info of
+    each ``scheme://`` URL in it (up to the last ``@`` before the next URL or the end of the line, see
+    :func:`mask_url_text`), secret query parameters, and ``password=...`` keywords. Text without a secret is
+    returned unchanged."""
+    lines = []
+    for line in text.split("\n"):
+        marks = list(_SCHEME_MARK.finditer(line))
+        if not marks:
+            lines.append(_SECRET_KEYWORD.sub(lambda match: match.group(1) + match.group(2) + _MASK, line))
+            continue
+        parts = [_SECRET_KEYWORD.sub(lambda match: match.group(1) + match.group(2) + _MASK, line[:marks[0].start()])]
+        for index, mark in enumerate(marks):
+            end = marks[index + 1].start() if index + 1 < len(marks) else len(line)
+            parts.append(mark.group(0) + _mask_after_scheme(line[mark.end():end]))
+        lines.append("".join(parts))
+    return "\n".join(lines)
 
 
 def _first_line(exc: BaseException) -> str:

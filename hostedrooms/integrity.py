@@ -4,6 +4,10 @@ Each check is one aggregate query, or one streamed scan where a rule needs Pytho
 is loaded whole, and everything runs in one read-only transaction, so a large database is verified in bounded
 memory and without taking the write lock. ``verify`` changes nothing.
 
+:func:`repair_budget` is the one repair here: it re-derives the gateway budget's shards from the rooms' stored
+``event_bytes`` (what ``check_budget`` compares them with) when they disagree, as a writer holding every shard
+does (:mod:`hostedrooms.rooms.transaction`).
+
 ``expect_heads`` adds the check no invariant can make: that events a reader remembers are still there, as they
 were. After a failover onto an asynchronous standby the log can be contiguous and every invariant hold while
 acknowledged events are gone and their seqs hold other events (:mod:`hostedrooms.lineage`); a remembered head
@@ -23,7 +27,7 @@ from sqlalchemy import Connection, Engine
 from .db import Target, create_engine
 from .dialect import StoreDialect, dialect_for
 from .errors import HostedRoomError, InvalidInputError
-from .limits import in_force
+from .limits import Limits, in_force
 from .models import (
     DELIVERY_STATES,
     budget,
@@ -35,7 +39,7 @@ from .models import (
     retired_ids,
     rooms,
 )
-from .rooms import event_page_checker, validate_event_id, validate_room_id
+from .rooms import RoomTransaction, event_page_checker, run_room_write, validate_event_id, validate_room_id
 from .uow import UnitOfWork
 from .validation import json_depth_within, max_json_depth
 
@@ -349,6 +353,11 @@ def verify(target: Target, *, progress: Callable[[str], Any] | None = None,
     event_id)``, ``"ROOM/SEQ/EVENT_ID"`` or an event dict; checked before anything is opened); one gone or
     different is an ``expected_head`` violation.
     """
+    if progress is not None and not callable(progress):
+        raise InvalidInputError("progress must be None or a callable taking a check's name", field="progress")
+    if isinstance(expect_heads, str | bytes | Mapping) or not isinstance(expect_heads, Iterable):
+        raise InvalidInputError("expect_heads must be an iterable of remembered events (ExpectedHead, (room_id, "
+                                "seq, event_id), 'ROOM/SEQ/EVENT_ID' or an event dict)", field="expect_heads")
     heads = [ExpectedHead.of(head) for head in expect_heads]
     engine = create_engine(target, create=False)
     try:
@@ -364,6 +373,69 @@ def verify(target: Target, *, progress: Callable[[str], Any] | None = None,
             for head in heads:
                 found.extend(check_expected_head(uow.connection, head))
             return found
+    finally:
+        if not isinstance(target, Engine):
+            engine.dispose()
+
+
+@dataclass(frozen=True)
+class BudgetRepair:
+    """What :func:`repair_budget` found and changed: the violations ``check_budget`` reported under the lock (none:
+    nothing was changed), the bytes the shards accounted for and what the rooms hold, and the allowances' sum
+    before and after (spread for ``limit``)."""
+
+    problems: tuple[Violation, ...]
+    shards_used: int
+    rooms_bytes: int
+    allowance_before: int
+    allowance_after: int
+    limit: int
+
+    @property
+    def changed(self) -> bool:
+        """Whether the shards were rewritten."""
+        return bool(self.problems)
+
+
+def _allowances(connection: Connection) -> tuple[int, int, int]:
+    """The shards: how many, their ``used`` sum and their ``allowance`` sum."""
+    count, used, allowance = connection.execute(sa.select(
+        sa.func.count(), sa.func.coalesce(sa.func.sum(budget.c.used), 0),
+        sa.func.coalesce(sa.func.sum(budget.c.allowance), 0))).one()
+    return int(count), int(used), int(allowance)
+
+
+def repair_budget(target: Target, *, limits: Limits | None = None) -> BudgetRepair:
+    """Re-derive the gateway budget's shards from the rooms when ``check_budget`` finds them wrong (a shard edited
+    by hand, a bug); a clean budget is left as it is.
+
+    One write transaction holding every budget shard (the exclusive mode of a room write, so no writer changes
+    a room's bytes meanwhile): the shards' total becomes every room's ``event_bytes`` (live and disbanded) and
+    the bytes free below ``limits``' ``MAX_GATEWAY_EVENT_BYTES`` are spread over them again, as after any
+    exclusive write (a missing shard is restored). Returns what was found and changed. A path or URL naming a
+    SQLite file that does not exist raises :class:`~hostedrooms.errors.StoreMissingError`.
+    """
+    limit = in_force(limits).MAX_GATEWAY_EVENT_BYTES
+    engine = create_engine(target, create=False)
+
+    def repair(tx: RoomTransaction) -> BudgetRepair:
+        connection, store = tx.uow.connection, tx.store
+        # Read before the lock only to tell a missing shard, which locking restores (and settles: a change too).
+        shards, used, allowance = _allowances(connection)
+        store.lock_budget(connection, limit)
+        problems = tuple(check_budget(connection, tx.uow.dialect))
+        if shards < store.budget_shards:
+            problems = (*problems,
+                        Violation("budget", "gateway", f"{store.budget_shards - shards} budget shard(s) missing"))
+        else:  # every shard held: the shards as they are
+            _, used, allowance = _allowances(connection)
+        rooms_bytes = store.gateway_bytes(connection)
+        if problems:
+            store.settle_budget(connection, rooms_bytes, limit)
+        return BudgetRepair(problems, used, rooms_bytes, allowance, _allowances(connection)[2], limit)
+
+    try:
+        return run_room_write(engine, limits, repair, exclusive=True)
     finally:
         if not isinstance(target, Engine):
             engine.dispose()

@@ -148,6 +148,9 @@ class LimitValues:
     MAX_REPLICA_EVENT_BYTES: int
     MAX_NONTERMINAL_DELIVERIES: int
 
+    def __post_init__(self) -> None:
+        check_limits(self)
+
     @classmethod
     def read(cls, *sources: object) -> LimitValues:
         """Each limit from the first of ``sources`` that defines it (a facade module first), else from this
@@ -166,8 +169,26 @@ class LimitValues:
 
 def in_force(limits: Limits | None) -> Limits:
     """The limits a service reads for one call: ``limits``, or (None) this module, whose constants are read when
-    the service reads them (so lowering one here takes effect)."""
-    return _MODULE if limits is None else limits
+    the service reads them (so lowering one here takes effect). Anything else must hold every limit as a
+    non-negative int (checked before any transaction opens), else :class:`~hostedrooms.errors.InvalidInputError`."""
+    if limits is None or limits is _MODULE:
+        return _MODULE
+    if type(limits) is not LimitValues:  # a LimitValues was checked when it was made
+        check_limits(limits)
+    return limits
+
+
+def check_limits(limits: object) -> None:
+    """Refuse a ``limits=`` that lacks a limit or holds one that is not a non-negative int."""
+    from .errors import InvalidInputError
+
+    for name in LIMIT_NAMES:
+        value = getattr(limits, name, None)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidInputError(
+                f"limits must be None, hostedrooms.limits or an object with every limit as a non-negative int "
+                f"(LimitValues.read(...)); {type(limits).__name__} has {name} = {type(value).__name__}",
+                field="limits")
 
 
 from . import limits as _this_module  # noqa: E402  # itself: the module satisfies Limits (mypy checks it)

@@ -8,7 +8,8 @@ long-running commands install :func:`logging_to`'s handler on the ``hostedrooms`
 Every record the library emits carries an ``event`` name (``replicate.pass``, ``room.refused``, ...) and, where
 it concerns one, the ``room`` and ``gateway`` (plus fields such as ``epoch``, ``lag``, ``attempts``: see
 docs/cli.md), passed with ``extra=``. Records never hold a message body, a grant, a lease token or a password (a
-replicator's ``reason`` may quote what the source answered, as the console script's output does)."""
+replicator's ``reason`` may quote what the source answered, as the console script's output does); as a last guard,
+the formatters mask any URL password or ``password=`` in a line (:func:`~hostedrooms.errors.redact`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from .display import terminal_text
+from .errors import redact
 
 __all__ = ["FORMATS", "LEVELS", "REQUIRED_FIELDS", "JsonFormatter", "TextFormatter", "fields", "logging_to",
            "logs_enabled"]
@@ -40,7 +42,9 @@ def _timestamp(created: float) -> str:
 
 
 def _plain(value: Any) -> Any:
-    return value if value is None or isinstance(value, bool | int | float | str) else str(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return redact(str(value))
 
 
 def fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -48,7 +52,7 @@ def fields(record: logging.LogRecord) -> dict[str, Any]:
     line: dict[str, Any] = {
         "time": _timestamp(record.created), "level": record.levelname, "event": getattr(record, "event", record.name),
         "room": _plain(getattr(record, "room", None)), "gateway": _plain(getattr(record, "gateway", None)),
-        "logger": record.name, "message": record.getMessage()}
+        "logger": record.name, "message": redact(record.getMessage())}
     for key, value in vars(record).items():
         if key not in _STANDARD and key not in line:
             line[key] = _plain(value)

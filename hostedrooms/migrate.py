@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import logging.config
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -23,13 +24,21 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.runtime.environment import EnvironmentContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
 from . import writelock
 from .db import DATABASE_URL_ENV, Target, create_engine, engine_schema, resolve_url
 from .dialect import creating_schemas, dialect_for
-from .errors import HostedRoomError, SchemaMissingError, StoreConfigurationError, describe_target, translate
+from .errors import (
+    HostedRoomError,
+    InvalidInputError,
+    SchemaMissingError,
+    StoreConfigurationError,
+    describe_target,
+    translate,
+)
 from .models import metadata
 
 if TYPE_CHECKING:
@@ -143,16 +152,33 @@ def _run(target: Target | Connection, revision: str, steps: Callable[[ScriptDire
     command this call is nested in (``KeyError: 'config'``); an EnvironmentContext used through its methods
     touches no module proxy, and ``env.py`` (with its logging set-up) is not loaded at all.
     """
+    check_revision(revision)
     config = alembic_config()
     script = ScriptDirectory.from_config(config)
     environment = EnvironmentContext(
         config, script, fn=lambda heads, _context: steps(script, heads), destination_rev=revision)
     with _bound(target, schema, upgrading=upgrading) as bind:
-        if isinstance(bind, Connection):
-            _run_on(environment, bind)
-            return
-        with create_engine(bind).connect() as connection:  # a given Engine gets our SQLite hooks
-            _run_on(environment, connection)
+        try:
+            if isinstance(bind, Connection):
+                _run_on(environment, bind)
+                return
+            with create_engine(bind).connect() as connection:  # a given Engine gets our SQLite hooks
+                _run_on(environment, connection)
+        except CommandError as exc:  # an unknown or unreachable revision: nothing was run
+            raise InvalidInputError(f"revision {revision!r}: {exc}", field="revision") from exc
+
+
+#: What an Alembic revision argument may hold: ``head``, ``base``, an id or a name, ``+2``, ``-1``, ``branch@id``.
+_REVISION = re.compile(r"[A-Za-z0-9_.@+-]{1,128}")
+
+
+def check_revision(revision: object) -> None:
+    """Refuse a revision argument that cannot name one (a URL given in its place, say) with an
+    :class:`~hostedrooms.errors.InvalidInputError` that does not quote it: Alembic's own error would."""
+    if not isinstance(revision, str) or not _REVISION.fullmatch(revision):
+        raise InvalidInputError(
+            "revision must be head, base, a revision id or name, +N or -N (letters, digits and _ . @ + -, at most "
+            "128)", field="revision")
 
 
 def head_revision() -> str | None:

@@ -34,9 +34,9 @@ from typing import Any
 from sqlalchemy import Engine, Select, delete, exists, func, insert, literal, select, update
 
 from . import models
+from .demotion import demote_room
 from .engines import EngineSource, resolve_engine
 from .errors import (
-    AuthorityConflictError,
     HostedRoomError,
     ReplicaCapacityError,
     ReplicaEpochRegressionError,
@@ -47,11 +47,10 @@ from .errors import (
 from .identity import local_gateway_id as resolve_local_gateway_id
 from .limits import Limits, in_force
 from .lineage import check_lineage
-from .records import Authority, DemotionResult, IngestResult, PromotionResult, ReplayPage, ReplicaState
+from .records import Authority, IngestResult, PromotionResult, ReplayPage, ReplicaState
 from .rooms import (
     CONTROL_EVENT_KINDS,
     PreparedEvent,
-    RoomChange,
     RoomTransaction,
     payload_json,
     run_room_write,
@@ -575,7 +574,6 @@ def promote_replica(
         raise ReplicaError("reason must be a non-empty string of at most 200 chars")
     timestamp = clock(now)
     local = resolve_local_gateway_id(local_gateway_id)
-    actor_json = system_actor_json("authority-control", lim)
 
     def body(tx: RoomTransaction) -> PromotionResult:
         replica, log = _promotable(tx, room_id, local)
@@ -584,12 +582,7 @@ def promote_replica(
         if previous_epoch >= MAX_EPOCH:  # only a row stored before epochs were bounded can be there
             raise ReplicaError("replica authority epoch is beyond the largest authority epoch; it cannot be promoted")
         target_epoch = previous_epoch + 1
-        claim = PreparedEvent(
-            f"system:authority-claimed:{target_epoch}", "authority.claimed", actor_json,
-            payload_json({"previous_gateway_id": previous_gateway, "authority_gateway_id": local,
-                          "authority_epoch": target_epoch, "promoted_from_replica": True, "reason": reason},
-                         tx.limits),
-            target_epoch, control=True)
+        claim = promotion_claim(previous_gateway, local, target_epoch, reason, tx.limits)
         # The room as it will stand once the log is copied: the claim is checked like an append to it, and
         # the copied bytes must fit the gateway (after pruning disbanded rooms) like any other write.
         room = {"room_id": room_id, "next_seq": last_seq + 1, "event_bytes": log.size}
@@ -608,6 +601,57 @@ def promote_replica(
                 "claim_seq": int(row["seq"]), "latest_seq": int(row["seq"])}
 
     return run_room_write(engine, lim, body)
+
+
+def promotion_claim(previous_gateway: str, local: str, epoch: int, reason: str, lim: Limits) -> PreparedEvent:
+    """The ``authority.claimed`` event that promoting a replica of ``previous_gateway``'s room appends at
+    ``epoch`` (its size is what a failover plans for)."""
+    return PreparedEvent(
+        f"system:authority-claimed:{epoch}", "authority.claimed", system_actor_json("authority-control", lim),
+        payload_json({"previous_gateway_id": previous_gateway, "authority_gateway_id": local,
+                      "authority_epoch": epoch, "promoted_from_replica": True, "reason": reason}, lim),
+        epoch, control=True)
+
+
+def supersede_replica(
+    engine: EngineSource, *, room_id: str, room_name: str, members: Any, authority_gateway_id: str,
+    authority_epoch: int, latest_seq: int, now: float | None = None, limits: Limits | None = None,
+) -> None:
+    """Record that the replicated room has moved on to (``authority_gateway_id``, ``authority_epoch``), holding
+    at least ``latest_seq`` events, so this replica cannot be promoted until it has ingested them: what a
+    failover does before it gives a fenced room back (:func:`hostedrooms.standby.failover.failover`). A replica
+    row is created (empty) when there is none. Refused (ReplicaError) when the local store holds the room, or the
+    replica already records a newer epoch. One transaction, serialised with :func:`promote_replica` on the
+    room-creation lock.
+    """
+    lim = in_force(limits)
+    room_id = room_rules.validate_room_id(room_id, lim)
+    room_name = room_rules.validate_room_name(room_name, lim)
+    _, members_json = room_rules.validate_members(members, lim)
+    gateway = room_rules.validate_actor_id(authority_gateway_id, "authority_gateway_id", lim)
+    epoch = _epoch(authority_epoch, "authority_epoch", MAX_EPOCH - 1)
+    latest = bounded_int(latest_seq, error=ReplicaError, low=0, high=_MAX_INT64,
+                         message="latest_seq must be an integer from 0 to 2**63-1")
+    timestamp = clock(now)
+
+    def body(tx: RoomTransaction) -> None:
+        tx.lock_room_creation()
+        if tx.lock_room(room_id) is not None:
+            raise RoomConflictError("room_id already exists in the local authoritative store")
+        row = _lock_replica(tx.uow, room_id)
+        if row is None:
+            tx.uow.connection.execute(insert(_replicas).values(
+                room_id=room_id, name=room_name, members_json=members_json, authority_gateway_id=gateway,
+                authority_epoch=epoch, last_seq=0, latest_seq=latest, event_bytes=0, created_at=timestamp,
+                updated_at=timestamp))
+            return
+        if int(row["authority_epoch"]) > epoch:
+            raise ReplicaEpochRegressionError("the replica already records a newer authority epoch")
+        tx.uow.connection.execute(update(_replicas).where(_replicas.c.room_id == room_id).values(
+            authority_gateway_id=gateway, authority_epoch=epoch,
+            latest_seq=max(latest, int(row["latest_seq"])), updated_at=timestamp))
+
+    run_room_write(engine, lim, body)
 
 
 def _promotable(tx: RoomTransaction, room_id: str, local: str) -> tuple[Mapping[Any, Any], _LogStats]:
@@ -637,59 +681,3 @@ def _promotable(tx: RoomTransaction, room_id: str, local: str) -> tuple[Mapping[
     return replica, log
 
 
-# --- demotion --------------------------------------------------------------------------------------------------
-
-
-@traced("demote_room")
-def demote_room(
-    engine: EngineSource, *, room_id: str, observed_gateway_id: str, observed_epoch: int, now: float | None = None,
-    local_gateway_id: str | Callable[[], str] | None = None, limits: Limits | None = None,
-) -> DemotionResult:
-    """Fence THIS gateway's stale authority over ``room_id`` against a proven newer epoch.
-
-    Appends ``authority.lost`` (``system:authority-lost:<epoch>``) through the fenced append path and adopts
-    the observed lineage, so no further local write can commit at the stale epoch. Idempotent for the same
-    observation; an epoch that does not supersede the stored one raises ReplicaEpochRegressionError. The
-    local gateway is ``local_gateway_id`` (or what it returns, when a callable), else
-    ``install:$HOSTEDROOMS_INSTALL_ID``.
-    """
-    lim = in_force(limits)
-    room_id = room_rules.validate_room_id(room_id, lim)
-    observed_gateway = room_rules.validate_actor_id(observed_gateway_id, "observed_gateway_id", lim)
-    # The room keeps the observed epoch, and a later claim writes epoch + 1.
-    epoch = _epoch(observed_epoch, "observed_epoch", MAX_EPOCH)
-    timestamp = clock(now)
-    local = resolve_local_gateway_id(local_gateway_id)
-    if observed_gateway == local:
-        raise ReplicaError(
-            "observed_gateway_id is this gateway: demotion fences this gateway against another one; "
-            "moving its own authority to a newer epoch needs claim_authority")
-    lost = PreparedEvent(
-        f"system:authority-lost:{epoch}", "authority.lost", system_actor_json("authority-control", lim),
-        payload_json({"previous_gateway_id": local, "authority_gateway_id": observed_gateway,
-                      "authority_epoch": epoch}, lim),
-        epoch, control=True)
-
-    def body(tx: RoomTransaction) -> DemotionResult:
-        room = tx.lock_room(room_id)
-        if room is None or room["disbanded_at"] is not None:
-            raise ReplicaError("room not found in the local authoritative store")
-        current_gateway, current_epoch = str(room["authority_gateway_id"]), int(room["authority_epoch"])
-        if current_gateway == observed_gateway and current_epoch == epoch:
-            return {"room_id": room_id, "authority_gateway_id": current_gateway, "authority_epoch": current_epoch,
-                    "idempotent": True}
-        if epoch <= current_epoch:
-            raise ReplicaEpochRegressionError("observed epoch does not supersede the stored authority")
-        if current_gateway != local:
-            raise ReplicaError("room is not locally authoritative; nothing to demote")
-        if tx.load_event(room_id, lost.event_id) is not None:
-            raise ReplicaError("the authority.lost event id is already taken in this room")
-        tx.append_locked(
-            room, [lost], now=timestamp,
-            change=RoomChange(authority_gateway_id=observed_gateway, authority_epoch=epoch,
-                              fence=(current_gateway, current_epoch)),
-            error=AuthorityConflictError("hosted room authority changed"))
-        return {"room_id": room_id, "authority_gateway_id": observed_gateway, "authority_epoch": epoch,
-                "idempotent": False}
-
-    return run_room_write(engine, lim, body)

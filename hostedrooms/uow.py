@@ -30,7 +30,7 @@ from sqlalchemy import Connection, Engine, Executable, Result
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
-from . import writelock
+from . import forkgate, writelock
 from . import writer as held
 from .db import reject_async
 from .dialect import StoreDialect, dialect_for
@@ -53,21 +53,22 @@ class UnitOfWork:
         self._committed = False
         self._writer: held.HeldWriter | None = None
         self._turn: writelock.FileWriteLock | None = None
+        self._gated = False
 
     def __enter__(self) -> Self:
-        if self.write:
-            self._turn = writelock.take(self.engine)  # other processes' writers queue; released by _close
-            try:
+        # A write waits for its turn among all processes' writers (released by _close) before the fork gate: a
+        # fork need not wait for a lock wait.
+        self._turn = writelock.take(self.engine) if self.write else None
+        try:
+            forkgate.enter()  # no fork while the unit is inside the driver (held until it is closed)
+            self._gated = True
+            if self.write:
                 writer = held.take(self.engine)
                 if writer is not None:
                     return self._enter_held(writer)
-                return self._enter_pooled()
-            except BaseException:
-                self._close()
-                raise
-        return self._enter_pooled()
-
-    def _enter_pooled(self) -> Self:
+        except BaseException:
+            self._close()
+            raise
         try:
             connection = self._connection = self.engine.connect()
             if self.statement_snapshots:
@@ -78,6 +79,9 @@ class UnitOfWork:
         except sa_exc.SQLAlchemyError as exc:
             self._close()
             raise translate(exc, self.engine.url) from exc
+        except BaseException:
+            self._close()
+            raise
         return self
 
     def _enter_held(self, writer: held.HeldWriter) -> Self:
@@ -192,5 +196,10 @@ class UnitOfWork:
                 connection.close()  # a transaction still open is rolled back on its way to the pool
         finally:
             turn, self._turn = self._turn, None
-            if turn is not None:  # after the transaction ended, whichever way
-                turn.release()
+            try:
+                if turn is not None:  # after the transaction ended, whichever way
+                    turn.release()
+            finally:
+                if self._gated:
+                    self._gated = False
+                    forkgate.leave()

@@ -71,6 +71,27 @@ def identifier(
     return text
 
 
+def flag(value: Any, label: str) -> bool:
+    """``value`` if it is a bool, else :class:`InvalidInputError` naming ``label``."""
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{label} must be True or False", field=label)
+    return value
+
+
+#: The longest interval a waiter takes (seconds): a day (longer overflows some platforms' waits).
+MAX_INTERVAL_SECONDS = 86_400.0
+
+
+def interval(value: Any, label: str) -> float:
+    """``value`` as seconds if it is a finite number above 0 and at most a day, else :class:`InvalidInputError`
+    naming ``label``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and 0 < value <= MAX_INTERVAL_SECONDS):
+        raise InvalidInputError(f"{label} must be a number of seconds above 0 and at most {MAX_INTERVAL_SECONDS:g}",
+                                field=label)
+    return float(value)
+
+
 def _utf8(text: str) -> bool:
     """Whether ``text`` can be stored as UTF-8 (a lone surrogate cannot)."""
     try:

@@ -26,6 +26,14 @@ from then on a commit wakes it, so a commit between the read and the wait is not
 while its waiter is reading is kept for its next wait (a spurious re-read at worst). Leaving the ``with`` block
 only unregisters; nothing of the services' pool is held at any time.
 
+A waiting connection lost after it served (a terminated backend, a restarted server) is opened again: attempts
+back off from :data:`RECONNECT_FIRST` doubling to :data:`RECONNECT_CAP` (jittered), and once the new connection
+serves, every subscription is signalled, since notifications sent while nobody listened are lost (each re-reads).
+A subscription raises from its wait only after ``reconnect_deadline`` seconds without a serving connection
+(:data:`RECONNECT_DEADLINE`); a first connection that never served fails them all at once (a wrong URL, a hot
+standby refusing ``LISTEN``). The waiter's driver calls hold :mod:`hostedrooms.forkgate`'s gate, never its waits on
+the socket: a fork never finds this thread inside SQLite or the driver.
+
 Behind a transaction pooler (``create_engine(..., pooler="transaction")``) a ``LISTEN`` would hold for one
 transaction of some server connection and then be lost: the waiter connects to ``listen_url`` instead (a direct
 connection), and without one every wait is refused with a StoreConfigurationError rather than silently polling.
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import selectors
 import socket
 import threading
@@ -49,6 +58,7 @@ from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import NullPool, Pool, PoolProxiedConnection, SingletonThreadPool, StaticPool
 
+from . import forkgate
 from .dialect import (
     LEDGER_WORK_CHANNEL,
     ROOM_EVENTS_CHANNEL,
@@ -59,10 +69,11 @@ from .dialect import (
 )
 from .errors import translate
 from .filewatch import FileWatch, watch_writes
+from .validation import interval
 
 __all__ = [
-    "DEFAULT_POLL_INTERVAL", "LEDGER_WORK_CHANNEL", "ROOM_EVENTS_CHANNEL", "SharedWaiter", "Subscription", "Wakeup",
-    "check_waitable", "committed", "driver_error", "join_waiter",
+    "DEFAULT_POLL_INTERVAL", "LEDGER_WORK_CHANNEL", "RECONNECT_DEADLINE", "ROOM_EVENTS_CHANNEL", "SharedWaiter",
+    "Subscription", "Wakeup", "check_waitable", "committed", "driver_error", "join_waiter",
 ]
 
 #: How often a SQLite waiter looks for a commit (seconds); PostgreSQL waiters re-read this often without a
@@ -73,6 +84,14 @@ FALLBACK_INTERVAL = 5.0
 #: SETTLE_SPAN seconds: the commit becomes visible only once the writer's sync has ended.
 SETTLE_PERIOD = 0.002
 SETTLE_SPAN = 0.1
+#: How long a waiter waits through a lost waiting connection (seconds): the shared waiter reconnects meanwhile, and
+#: a waiter still without one after this long raises StoreUnavailableError from its wait (each waiter's
+#: ``reconnect_deadline``, counted from the loss, or from when it joined if later).
+RECONNECT_DEADLINE = 30.0
+#: The back-off between reconnection attempts: the first delay, doubling to at most the cap (each drawn at random
+#: between half and all of it, so the waiters of many processes do not reconnect in step).
+RECONNECT_FIRST = 0.05
+RECONNECT_CAP = 2.0
 
 
 def driver_error(engine: Engine, exc: BaseException) -> BaseException:
@@ -89,10 +108,17 @@ class Subscription:
     shared waiter sees it. The waiter's thread calls :meth:`signal` (a commit may concern it), :meth:`mark_ready`
     (from now on a commit signals it) and :meth:`fail`; subclasses deliver those to a thread or an event loop."""
 
-    def __init__(self, channel: str, key: str | None, poll_interval: float | None) -> None:
+    def __init__(self, channel: str, key: str | None, poll_interval: float | None,
+                 reconnect_deadline: float | None = None) -> None:
         self.channel, self.key = channel, key
         self.poll_interval = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
+        self.reconnect_deadline = RECONNECT_DEADLINE if reconnect_deadline is None else reconnect_deadline
+        self.joined = time.monotonic()
         self.error: BaseException | None = None
+
+    def gives_up_at(self, lost: float) -> float:
+        """When this waiter stops waiting for a connection lost at ``lost`` (monotonic seconds)."""
+        return max(lost, self.joined) + self.reconnect_deadline
 
     def signal(self) -> None:
         raise NotImplementedError
@@ -123,6 +149,8 @@ class SharedWaiter:
         self._look = False  # a commit of this process asked the poller to look now (look_now)
         self._settle_until = 0.0  # another process wrote the commit file: poll quickly until then (_idle)
         self._wake_r, self._wake_w = socket.socketpair()  # how a subscriber interrupts the LISTEN wait
+        self._served = False  # a connection of this waiter has served its subscriptions (a loss is retried)
+        self._connected = False  # the current connection serves them
         self._wake_w.setblocking(False)
         self._wake_r.setblocking(False)
 
@@ -145,16 +173,20 @@ class SharedWaiter:
     def remove(self, subscription: Subscription) -> None:
         """Unregister ``subscription``; the last one leaving ends the waiter (its connection is closed)."""
         with self._cond:
-            keys = self._subscriptions.get(subscription.channel, {})
-            members = keys.get(subscription.key)
-            if members is None or subscription not in members:
-                return
-            members.discard(subscription)
-            if not members:
-                del keys[subscription.key]
-            self._count -= 1
-            if not self._count:
+            if self._drop(subscription) and not self._count:
                 self._poke()
+
+    def _drop(self, subscription: Subscription) -> bool:
+        """Unregister ``subscription`` (called holding the condition); False if it was not registered."""
+        keys = self._subscriptions.get(subscription.channel, {})
+        members = keys.get(subscription.key)
+        if members is None or subscription not in members:
+            return False
+        members.discard(subscription)
+        if not members:
+            del keys[subscription.key]
+        self._count -= 1
+        return True
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="hostedrooms-wakeup", daemon=True).start()
@@ -178,20 +210,70 @@ class SharedWaiter:
 
     def _run(self) -> None:
         try:
-            raw = self._pool.connect()
-            try:
-                if self.dialect.notifies:
-                    self._listen(raw)
-                else:
-                    self._poll(raw)
-            finally:
-                raw.invalidate()  # closed, never pooled: the pool is this waiter's alone
-                self._pool.dispose()
+            self._serve()
         except BaseException as exc:  # every subscriber raises it from its wait
             self._fail(exc)
         finally:
             self._wake_r.close()
             self._wake_w.close()
+            with forkgate.inside_driver():
+                self._pool.dispose()
+
+    def _serve(self) -> None:
+        """Keep a waiting connection until nobody waits. One lost after it served is opened again with back-off
+        (:meth:`_back_off`), and every subscription is woken once it serves again (notifications sent meanwhile
+        are lost: each re-reads); the first connection failing before it served fails them all at once (a
+        configuration error, a hot standby refusing ``LISTEN``)."""
+        lost = 0.0  # when the waiter lost its last serving connection
+        attempt = 0
+        while True:
+            try:
+                self._session(resumed=attempt > 0)
+                return  # nobody waits any more
+            except Exception as exc:
+                if not self._served:
+                    raise
+                if self._connected:  # it was serving: the outage starts now
+                    lost, attempt = time.monotonic(), 0
+                attempt += 1
+                if not self._back_off(exc, lost, attempt):
+                    return
+
+    def _session(self, *, resumed: bool) -> None:
+        """One connection: open it, serve until nobody waits (or it fails), close it."""
+        with self._cond:
+            self._effective, self._connected = set(), False  # new subscriptions wait until it serves
+        with forkgate.inside_driver():
+            raw = self._pool.connect()
+        try:
+            if self.dialect.notifies:
+                self._listen(raw, resumed)
+            else:
+                self._poll(raw, resumed)
+        finally:
+            with forkgate.inside_driver():
+                raw.invalidate()  # closed, never pooled: the pool is this waiter's alone
+
+    def _back_off(self, exc: BaseException, lost: float, attempt: int) -> bool:
+        """Wait before reconnection ``attempt`` (jittered, doubling up to :data:`RECONNECT_CAP`), failing with
+        ``exc`` each subscription whose ``reconnect_deadline`` passed meanwhile; False once nobody waits."""
+        delay = min(RECONNECT_CAP, RECONNECT_FIRST * 2 ** min(attempt - 1, 16)) * random.uniform(0.5, 1.0)
+        until = time.monotonic() + delay
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while True:
+                now = time.monotonic()
+                with self._cond:
+                    for subscription in [sub for sub in self._all() if sub.gives_up_at(lost) <= now]:
+                        self._drop(subscription)
+                        subscription.fail(exc)
+                    if not self._still_wanted():
+                        return False
+                    wake = min([until, *(sub.gives_up_at(lost) for sub in self._all())])
+                if now >= until:
+                    return True
+                selector.select(max(0.0, wake - now))  # a subscription leaving pokes
+                self._drain_pokes()
 
     def _still_wanted(self) -> bool:
         """Whether anyone still waits (called holding the condition); if not, the waiter is ending from now on."""
@@ -199,12 +281,13 @@ class SharedWaiter:
             self._closing = True
         return not self._closing
 
-    def _listen(self, raw: PoolProxiedConnection) -> None:
+    def _listen(self, raw: PoolProxiedConnection, resumed: bool) -> None:
         driver: Any = raw.driver_connection
-        driver.rollback()
-        driver.autocommit = True
-        # Channels are named per namespace (schema): this engine's only, never another schema's writes.
-        namespace = self.dialect.raw_namespace(self._sa_dialect, driver, self._url)
+        with forkgate.inside_driver():
+            driver.rollback()
+            driver.autocommit = True
+            # Channels are named per namespace (schema): this engine's only, never another schema's writes.
+            namespace = self.dialect.raw_namespace(self._sa_dialect, driver, self._url)
         names: dict[str, str] = {}  # the namespace's channel name -> hostedrooms' channel
         with selectors.DefaultSelector() as selector:  # not select(): a process may have descriptors past 1024
             selector.register(driver.fileno(), selectors.EVENT_READ)
@@ -214,16 +297,23 @@ class SharedWaiter:
                     if not self._still_wanted():
                         return
                     new = set(self._subscriptions) - self._effective
-                for channel in new:
-                    names[scoped_channel(namespace, channel)] = channel
-                    driver.execute(self.dialect.listen_statement(channel, namespace))
+                with forkgate.inside_driver():
+                    for channel in new:
+                        names[scoped_channel(namespace, channel)] = channel
+                        driver.execute(self.dialect.listen_statement(channel, namespace))
+                    # those read meanwhile, and any received
+                    received = [(notification.channel, notification.payload)
+                                for notification in driver.notifies(timeout=0)]
                 if new:
                     self._now_effective(new)
-                for notification in driver.notifies(timeout=0):  # those read meanwhile, and any received
-                    ours = names.get(notification.channel)
+                    if resumed:  # what committed while no connection listened was not notified: everyone looks
+                        self._dispatch(None, None)
+                        resumed = False
+                for channel, payload in received:
+                    ours = names.get(channel)
                     if ours is not None:
-                        self._dispatch(ours, notification.payload)
-                selector.select()
+                        self._dispatch(ours, payload)
+                selector.select()  # outside the gate: a fork never waits for this wait
                 self._drain_pokes()
 
     def _drain_pokes(self) -> None:
@@ -231,12 +321,15 @@ class SharedWaiter:
             while self._wake_r.recv(4096):
                 pass
 
-    def _poll(self, raw: PoolProxiedConnection) -> None:
+    def _poll(self, raw: PoolProxiedConnection, resumed: bool) -> None:
         connection = raw.dbapi_connection
-        version = self.dialect.change_counter(connection)
+        with forkgate.inside_driver():
+            version = self.dialect.change_counter(connection)
         commit_file = self.dialect.commit_file(self._url)  # it exists now: this connection has read the database
         watch = watch_writes(commit_file) if commit_file is not None else None
         self._now_effective(None)
+        if resumed:  # commits while no connection polled may have been missed: everyone looks
+            self._dispatch(None, None)
         try:
             with selectors.DefaultSelector() as selector:
                 selector.register(self._wake_r, selectors.EVENT_READ)
@@ -253,7 +346,8 @@ class SharedWaiter:
                     with self._cond:
                         if not self._still_wanted():
                             return
-                    current = self.dialect.change_counter(connection)
+                    with forkgate.inside_driver():
+                        current = self.dialect.change_counter(connection)
                     if current != version:
                         version = current
                         self._dispatch(None, None)
@@ -292,6 +386,7 @@ class SharedWaiter:
     def _now_effective(self, channels: set[str] | None) -> None:
         """Commits on ``channels`` (None: every channel, polling) now reach their subscriptions: they are ready."""
         with self._cond:
+            self._served = self._connected = True
             if channels is None:
                 self._effective = set(self._subscriptions) | {ROOM_EVENTS_CHANNEL, LEDGER_WORK_CHANNEL}
                 ready = list(self._all())
@@ -388,8 +483,9 @@ def join_waiter(engine: Engine | None, subscription: Subscription) -> SharedWait
 class _ThreadSubscription(Subscription):
     """A subscription whose waiter is a thread: two ``threading.Event``\\ s."""
 
-    def __init__(self, channel: str, key: str | None, poll_interval: float | None) -> None:
-        super().__init__(channel, key, poll_interval)
+    def __init__(self, channel: str, key: str | None, poll_interval: float | None,
+                 reconnect_deadline: float | None) -> None:
+        super().__init__(channel, key, poll_interval, reconnect_deadline)
         self._woken, self._ready = threading.Event(), threading.Event()
 
     def signal(self) -> None:
@@ -415,12 +511,17 @@ class Wakeup:
 
     ``key``: only notifications with this payload wake the waiter (a room id); None: any on ``channel``.
     ``poll_interval``: SQLite's polling period (default :data:`DEFAULT_POLL_INTERVAL`; the engine's one poller
-    polls at the shortest period its waiters ask for).
+    polls at the shortest period its waiters ask for). ``reconnect_deadline``: how long a wait goes on through a
+    lost waiting connection, which the shared waiter opens again meanwhile (default :data:`RECONNECT_DEADLINE`);
+    after it, the wait raises StoreUnavailableError.
     """
 
     def __init__(
-        self, engine: Engine, channel: str, *, key: str | None = None, poll_interval: float | None = None
+        self, engine: Engine, channel: str, *, key: str | None = None, poll_interval: float | None = None,
+        reconnect_deadline: float | None = None,
     ) -> None:
+        if poll_interval is not None:
+            interval(poll_interval, "poll_interval")  # the poller thread would fail on it later
         self.engine = engine
         self.dialect: StoreDialect = dialect_for(engine)
         if self.dialect.notifies:
@@ -428,11 +529,13 @@ class Wakeup:
             check_waitable(engine)  # a transaction pooler without listen_url: refused here, at once
         self.channel, self.key = channel, key
         self.poll_interval = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
+        self.reconnect_deadline = reconnect_deadline
         self._subscription: _ThreadSubscription | None = None
         self._waiter: SharedWaiter | None = None
 
     def __enter__(self) -> Self:
-        subscription = self._subscription = _ThreadSubscription(self.channel, self.key, self.poll_interval)
+        subscription = self._subscription = _ThreadSubscription(
+            self.channel, self.key, self.poll_interval, self.reconnect_deadline)
         try:
             self._waiter = join_waiter(self.engine, subscription)
             subscription.until_ready()

@@ -348,13 +348,9 @@ def _forked() -> None:
     _fds_lock = threading.Lock()  # it may have been held by a thread that does not exist here
 
 
-def _before_fork() -> None:
-    _fds_lock.acquire()  # no descriptor is half-registered at the fork
-
-
-def _after_fork_in_parent() -> None:
-    _fds_lock.release()
-
-
+# No hook before the fork: holding ``_fds_lock`` across it would stall a unit ending its turn meanwhile, while the
+# fork gate (hostedrooms.forkgate) waits for that unit to leave. The cost: a descriptor another thread opens at
+# the very moment of the fork may be missing from the child's set, and stay open there unused (never unlocked
+# through: the pid check), keeping the parent's lock alive only if the parent died holding it through that one.
 if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork (nor has fcntl)
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_forked)
+    os.register_at_fork(after_in_child=_forked)

@@ -243,7 +243,7 @@ def file_mode(path: Path) -> int:
 
 def run_together(work: Callable[[int], Any], workers: int) -> list[Any]:
     """Run ``work(i)`` on ``workers`` threads released at once; return each result or exception."""
-    barrier = threading.Barrier(workers)
+    barrier = threading.Barrier(workers, timeout=60)  # bounded: a worker that never comes fails them all
     results: list[Any] = [None] * workers
 
     def run(index: int) -> None:

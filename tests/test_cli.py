@@ -102,7 +102,7 @@ def test_errors_are_one_line(argv: list[str], message: str, tmp_path: Path, caps
 def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
     (tmp_path / "x.db").touch()
     result = subprocess.run([sys.executable, "-m", "hostedrooms.cli", "rooms", "--url", str(tmp_path / "x.db")],
-                            capture_output=True, text=True, check=False)
+                            capture_output=True, text=True, check=False, timeout=120)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and "no hostedrooms schema" in result.stderr
 
@@ -159,7 +159,7 @@ def test_upgrade_creates_the_file_and_its_folders(tmp_path: Path, capsys: pytest
 
 def test_console_script_current_on_a_typo_leaves_nothing_behind(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "hostedrooms.cli", "current", "--url", "typo.db"],
-                            capture_output=True, text=True, check=False, cwd=tmp_path)
+                            capture_output=True, text=True, check=False, cwd=tmp_path, timeout=120)
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr == f"hostedrooms: error: hosted room store {tmp_path / 'typo.db'} does not exist " \
                             "(no SQLite file there)\n"
@@ -222,7 +222,7 @@ def test_long_commands_stay_quiet_when_piped(tmp_path: Path) -> None:
     target = str(tmp_path / "quiet.db")
     for command in (["upgrade"], ["verify"]):
         result = subprocess.run([sys.executable, "-m", "hostedrooms.cli", *command, "--url", target],
-                                capture_output=True, text=True, check=False)
+                                capture_output=True, text=True, check=False, timeout=120)
         assert result.returncode == 0, result.stderr
         assert result.stderr == ""
 

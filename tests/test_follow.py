@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from apis import use_api
 from factories import make_room
 from sqlalchemy import Engine
+from waits import join
 
 from hostedrooms import aio, create_engine, rooms
 from hostedrooms.errors import HostedRoomError, RoomHistoryExpiredError, RoomNotFoundError
@@ -65,7 +66,7 @@ def test_follows_the_log_as_it_commits_and_ends_after_disband(engine: Engine) ->
         assert next(feed)["event_id"] == "e1"
         writer = later(0.2, lambda: sync_say(other, "e2"), lambda: sync_say(other, "e3"), lambda: rooms_disband(other))
         rest = [(event["seq"], event["event_id"], event["kind"]) for event in feed]
-        writer.join()
+        join(writer, 60)
     finally:
         other.dispose()
     assert rest == [(2, "e2", "message.user"), (3, "e3", "message.user"),
@@ -155,7 +156,7 @@ def test_concurrent_appenders_each_seq_once_in_order(engine: Engine) -> None:
     seen = [next(feed) for _ in range(writers * each)]
     feed.close()  # type: ignore[attr-defined]
     for thread in threads:
-        thread.join()
+        join(thread, 60)
     for built in engines:
         built.dispose()
     assert [event["seq"] for event in seen] == list(range(1, writers * each + 1))
@@ -230,7 +231,7 @@ def test_ledger_work_wakeup_sync(engine: Engine) -> None:
         started = time.monotonic()
         assert wakeup.wait(30) is True
         assert time.monotonic() - started < 20  # woken, not timed out
-        writer.join()
+        join(writer, 60)
         assert [row["request_id"] for row in ledger.pending_outbound()] == ["out-1"]
     other.engine.dispose()
     assert engine.pool.checkedout() == 0

@@ -25,10 +25,10 @@ import pytest
 import sqlalchemy as sa
 from factories import make_room, outbound
 from sqlalchemy import Engine
+from waits import join, wait_child
 
 from hostedrooms import aio, rooms
 from hostedrooms.aio.engines import runner_for
-from hostedrooms.errors import StorageError
 from hostedrooms.ledger import DeliveryLedger
 
 FOLLOWERS = 200
@@ -327,28 +327,7 @@ def test_the_poller_s_connection_never_drops_this_process_s_locks(engine: Engine
     assert found == "database is locked"
 
 
-@pytest.mark.parametrize("backend", ["postgresql"])
-def test_a_lost_waiting_connection_fails_its_followers_and_the_next_starts_afresh(engine: Engine) -> None:
-    two_rooms(engine)
-    followers = [follow_in_thread(engine, 1) for _ in range(3)]
-    wait_until(lambda: listening_sessions(engine) == 1, "the LISTEN session")
-    with engine.connect() as connection:
-        connection.execute(sa.text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid() AND query LIKE 'LISTEN%'"))
-    for thread, _ in followers:
-        thread.join(30)
-    outcomes = [outcome for _, outcome in followers]
-    assert all(len(outcome) == 1 and isinstance(outcome[0], StorageError) for outcome in outcomes), outcomes
-    assert engine.pool.checkedout() == 0
-
-    thread, outcome = follow_in_thread(engine, 1)  # a new waiter, on a new connection
-    wait_until(lambda: listening_sessions(engine) == 1, "a new LISTEN session")
-    time.sleep(0.2)  # the follower in its wait
-    rooms.append_event(engine, **event_of("second", "followed"))
-    thread.join(30)
-    assert outcome == [2]
-    assert_waiters_gone(engine)
+# A lost waiting connection: tests/test_follow_reconnect.py (the waiter reconnects; followers go on).
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
@@ -370,8 +349,8 @@ def test_a_forked_child_starts_its_own_waiter(engine: Engine) -> None:
             code = 0 if outcome == [2] else 1
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    parent_follower[0].join(30)
-    assert os.waitstatus_to_exitcode(status) == 0
+    code = wait_child(pid, 60)
+    join(parent_follower[0], 30)
+    assert code == 0
     assert parent_follower[1] == [2]
     assert_waiters_gone(engine)

@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from factories import make_room, run_together, snapshot
 from sqlalchemy import Engine, event
 from test_rooms_paths import _fresh, _limits, _operation, _outcomes
+from waits import wait_child
 
 import hostedrooms
 from hostedrooms import create_engine, models, rooms, testing, verify, writer
@@ -245,7 +246,7 @@ def work(thread):
                            authority_epoch=1)
 threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
 for t in threads: t.start()
-for t in threads: t.join()
+for t in threads: t.join(120)
 engine.dispose()
 print("ok")
 """
@@ -283,8 +284,7 @@ def test_a_forked_child_never_uses_nor_closes_the_parents_held_connection(held: 
             code = 0 if ok else 2
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert wait_child(pid, 60) == 0
     assert _writer_of(held) is parent
     _append(held, "e2")  # the parent's held connection still works
     assert _seqs(held) == [1, 2, 3, 4] and verify(held) == []

@@ -46,7 +46,7 @@ def test_large_reference_file_adopts_with_bounded_memory(tmp_path: Path) -> None
     db.close()
     size_mb = path.stat().st_size / 2**20
     out = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, check=True,
-                         cwd=Path(migrate.__file__).resolve().parent.parent).stdout
+                         cwd=Path(migrate.__file__).resolve().parent.parent, timeout=600).stdout
     seconds, before_kb, after_kb = (float(v) for v in out.split())
     growth_mb = (after_kb - before_kb) / 1024
     print(f"\nadopted {EVENTS} events in {ROOMS} rooms ({size_mb:.0f} MB file) in {seconds:.1f} s; "

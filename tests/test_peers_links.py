@@ -126,7 +126,7 @@ def test_status_and_delete_refuse_non_string_keys(engine: Engine) -> None:
 
 
 def _register_concurrently(engine: Engine, count: int, max_links: int) -> list[BaseException | None]:
-    barrier = threading.Barrier(count)
+    barrier = threading.Barrier(count, timeout=60)
 
     def register(index: int) -> BaseException | None:
         barrier.wait()
@@ -137,7 +137,7 @@ def _register_concurrently(engine: Engine, count: int, max_links: int) -> list[B
         return None
 
     with ThreadPoolExecutor(max_workers=count) as pool:
-        return list(pool.map(register, range(count)))
+        return list(pool.map(register, range(count), timeout=120))
 
 
 @pytest.mark.sync_api_only  # several threads call the services at once

@@ -134,7 +134,7 @@ def test_non_string_filters_and_non_mapping_records_are_refused(engine: Engine) 
 @pytest.mark.sync_api_only  # several threads call the services at once
 def test_concurrent_upserts_of_one_task_bind_exactly_one_run(engine: Engine) -> None:
     count = 8
-    barrier = threading.Barrier(count)
+    barrier = threading.Barrier(count, timeout=60)
 
     def bind(index: int) -> str:
         barrier.wait()
@@ -146,7 +146,7 @@ def test_concurrent_upserts_of_one_task_bind_exactly_one_run(engine: Engine) -> 
         return f"run-{index}"
 
     with ThreadPoolExecutor(max_workers=count) as pool:
-        outcomes = list(pool.map(bind, range(count)))
+        outcomes = list(pool.map(bind, range(count), timeout=120))
     winners = [outcome for outcome in outcomes if outcome != "conflict"]
     assert len(winners) == 1
     [row] = peers.list_remote_run_receipts(engine)

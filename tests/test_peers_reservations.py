@@ -182,7 +182,7 @@ def test_gateways_racing_at_the_same_epoch_one_wins(engine: Engine) -> None:
     rounds = 6
     for round_index in range(rounds):
         room_id = f"race-{round_index}"
-        barrier = threading.Barrier(2)
+        barrier = threading.Barrier(2, timeout=60)
         # Even rounds race for the same member row; odd rounds for two members of the same room/profile.
         members = ("m1", "m1") if round_index % 2 == 0 else ("m1", "m2")
 
@@ -201,7 +201,7 @@ def test_gateways_racing_at_the_same_epoch_one_wins(engine: Engine) -> None:
             return "won"
 
         with ThreadPoolExecutor(max_workers=2) as pool:
-            outcomes = sorted(pool.map(reserve, (0, 1)))
+            outcomes = sorted(pool.map(reserve, (0, 1), timeout=120))
         assert outcomes == ["lost", "won"]
         live = [row for row in reservations(engine) if row["room_id"] == room_id and row["revoked_at"] is None]
         assert len(live) == 1

@@ -129,7 +129,8 @@ def test_every_shell_block_parses() -> None:
     for path in documents():
         for block in blocks(path):
             if block.language == "sh":
-                result = subprocess.run(["bash", "-n"], input=block.text, capture_output=True, text=True, check=False)
+                result = subprocess.run(["bash", "-n"], input=block.text, capture_output=True, text=True, check=False,
+                                        timeout=60)
                 assert result.returncode == 0, f"{block}: {result.stderr}"
 
 
@@ -145,7 +146,7 @@ def test_the_fast_subset_is_sqlite_and_the_synchronous_api_only() -> None:
     command = marked_block("fast-subset").replace("python -m pytest -n 2", "python -m pytest --collect-only -q", 1)
     assert command != marked_block("fast-subset")
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=ROOT, capture_output=True, text=True,
-                            check=False, env={**os.environ, "PYTEST_ADDOPTS": "-p no:cacheprovider"})
+                            check=False, env={**os.environ, "PYTEST_ADDOPTS": "-p no:cacheprovider"}, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     selected = [line for line in result.stdout.splitlines() if "::" in line]
     assert len(selected) > 500  # a subset, not a typo that selects nothing

@@ -83,7 +83,7 @@ def run_and_kill(target: str, generation: int, rng: random.Random, observed: Obs
             child.kill()
             pytest.fail("crash child never became ready")
         if line is None:
-            _, err = child.communicate()
+            _, err = child.communicate(timeout=30)
             pytest.fail(f"crash child exited early ({child.returncode}): {err}")
         messages.append(json.loads(line))
     time.sleep(rng.uniform(0.0, 0.25))
@@ -92,7 +92,7 @@ def run_and_kill(target: str, generation: int, rng: random.Random, observed: Obs
     reader.join(timeout=30)
     stderr = child.stderr.read() if child.stderr is not None else ""
     assert child.returncode == -signal.SIGKILL, f"child failed before the kill: {stderr}"
-    while (line := lines.get()) is not None:
+    while (line := lines.get(timeout=30)) is not None:  # the reader ended: None comes last
         # A line cut short by the kill was never acknowledged; it is simply not a message.
         try:
             messages.append(json.loads(line))

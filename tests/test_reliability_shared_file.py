@@ -74,7 +74,7 @@ class Workers:
         for _, child in self.children:
             if child.poll() is None:
                 child.kill()
-                child.wait()
+                child.wait(timeout=30)
 
     def acknowledged(self) -> tuple[dict[str, str], dict[str, int]]:
         deliveries: dict[str, str] = {}

@@ -278,7 +278,7 @@ def test_concurrent_promotions_of_one_replica(gateways: Callable[..., Gateway]) 
     a.say("room", "one", epoch=1)
     replicate(a, b, "room")
     outcomes: list[object] = []
-    barrier = threading.Barrier(4)
+    barrier = threading.Barrier(4, timeout=60)
 
     def promote() -> None:
         barrier.wait(timeout=30)

@@ -14,7 +14,8 @@ from sqlalchemy import Engine
 from standby_support import GATEWAY_A, GATEWAY_B, host, say
 
 from hostedrooms import rooms
-from hostedrooms.cli import _stop_on_signals, main
+from hostedrooms.cli import main
+from hostedrooms.cli_standby import _stop_on_signals
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.standby import EnginePageSource, PageServer
 

@@ -28,7 +28,7 @@ from hostedrooms.standby.failover import NOT_FENCED, PROMOTED, TAKEN_OVER, Fence
 
 pytest_plugins = ["standby_fixtures"]
 
-failover_module = importlib.import_module("hostedrooms.standby.failover")  # the package's name is the function
+failover_module = importlib.import_module("hostedrooms.standby.takeover")  # where failover promotes
 
 CHILD = Path(__file__).with_name("standby_child.py")
 ROOMS = [f"room-{index}" for index in range(4)]
@@ -77,7 +77,7 @@ def test_no_acknowledged_write_is_lost_while_the_old_authority_keeps_writing(
                                                            if "refused" in line} == set(ROOMS))
     finally:
         writer.kill()
-        writer.wait()
+        writer.wait(timeout=30)
     out = capsys.readouterr().out
     assert code == 0, out
     acked = [line["ack"] for line in _lines(log) if "ack" in line]
@@ -187,7 +187,7 @@ def test_two_failovers_at_once_both_succeed_and_promote_each_room_once(engine: E
     for room_id in names:
         host(engine, room_id, 2)
     _replicate(engine, standby)
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(2, timeout=60)
     reports: list[Any] = []
 
     def run() -> None:

@@ -46,7 +46,7 @@ from hostedrooms.standby import (
     failover,
 )
 from hostedrooms.standby.http import HttpPageSource
-from hostedrooms.standby.replicator import BEHIND, CAUGHT_UP, DEMOTED, REFUSED, SKIPPED
+from hostedrooms.standby.replicator import BEHIND, CAUGHT_UP, DEMOTED, LOCAL, REFUSED, SKIPPED
 
 pytest_plugins = ["standby_fixtures"]  # the standby, standby_target and pg_standby_url fixtures
 
@@ -195,9 +195,15 @@ def test_a_local_write_during_the_proof_refuses_the_demotion(engine: Engine, sta
         return source.inner.read_events(room_id, since_seq=since, limit=limit)
 
     source.page = page
-    report = Replicator(source, engine, local_gateway_id=GATEWAY_A).sync_once()
-    assert _statuses(report) == {"r": REFUSED}
-    assert "local events after seq 3 (written during this pass) are missing" in report.rooms[0].reason
+    replicator = Replicator(source, engine, local_gateway_id=GATEWAY_A)
+    report = replicator.sync_once()
+    # The demotion is conditioned on the proven head (seq 3): nothing changes, and the next pass proves again.
+    assert _statuses(report) == {"r": LOCAL}
+    assert "not demoted" in report.rooms[0].reason and "written after the proof" in report.rooms[0].reason
+    _still_owned(engine, "r")
+    again = replicator.sync_once()
+    assert _statuses(again) == {"r": REFUSED}
+    assert "local events from seq 4 to" in again.rooms[0].reason and "missing from the source" in again.rooms[0].reason
     _still_owned(engine, "r")
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from standby_support import GATEWAY_A, host, say
+from waits import join
 
 from hostedrooms import create_engine, replicas
 from hostedrooms.cli import main
@@ -143,7 +144,7 @@ def test_a_running_replicate_serves_the_lag_until_it_is_zero(tmp_path: Path, sql
                 break
             assert time.monotonic() < deadline, f"the lag never reached 0: {lags}"
             time.sleep(0.02)
-        writer.join()
+        join(writer, 60)
         assert _lags(samples, "hostedrooms_replica_lag_seconds") == {"r1": 0.0, "r2": 0.0}
         assert samples["hostedrooms_standby_passes_total", ()] >= 3  # --max-pages 1: 1,200 events took passes
         assert samples["hostedrooms_standby_pass_duration_seconds_count", ()] >= 3

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 from standby_support import host, replica_log, room_log
+from waits import join
 
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.standby import EnginePageSource, HttpPageSource, PageServer, PageSource, Replicator, RoomHead
@@ -81,7 +82,7 @@ def child_server(target: str) -> Iterator[str]:
             child.wait(timeout=BOUND)
         except subprocess.TimeoutExpired:
             child.kill()
-            child.wait()
+            child.wait(timeout=30)
 
 
 def test_a_standby_is_served_past_250_idle_and_half_sent_connections(engine: Engine, standby: Engine,
@@ -134,7 +135,7 @@ def test_idle_half_sent_and_trickling_connections_are_closed_by_the_server(engin
             assert time.monotonic() - started < BOUND
         finally:
             stop.set()
-            thread.join()
+            join(thread, 30)
         # A kept-alive connection is closed once idle too, after its answers.
         with socket.create_connection(address, timeout=BOUND) as sock:
             sock.sendall(b"GET /rooms HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -25,6 +25,7 @@ import pytest
 import sqlalchemy as sa
 from factories import link, outbound, outbound_snapshot, prepare
 from sqlalchemy import Engine
+from waits import join
 
 from hostedrooms import EventConflictError, models, peers, replicas, rooms, telemetry
 from hostedrooms.ledger import DeliveryLedger
@@ -365,7 +366,7 @@ def test_follow_records_its_wakeup_latency(engine: Engine, captured: Captured) -
         event = next(follower)
     finally:
         follower.close()
-        writer.join()
+        join(writer, 60)
     assert event["event_id"] == "e1"
     [latency] = captured.metrics()["hostedrooms.follow.wakeup.latency"]
     assert latency.count == 1 and 0 <= latency.sum < 60  # a generous bound: it did not block
@@ -398,7 +399,7 @@ def test_the_asyncio_follow_records_its_wakeup_latency(
     try:
         event = asyncio.run(first_event())
     finally:
-        writer.join()
+        join(writer, 60)
         engine.dispose()
     assert event["event_id"] == "e1"
     [latency] = captured.metrics()["hostedrooms.follow.wakeup.latency"]

@@ -24,6 +24,7 @@ from factories import account_raw_bytes, bare_page, make_room, outbound, outboun
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import Engine
+from waits import join
 
 import hostedrooms
 from hostedrooms import limits, models, replicas, rooms
@@ -62,7 +63,7 @@ def shallow(call: Callable[[], Any]) -> Any:
 
     thread = threading.Thread(target=run)
     thread.start()
-    thread.join()
+    join(thread, 120)
     kind, value = outcome[0]
     if kind == "error":
         raise value

@@ -18,9 +18,9 @@ from .. import rooms as _rooms
 from ..errors import InvalidInputError
 from ..limits import Limits
 from ..records import EventPage, EventRecord
-from ..rooms.follow import FollowCursor
+from ..rooms.follow import FollowCursor, check_intervals
 from ..telemetry import follow_woke
-from ..wakeup import FALLBACK_INTERVAL, check_waitable
+from ..wakeup import FALLBACK_INTERVAL, RECONNECT_DEADLINE, check_waitable
 from .derive import service
 from .engines import require_async_engine
 from .wakeup import room_wakeup
@@ -34,40 +34,47 @@ _room_state = service(_rooms.room_state)
 def follow(
     engine: AsyncEngine, room_id: str, since_seq: int = 0, *, limit: int = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
+    reconnect_deadline: float = RECONNECT_DEADLINE,
     last_event: Mapping[str, Any] | None = None, lineage: str | None = None,
 ) -> AsyncGenerator[EventRecord, None]:
     """``async for event in follow(engine, room_id, since_seq)``: each event after ``since_seq``, in seq order,
     as it commits; ends after ``room.disbanded``. Arguments are checked here, before anything is opened. While it
     waits it holds no connection (the engine's one shared waiter wakes it); close the iterator
     (``contextlib.aclosing``), cancel its task or its anyio cancel scope to unregister it. ``last_event`` and
-    ``lineage``: resuming across a failover, as the synchronous ``follow()`` (StoreLineageError)."""
+    ``lineage``: resuming across a failover, as the synchronous ``follow()`` (StoreLineageError);
+    ``reconnect_deadline``: how long it waits through a lost waiting connection, as the synchronous ``follow()``
+    (then StoreUnavailableError)."""
+    check_intervals(poll_interval, fallback_interval)
     cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)
     checked = require_async_engine(engine)
     check_waitable(checked.sync_engine)  # behind a transaction pooler without listen_url: refused now
-    return _follow(checked, cursor, poll_interval, fallback_interval, limits)
+    return _follow(checked, cursor, (poll_interval, fallback_interval, reconnect_deadline), limits)
 
 
 async def open_follow(
     engine: AsyncEngine, room_id: str, since_seq: int = 0, *, limit: int = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
+    reconnect_deadline: float = RECONNECT_DEADLINE,
     last_event: Mapping[str, Any] | None = None, lineage: str | None = None,
 ) -> AsyncGenerator[EventRecord, None]:
     """``follow(...)``'s iterator, returned once the room was checked (one read): an unknown room raises
     RoomNotFoundError here, a purged one RoomHistoryExpiredError, a ``since_seq`` ahead of the log
     InvalidInputError, as the synchronous ``follow()`` does when called. ``events = await open_follow(engine,
     room_id, since)``, then answer and ``async for event in events``; nothing is held until it is iterated."""
+    check_intervals(poll_interval, fallback_interval)
     cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)
     checked = require_async_engine(engine)
     check_waitable(checked.sync_engine)
     cursor.check_room(await _room_state(checked, room_id=cursor.room_id, include_disbanded=True, limits=limits))
-    return _follow(checked, cursor, poll_interval, fallback_interval, limits)
+    return _follow(checked, cursor, (poll_interval, fallback_interval, reconnect_deadline), limits)
 
 
 async def _follow(
-    engine: AsyncEngine, cursor: FollowCursor, poll_interval: float | None, fallback_interval: float,
-    limits: Limits | None,
+    engine: AsyncEngine, cursor: FollowCursor, waiting: tuple[float | None, float, float], limits: Limits | None,
 ) -> AsyncGenerator[EventRecord, None]:
-    async with room_wakeup(engine, cursor.room_id, poll_interval=poll_interval) as wakeup:
+    poll_interval, fallback_interval, reconnect_deadline = waiting
+    async with room_wakeup(engine, cursor.room_id, poll_interval=poll_interval,
+                           reconnect_deadline=reconnect_deadline) as wakeup:
         if cursor.since and cursor.ended_before(
                 await _room_state(engine, room_id=cursor.room_id, include_disbanded=True, limits=limits)):
             return

@@ -43,11 +43,14 @@ class AsyncDeliveryLedger:
         """The guarded SQLite file (None on PostgreSQL)."""
         return self._sync.file
 
-    def work_wakeup(self, *, poll_interval: float | None = None) -> AsyncWakeup:
+    def work_wakeup(
+        self, *, poll_interval: float | None = None, reconnect_deadline: float | None = None
+    ) -> AsyncWakeup:
         """An async context manager whose ``await wait(timeout)`` returns once a ledger transition made work due
         (a delivery authorised or queued, a response or outbound intent prepared) or ``timeout`` passed; enter it
-        before reading the queues, so no wake-up is missed between the read and the wait."""
-        return ledger_wakeup(self.engine, poll_interval=poll_interval)
+        before reading the queues, so no wake-up is missed between the read and the wait; ``reconnect_deadline`` as
+        the synchronous ``work_wakeup``."""
+        return ledger_wakeup(self.engine, poll_interval=poll_interval, reconnect_deadline=reconnect_deadline)
 
     prepare = method(DeliveryLedger.prepare)
     get = method(DeliveryLedger.get)

@@ -24,6 +24,7 @@ from sqlalchemy.pool import NullPool
 
 from ..db import create_engine, engine_schema
 from ..dialect import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, dialect_for, dialect_for_url, pooler_of
+from ..validation import interval
 from ..wakeup import DEFAULT_POLL_INTERVAL, SharedWaiter, Subscription, check_waitable, driver_error, join_waiter
 from .engines import require_async_engine, runner_for
 
@@ -55,9 +56,10 @@ class _LoopSubscription(Subscription):
     """A subscription whose waiter is a task: the shared waiter's thread reaches it through its event loop."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, channel: str, key: str | None, poll_interval: float | None
+        self, loop: asyncio.AbstractEventLoop, channel: str, key: str | None, poll_interval: float | None,
+        reconnect_deadline: float | None = None,
     ) -> None:
-        super().__init__(channel, key, poll_interval)
+        super().__init__(channel, key, poll_interval, reconnect_deadline)
         self._loop = loop
         self._event, self._ready = asyncio.Event(), asyncio.Event()
         self._woken = False  # read and written on the loop only
@@ -97,10 +99,12 @@ class _LoopSubscription(Subscription):
 
 
 class AsyncWakeup:
-    """``async with AsyncWakeup(engine, channel, key=...) as wakeup: ... await wakeup.wait(timeout)``."""
+    """``async with AsyncWakeup(engine, channel, key=...) as wakeup: ... await wakeup.wait(timeout)`` (the
+    arguments are :class:`~hostedrooms.wakeup.Wakeup`'s)."""
 
     def __init__(
-        self, engine: AsyncEngine, channel: str, *, key: str | None = None, poll_interval: float | None = None
+        self, engine: AsyncEngine, channel: str, *, key: str | None = None, poll_interval: float | None = None,
+        reconnect_deadline: float | None = None,
     ) -> None:
         self.engine = require_async_engine(engine)
         dialect = dialect_for(self.engine.sync_engine)
@@ -108,7 +112,10 @@ class AsyncWakeup:
             dialect.listen_statement(channel)  # one of hostedrooms' channels (a programming error otherwise)
         check_waitable(self.engine.sync_engine)  # a transaction pooler without listen_url: refused at once
         self.channel, self.key = channel, key
+        if poll_interval is not None:
+            interval(poll_interval, "poll_interval")
         self.poll_interval = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
+        self.reconnect_deadline = reconnect_deadline
         self._subscription: _LoopSubscription | None = None
         self._waiter: SharedWaiter | None = None
         self._waiter_engine: Engine | None = None
@@ -116,7 +123,7 @@ class AsyncWakeup:
     async def __aenter__(self) -> Self:
         self._waiter_engine = await waiter_engine(self.engine)
         subscription = self._subscription = _LoopSubscription(
-            asyncio.get_running_loop(), self.channel, self.key, self.poll_interval)
+            asyncio.get_running_loop(), self.channel, self.key, self.poll_interval, self.reconnect_deadline)
         try:
             self._waiter = join_waiter(self._waiter_engine, subscription)
             await subscription.until_ready()
@@ -151,11 +158,14 @@ class AsyncWakeup:
             waiter.remove(self._subscription)
 
 
-def ledger_wakeup(engine: AsyncEngine, *, poll_interval: float | None = None) -> AsyncWakeup:
+def ledger_wakeup(engine: AsyncEngine, *, poll_interval: float | None = None,
+                  reconnect_deadline: float | None = None) -> AsyncWakeup:
     """A wake-up on ledger work becoming due (any kind)."""
-    return AsyncWakeup(engine, LEDGER_WORK_CHANNEL, poll_interval=poll_interval)
+    return AsyncWakeup(engine, LEDGER_WORK_CHANNEL, poll_interval=poll_interval, reconnect_deadline=reconnect_deadline)
 
 
-def room_wakeup(engine: AsyncEngine, room_id: str, *, poll_interval: float | None = None) -> AsyncWakeup:
+def room_wakeup(engine: AsyncEngine, room_id: str, *, poll_interval: float | None = None,
+                reconnect_deadline: float | None = None) -> AsyncWakeup:
     """A wake-up on ``room_id``'s log growing."""
-    return AsyncWakeup(engine, ROOM_EVENTS_CHANNEL, key=room_id, poll_interval=poll_interval)
+    return AsyncWakeup(engine, ROOM_EVENTS_CHANNEL, key=room_id, poll_interval=poll_interval,
+                       reconnect_deadline=reconnect_deadline)

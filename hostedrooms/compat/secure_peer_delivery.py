@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import URL, Engine, make_url
+from sqlalchemy import URL, Engine
 
 from .. import migrate
-from ..db import create_engine, reject_async
+from ..db import create_engine, parse_url, reject_async
 from ..dialect import dialect_named
 from ..ledger import (
     DELIVERY_STATES,
@@ -55,7 +55,7 @@ def _ledger_file(target: Any) -> Path | None:
     if isinstance(target, Engine):
         return None  # an Engine's file is guarded by DeliveryLedger itself
     if isinstance(target, URL) or "://" in os.fspath(target):
-        url = target if isinstance(target, URL) else make_url(os.fspath(target))
+        url = target if isinstance(target, URL) else parse_url(os.fspath(target))
         dialect = dialect_named(url.get_backend_name())  # None: unsupported, refused by engine_for below
         file = dialect.file_path(url) if dialect is not None else None
         if file is None:

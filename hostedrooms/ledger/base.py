@@ -17,9 +17,9 @@ from sqlalchemy import Engine
 
 from .. import limits as default_limits
 from ..db import sqlite_path
-from ..errors import StorageError
+from ..errors import LedgerInputError, StorageError
 from ..files import ensure_private_directory
-from ..limits import Limits
+from ..limits import Limits, check_limits
 from ..uow import UnitOfWork
 from ..wakeup import LEDGER_WORK_CHANNEL, Wakeup
 from .claims import _integer
@@ -30,6 +30,16 @@ Clock = Callable[[], float]
 _T = TypeVar("_T")
 
 
+def _check_options(clock: object, path: object, limits: object) -> None:
+    """Refuse a constructor option of the wrong kind before anything is opened."""
+    if clock is not None and not callable(clock):
+        raise LedgerInputError("clock must be None or a callable returning the time in seconds", field="clock")
+    if (path is not None and not isinstance(path, str | os.PathLike)) or (isinstance(path, str) and not path):
+        raise LedgerInputError("path must be None or the ledger's file path", field="path")
+    if limits is not None and not callable(limits):
+        check_limits(limits)
+
+
 class LedgerBase:
     """A ledger's engine, clock and guarded file, and the transaction helpers its parts share."""
 
@@ -37,6 +47,7 @@ class LedgerBase:
         self, engine: Engine, *, clock: Clock | None = None, path: str | os.PathLike[str] | None = None,
         limits: Limits | Callable[[], Limits] | None = None,
     ) -> None:
+        _check_options(clock, path, limits)
         self.engine = engine
         self._clock = clock
         self._limit_source = limits
@@ -101,12 +112,15 @@ class LedgerBase:
         """Wake the ledger's waiters (:meth:`work_wakeup`) when this transaction commits: ``work`` became due."""
         self._store(uow).wake(uow.connection, work)
 
-    def work_wakeup(self, *, poll_interval: float | None = None) -> Wakeup:
+    def work_wakeup(self, *, poll_interval: float | None = None, reconnect_deadline: float | None = None) -> Wakeup:
         """A context manager whose ``wait(timeout)`` returns once a ledger transition made work due (a delivery
         authorised or queued, a response or outbound intent prepared), or ``timeout`` passed; retries that
         become due later are the caller's to time. Enter it before reading the queues, so no wake-up is missed
-        between the read and the wait (see :mod:`hostedrooms.wakeup`)."""
-        return Wakeup(self.engine, LEDGER_WORK_CHANNEL, poll_interval=poll_interval)
+        between the read and the wait (see :mod:`hostedrooms.wakeup`). A lost waiting connection is opened again;
+        only past ``reconnect_deadline`` seconds without one (default
+        :data:`~hostedrooms.wakeup.RECONNECT_DEADLINE`) does ``wait`` raise StoreUnavailableError."""
+        return Wakeup(self.engine, LEDGER_WORK_CHANNEL, poll_interval=poll_interval,
+                      reconnect_deadline=reconnect_deadline)
 
     def _require_crash_safe(self) -> None:
         def check(uow: UnitOfWork) -> bool:

@@ -10,6 +10,9 @@ therefore means every seq up to it is committed and readable; nothing below it c
 It waits between pages with a :class:`~hostedrooms.wakeup.Wakeup` entered before the first read (so a commit
 between a read and the wait still wakes it): ``NOTIFY`` on PostgreSQL with a re-read every
 ``fallback_interval`` seconds anyway, ``PRAGMA data_version`` polled every ``poll_interval`` seconds on SQLite.
+A lost waiting connection is opened again (with back-off) and every follower then re-reads from its cursor, since
+notifications sent meanwhile are lost: still no seq skipped or repeated. A follower raises StoreUnavailableError
+only once no connection has served for ``reconnect_deadline`` seconds.
 Across a failover: the cursor remembers the store's lineage (each page's ``lineage``) and the last event it
 handed out. When a page shows another lineage (a standby was promoted), it reads that event again in the store as
 it is now: the same seq, event id and content, and it goes on; gone or different (an asynchronous standby that
@@ -43,7 +46,8 @@ from ..limits import Limits, in_force
 from ..lineage import check_lineage, lost_event, same_event
 from ..records import EventPage, EventRecord
 from ..telemetry import follow_woke, traced
-from ..wakeup import FALLBACK_INTERVAL, ROOM_EVENTS_CHANNEL, Wakeup, check_waitable
+from ..validation import interval
+from ..wakeup import FALLBACK_INTERVAL, RECONNECT_DEADLINE, ROOM_EVENTS_CHANNEL, Wakeup, check_waitable
 from .events import read_events
 from .lifecycle import room_state
 from .rules import _bounded_limit, _non_negative, _room_id
@@ -168,9 +172,18 @@ class FollowCursor:
 
 
 @traced("follow")
+def check_intervals(poll_interval: Any, fallback_interval: Any) -> None:
+    """Refuse a ``poll_interval`` (None or seconds) or ``fallback_interval`` (seconds) that is no interval, before
+    anything is opened (a waiter would fail on it later, in its own thread)."""
+    if poll_interval is not None:
+        interval(poll_interval, "poll_interval")
+    interval(fallback_interval, "fallback_interval")
+
+
 def follow(
     engine: EngineSource, room_id: str, since_seq: int = 0, *, limit: int = 100, poll_interval: float | None = None,
     fallback_interval: float = FALLBACK_INTERVAL, limits: Limits | None = None,
+    reconnect_deadline: float = RECONNECT_DEADLINE,
     last_event: Mapping[str, Any] | None = None, lineage: str | None = None,
 ) -> Generator[EventRecord, None, None]:
     """Yield each event of ``room_id`` after ``since_seq``, in seq order, as it commits (see the module
@@ -182,18 +195,26 @@ def follow(
 
     ``last_event``: the event at ``since_seq`` this reader handled before (resuming a follower): it is checked
     against the store unless ``lineage`` (the lineage it was read under) is the store's still; gone or different,
-    StoreLineageError. On a hot standby ``follow()`` raises StoreReadOnlyError (it cannot ``LISTEN``)."""
+    StoreLineageError. On a hot standby ``follow()`` raises StoreReadOnlyError (it cannot ``LISTEN``).
+
+    ``reconnect_deadline`` (seconds, default :data:`~hostedrooms.wakeup.RECONNECT_DEADLINE`, 30): when the
+    engine's waiting connection is lost (a restarted server, a terminated backend), the shared waiter opens a new
+    one with back-off and the follower goes on from its cursor, skipping and repeating nothing; only when no new
+    one serves for this long does its wait raise StoreUnavailableError."""
+    check_intervals(poll_interval, fallback_interval)
     cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)
     source = resolve_engine(engine)
     check_waitable(source)  # behind a transaction pooler without listen_url: refused now, not at the first wait
     cursor.check_room(room_state(source, room_id=cursor.room_id, include_disbanded=True, limits=limits))
-    return _follow(source, cursor, poll_interval, fallback_interval, limits)
+    return _follow(source, cursor, (poll_interval, fallback_interval, reconnect_deadline), limits)
 
 
 def _follow(
-    engine: Any, cursor: FollowCursor, poll_interval: float | None, fallback_interval: float, limits: Limits | None
+    engine: Any, cursor: FollowCursor, waiting: tuple[float | None, float, float], limits: Limits | None
 ) -> Generator[EventRecord, None, None]:
-    with Wakeup(engine, ROOM_EVENTS_CHANNEL, key=cursor.room_id, poll_interval=poll_interval) as wakeup:
+    poll_interval, fallback_interval, reconnect_deadline = waiting
+    with Wakeup(engine, ROOM_EVENTS_CHANNEL, key=cursor.room_id, poll_interval=poll_interval,
+                reconnect_deadline=reconnect_deadline) as wakeup:
         if cursor.since and cursor.ended_before(
                 room_state(engine, room_id=cursor.room_id, include_disbanded=True, limits=limits)):
             return

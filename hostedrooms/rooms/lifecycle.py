@@ -21,6 +21,7 @@ from ..uow import UnitOfWork
 from ..validation import (
     MAX_EPOCH,
     clock,
+    flag,
 )
 from .rows import event_to_dict, room_to_dict
 from .rules import (
@@ -127,6 +128,7 @@ def list_rooms(
 ) -> list[RoomRecord]:
     """One bounded read-only page ordered by most recent change (``limit`` defaults to MAX_ROOM_LIST_LIMIT)."""
     lim = in_force(limits)
+    include_disbanded = flag(include_disbanded, "include_disbanded")
     maximum = lim.MAX_ROOM_LIST_LIMIT
     page_size = _bounded_limit(maximum if limit is None else limit, maximum)
     skip = _non_negative(offset, "offset")

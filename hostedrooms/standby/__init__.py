@@ -2,7 +2,7 @@
 
 * :class:`~hostedrooms.standby.source.PageSource`: the authority's side (its rooms and ``read_events`` pages);
   :class:`EnginePageSource` reads the authority's database, :class:`HttpPageSource` a gateway's HTTP endpoint
-  (served with :func:`~hostedrooms.standby.http.answer` or :class:`PageServer`).
+  (served with :func:`~hostedrooms.standby.server.answer` or :class:`PageServer`).
 * :class:`Replicator`: ``sync_once()`` brings every replica up to date and reports per room; ``run()`` follows
   (a :class:`Waker` says when to look again).
 * :func:`failover`: promote every caught-up replica of a silent authority at ``epoch + 1``; with its store still
@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from .auth import PageToken, client_tls_context, read_token_file, server_tls_context, token_from_env
 from .failover import FailoverReport, Fence, FencedSource, RoomFailover, failover, fence_authority
 from .heads import ReplicaHead, RoomHead
 from .http import HttpPageSource, PageServer, answer
@@ -21,6 +22,7 @@ from .source import (
     EnginePageSource,
     PageSource,
     RoomInfo,
+    SourceAuthenticationError,
     SourceProtocolError,
     SourceUnavailableError,
     iter_rooms,
@@ -38,6 +40,7 @@ __all__ = [
     "PageIngested",
     "PageServer",
     "PageSource",
+    "PageToken",
     "PassReport",
     "PollingWaker",
     "ReplicaHead",
@@ -46,12 +49,17 @@ __all__ = [
     "RoomHead",
     "RoomInfo",
     "RoomReport",
+    "SourceAuthenticationError",
     "SourceProtocolError",
     "SourceUnavailableError",
     "Waker",
     "answer",
+    "client_tls_context",
     "failover",
     "fence_authority",
     "iter_rooms",
     "open_source",
+    "read_token_file",
+    "server_tls_context",
+    "token_from_env",
 ]

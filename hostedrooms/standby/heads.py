@@ -8,6 +8,8 @@ Each is one short read transaction of Core statements over the models, on both b
   members (up to 128 KiB per room), so a listing stays small whatever the members;
 * :func:`replica_heads`: the coverage and lineage of every replica, without reading ``replica_state`` per room;
 * :func:`disbanded_replicas`: which replicas hold a ``room.disbanded`` event (promotion refuses them);
+* :func:`takeover_heads` and :func:`takeover_usage`: what a failover plans with (the old authority's rooms'
+  last event and bytes; this store's active rooms, bytes, replicas and retired ids);
 * :func:`room_counters`: a few sums over the rooms table that change with every committed append, claim,
   disband or purge (the PostgreSQL change probe).
 
@@ -31,12 +33,16 @@ __all__ = [
     "LISTING_PAGE",
     "ReplicaHead",
     "RoomHead",
+    "TakeoverHead",
+    "TakeoverUsage",
     "all_replica_heads",
     "all_room_heads",
     "disbanded_replicas",
     "replica_heads",
     "room_counters",
     "room_heads",
+    "takeover_heads",
+    "takeover_usage",
 ]
 
 #: Rooms or replicas per listing page (the services' MAX_ROOM_LIST_LIMIT).
@@ -45,6 +51,8 @@ LISTING_PAGE = 500
 _rooms = models.rooms
 _replicas = models.replicas
 _replica_events = models.replica_events
+_events = models.events
+_retired = models.retired_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,3 +164,56 @@ def room_counters(engine: EngineSource) -> tuple[int, ...]:
             func.coalesce(func.sum(_rooms.c.authority_epoch), 0), func.coalesce(func.sum(_rooms.c.revision), 0),
             func.count(_rooms.c.disbanded_at))).one()
     return tuple(int(value) for value in row)
+
+
+@dataclass(frozen=True, slots=True)
+class TakeoverHead:
+    """One room of the old authority as a failover plans it: its lineage, last seq, that event's id (None when
+    empty) and its accounted bytes, read in one snapshot."""
+
+    room_id: str
+    authority_gateway_id: str
+    authority_epoch: int
+    latest_seq: int
+    event_id: str | None
+    event_bytes: int
+    disbanded: bool
+
+
+def takeover_heads(engine: EngineSource, room_ids: Sequence[str]) -> dict[str, TakeoverHead]:
+    """The rooms ``room_ids`` of a store (those that exist), each with its head event's id and its bytes."""
+    if not room_ids:
+        return {}
+    head_id = (select(_events.c.event_id)
+               .where(_events.c.room_id == _rooms.c.room_id, _events.c.seq == _rooms.c.next_seq - 1)
+               .scalar_subquery())
+    with UnitOfWork(resolve_engine(engine), write=False) as uow:
+        rows = uow.connection.execute(select(
+            _rooms.c.room_id, _rooms.c.authority_gateway_id, _rooms.c.authority_epoch, _rooms.c.next_seq, head_id,
+            _rooms.c.event_bytes, _rooms.c.disbanded_at).where(_rooms.c.room_id.in_(list(room_ids)))).all()
+    return {str(row[0]): TakeoverHead(str(row[0]), str(row[1]), int(row[2]), int(row[3]) - 1,
+                                      None if row[4] is None else str(row[4]), int(row[5]), row[6] is not None)
+            for row in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class TakeoverUsage:
+    """What a standby's store holds, for a failover's capacity plan."""
+
+    active_rooms: int
+    event_bytes: int
+    replicas: int
+    retired: frozenset[str]
+
+
+def takeover_usage(engine: EngineSource, room_ids: Sequence[str]) -> TakeoverUsage:
+    """This store's active rooms, accounted bytes (live and disbanded rooms), replicas, and which of
+    ``room_ids`` are retired here, in one snapshot."""
+    with UnitOfWork(resolve_engine(engine), write=False) as uow:
+        connection = uow.connection
+        active = connection.execute(select(func.count()).where(_rooms.c.disbanded_at.is_(None))).scalar_one()
+        size = connection.execute(select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))).scalar_one()
+        replicas = connection.execute(select(func.count()).select_from(_replicas)).scalar_one()
+        retired = connection.execute(select(_retired.c.room_id).where(
+            _retired.c.room_id.in_(list(room_ids)))).scalars().all() if room_ids else []
+    return TakeoverUsage(int(active), int(size), int(replicas), frozenset(str(room_id) for room_id in retired))

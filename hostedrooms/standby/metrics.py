@@ -23,13 +23,13 @@ __all__ = ["StandbyMetrics", "parse_address"]
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 
 
-def parse_address(text: Any) -> tuple[str, int]:
+def parse_address(text: Any, *, option: str = "--metrics") -> tuple[str, int]:
     """``HOST:PORT`` (``[IPv6]:PORT`` for an IPv6 address) as ``(host, port)``; port 0 takes any free port.
 
     The host is required (an address or a host name): the endpoint is bound only where the operator said.
     Anything else raises HostedRoomError naming the expected form.
     """
-    expected = f"--metrics must be HOST:PORT (e.g. 127.0.0.1:9464, or [::1]:9464), not {text!r}"
+    expected = f"{option} must be HOST:PORT (e.g. 127.0.0.1:9464, or [::1]:9464), not {text!r}"
     if not isinstance(text, str) or len(text) > 300:
         raise HostedRoomError(expected)
     host, colon, port = text.rpartition(":")

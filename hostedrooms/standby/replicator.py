@@ -15,7 +15,9 @@ the source's head (lineage, latest seq) with what the local store holds:
   of a newer epoch, an ``authority.claimed`` naming this gateway at the local epoch as the previous authority.
   Anything else (another gateway's room of the same name, a listing that only claims a newer epoch, a claim
   naming another previous authority, local events the source never got) refuses the room with the reason and
-  changes nothing; a room that is not this gateway's is reported ``local`` and left alone;
+  changes nothing (:mod:`.proof`); the demoting write is conditioned on the head the proof read, so a write
+  committed after the proof leaves the room untouched and proved again next pass; a room that is not this
+  gateway's is reported ``local`` and left alone;
 * a listing head's ``latest_seq`` is never stored: only pages are; a replica whose stored ``latest_seq`` is
   above its ``last_seq`` (no stored event supports it) takes the source's current claim from the next page
   (``ingest_page``'s ``supersede_latest_seq``), so one lying page cannot keep it from ever being caught up;
@@ -51,7 +53,6 @@ its :class:`~hostedrooms.standby.wake.Waker` says the source changed, or at the 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -61,8 +62,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..demotion import demote_room
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
+    DemotionStaleError,
     HostedRoomError,
     ReplicaError,
     RoomNotFoundError,
@@ -71,12 +74,12 @@ from ..errors import (
 )
 from ..identity import local_gateway_id as resolve_local_gateway_id
 from ..limits import Limits, in_force
-from ..replicas import CheckedPage, demote_room, ingest_page, prune_disbanded_replicas, validate_page
-from ..rooms import read_events as read_local_events
+from ..replicas import CheckedPage, ingest_page, prune_disbanded_replicas, validate_page
 from ..rooms import rules as room_rules
 from ..telemetry import pass_attributes, record_pass, traced
 from ..validation import INT64_MAX, MAX_EPOCH, identifier
 from .heads import ReplicaHead, RoomHead, all_replica_heads, all_room_heads
+from .proof import LocalLog, Proofs, Refused
 from .source import (
     PageSource,
     RoomInfo,
@@ -85,6 +88,7 @@ from .source import (
     call_source,
     iter_rooms,
 )
+from .steps import step
 from .wake import IntervalWaker, Waker
 
 _log = logging.getLogger(__name__)
@@ -128,6 +132,9 @@ SKIPPED = "skipped"
 #: Errors that end a pass (the store or the source is unreachable or unusable): retried by the next pass, and
 #: never charged to a room.
 _PASS_ERRORS = (StoreUnavailableError, StoreConfigurationError, SourceUnavailableError)
+
+#: No lineage remembered for a room yet.
+_UNKNOWN: Any = object()
 
 
 @dataclass
@@ -251,10 +258,6 @@ class Backoff:
         with self._lock:
             for room_id in [room for room in self._rooms if room not in room_ids]:
                 del self._rooms[room_id]
-
-
-class _Refused(Exception):
-    """A room-level refusal found by the replicator itself (not by a service)."""
 
 
 class _Bounded(Exception):
@@ -402,6 +405,8 @@ class Replicator:
         # Per room: the source store's lineage its replica was last fed under (a room absent: not read yet by
         # this replicator, so its first page is checked against the replica's last event).
         self._lineages: dict[str, str | None] = {}
+        # Demotion proofs cut short by a pass bound, by room (each resumes there).
+        self._proofs = Proofs()
 
     # -- one pass ----------------------------------------------------------------------------------------------
 
@@ -453,6 +458,7 @@ class Replicator:
                     del self._infos[room_id]
                 for room_id in [room for room in self._lineages if room not in seen]:
                     del self._lineages[room_id]
+                self._proofs.keep_only(seen)
             self._prune(report)
         if report.bound:
             last = report.rooms[-1].room_id if report.rooms else start_after
@@ -613,7 +619,7 @@ class Replicator:
             return report, True
         except RoomNotFoundError as exc:  # purged (or expired) between the listing and the read
             report.status, report.reason = GONE, str(exc)
-        except (HostedRoomError, _Refused) as exc:
+        except (HostedRoomError, Refused) as exc:
             self._infos.pop(head.room_id, None)
             delay = self.backoff.refuse(head.room_id, str(exc), self._monotonic())
             report.status, report.reason = REFUSED, f"{exc} (retrying in {delay:.0f} s)"
@@ -625,15 +631,15 @@ class Replicator:
     def _check_lineage(head: RoomHead, replica: ReplicaHead) -> None:
         """Refuse, without reading a page, a source that is behind what this replica already holds."""
         if head.authority_epoch < replica.authority_epoch:
-            raise _Refused(f"the source holds epoch {head.authority_epoch}, older than this replica's epoch "
+            raise Refused(f"the source holds epoch {head.authority_epoch}, older than this replica's epoch "
                            f"{replica.authority_epoch}")
         if (head.authority_epoch == replica.authority_epoch
                 and head.authority_gateway_id != replica.authority_gateway_id):
-            raise _Refused(f"the source's owner at epoch {head.authority_epoch} differs from this replica's")
+            raise Refused(f"the source's owner at epoch {head.authority_epoch} differs from this replica's")
         # Only stored events count: a latest_seq no stored event supports is the page's claim, which the next page
         # read confirms or corrects (see _catch_up).
         if _same_lineage(head, replica) and head.latest_seq < replica.last_seq:
-            raise _Refused(f"the source's log ends at seq {head.latest_seq}, before the seq "
+            raise Refused(f"the source's log ends at seq {head.latest_seq}, before the seq "
                            f"{replica.last_seq} this replica stored")
 
     def _catch_up(self, head: RoomHead, replica: ReplicaHead | None, report: RoomReport, budget: _Budget) -> None:
@@ -662,7 +668,7 @@ class Replicator:
                 assert replica is not None
                 try:
                     _check_fork(page, since, replica)
-                except _Refused as exc:
+                except Refused as exc:
                     raise _lineage_refusal(exc, known, page) if lineage_check else exc from None
                 fork_check = False
             claim = page.latest_seq if page.latest_seq is not None else 0
@@ -671,7 +677,7 @@ class Replicator:
             if page.last_seq is None or page.last_seq <= since:
                 # Only a full page (the fork check's, of one event) may hold nothing new while the log goes on.
                 if claim > since and len(page.events) < self.page_limit:
-                    raise _Refused(f"the source reports seq {claim} but its page holds nothing after seq "
+                    raise Refused(f"the source reports seq {claim} but its page holds nothing after seq "
                                    f"{since}")
                 if not store_empty and not unsupported:
                     break
@@ -737,91 +743,35 @@ class Replicator:
             report.status, report.reason = BACKING_OFF, f"{waiting[1]} (retrying in {waiting[0]:.0f} s)"
             return report, False
         try:
-            observed = self._prove_continuation(head.room_id, local, local_gateway, budget)
-            demote_room(self.target, room_id=head.room_id, observed_gateway_id=observed[0],
-                        observed_epoch=observed[1], now=self._now(), local_gateway_id=local_gateway,
-                        limits=self.limits)
+            new_gateway, new_epoch, proven = self._proofs.prove(
+                head.room_id, local, local_gateway, lambda since: self._read_page(head.room_id, since, budget),
+                self._local_log)
+            step("replicator.proved", room_id=head.room_id, gateway=local_gateway)
+            demote_room(self.target, room_id=head.room_id, observed_gateway_id=new_gateway,
+                        observed_epoch=new_epoch, now=self._now(), local_gateway_id=local_gateway,
+                        limits=self.limits, proven_head=proven)
         except _PASS_ERRORS:
             raise
         except _Bounded as exc:
-            report.reason = f"{held}; the proof of the source's newer epoch was cut short: {exc}"
+            report.reason = (f"{held}; the proof of the source's newer epoch was cut short (it resumes on the next "
+                             f"pass): {exc}")
             return report, True
-        except (HostedRoomError, _Refused) as exc:
+        except DemotionStaleError as exc:  # written to after the proof: nothing changed, and the next pass proves
+            report.reason = f"{held}; not demoted: {exc}"
+            return report, False
+        except (HostedRoomError, Refused) as exc:
             delay = self.backoff.refuse(head.room_id, str(exc), self._monotonic())
             report.status, report.reason = REFUSED, f"demotion refused: {exc} (retrying in {delay:.0f} s)"
             return report, False
         self.backoff.clear(head.room_id)
         report.status = DEMOTED
-        report.authority_gateway_id, report.authority_epoch = observed
-        report.reason = (f"the source holds epoch {observed[1]} for {observed[0]}; this gateway's epoch "
+        report.authority_gateway_id, report.authority_epoch = new_gateway, new_epoch
+        report.reason = (f"the source holds epoch {new_epoch} for {new_gateway}; this gateway's epoch "
                          f"{local.authority_epoch} is fenced")
         return report, False
 
-    def _prove_continuation(self, room_id: str, local: RoomHead, gateway: str, budget: _Budget) -> tuple[str, int]:
-        """The source's current lineage (gateway, epoch), once its log is proven to continue this local room:
-        from seq 1, exactly the local events up to the local head, then, before any event of a newer epoch, an
-        ``authority.claimed`` naming (``gateway``, the local epoch) as the previous authority. Read a page at a
-        time from each side; anything else raises _Refused with the reason."""
-        epoch = local.authority_epoch
-        mine = self._local_events(room_id, local.latest_seq)
-        since = 0
-        while True:
-            page = self._read_page(room_id, since, budget)
-            if not page.events:
-                if since < local.latest_seq:
-                    raise _Refused(f"local events after seq {since} are missing from the source (its log ends "
-                                   "there): it does not continue this room")
-                raise _Refused(f"the source's log holds no authority.claimed naming {gateway} at epoch {epoch} "
-                               f"after seq {local.latest_seq}: it does not continue this room")
-            if page.events[0].seq != since + 1:
-                raise _Refused(f"the source's page after seq {since} does not start at seq {since + 1}")
-            for event in page.events:
-                kind, event_epoch = event.event.kind, event.event.authority_epoch
-                if event.seq <= local.latest_seq:
-                    record = next(mine, None)
-                    if record is None:
-                        raise _Refused(f"the local log of this room ends before its seq {local.latest_seq}")
-                    if event.same_record(record, self.limits):
-                        continue
-                    if kind == "authority.claimed" and _claims_from(event.event.payload_json, gateway, epoch):
-                        raise _Refused(f"local events from seq {event.seq} to {local.latest_seq} are missing from "
-                                       f"the source (its claim is at seq {event.seq}): they were written here "
-                                       "after its last copy")
-                    raise _Refused(f"the source's event at seq {event.seq} is not this room's (another event id "
-                                   "or content): it does not continue this room")
-                if kind == "authority.claimed":
-                    if event_epoch == epoch + 1 and _claims_from(event.event.payload_json, gateway, epoch):
-                        if page.epoch <= epoch or page.gateway_id == gateway:
-                            raise _Refused("the source's page authority does not hold a newer epoch")
-                        self._nothing_after(room_id, local.latest_seq)
-                        return page.gateway_id, page.epoch
-                    raise _Refused(f"the source's claim at seq {event.seq} does not name {gateway} at epoch "
-                                   f"{epoch} as the previous authority")
-                if event_epoch is None or event_epoch > epoch:
-                    raise _Refused(f"the source's seq {event.seq} was written at epoch {event_epoch} before any "
-                                   f"claim from {gateway} at epoch {epoch}")
-            since = page.events[-1].seq
-
-    def _nothing_after(self, room_id: str, head: int) -> None:
-        """Refuse when the local room gained events after ``head`` (written during this pass): the source's log,
-        proven against the log up to ``head``, does not hold them."""
-        later = read_local_events(self.target, room_id=room_id, since_seq=head, limit=1, include_disbanded=True,
-                                  limits=self.limits)
-        if later["events"]:
-            raise _Refused(f"local events after seq {head} (written during this pass) are missing from the source")
-
-    def _local_events(self, room_id: str, head: int) -> Iterator[dict[str, Any]]:
-        """The local log of ``room_id`` up to seq ``head``, a page at a time."""
-        since = 0
-        while since < head:
-            page = read_local_events(self.target, room_id=room_id, since_seq=since,
-                                     limit=min(self.page_limit, 500), include_disbanded=True, limits=self.limits)
-            events = page["events"]
-            if not events:
-                return
-            for event in events:
-                yield dict(event)
-            since = int(events[-1]["seq"])
+    def _local_log(self) -> LocalLog:
+        return LocalLog(self.target, self.page_limit, self.limits)
 
     def _local_gateway(self) -> str | None:
         try:
@@ -897,14 +847,6 @@ def _head_problem(head: RoomHead, lim: Limits) -> str:
     return ""
 
 
-def _claims_from(payload_json: str, gateway: str, epoch: int) -> bool:
-    """Whether a validated ``authority.claimed`` payload names (``gateway``, ``epoch``) as the previous authority
-    (both claim paths write ``previous_gateway_id`` and the new ``authority_epoch``, ``epoch + 1``)."""
-    payload = json.loads(payload_json)
-    return (isinstance(payload, dict) and payload.get("previous_gateway_id") == gateway
-            and _int_within(payload.get("authority_epoch"), epoch + 1, epoch + 1))
-
-
 #: Event kinds after which a room's name or members may differ (a rename; a claim adopting a legacy room).
 _INFO_KINDS = frozenset({"room.renamed", "authority.claimed"})
 
@@ -913,15 +855,12 @@ def _changes_info(page: CheckedPage) -> bool:
     return any(event.event.kind in _INFO_KINDS for event in page.events)
 
 
-#: No lineage remembered for a room yet.
-_UNKNOWN: Any = object()
 
-
-def _lineage_refusal(exc: Exception, known: Any, page: CheckedPage) -> _Refused:
+def _lineage_refusal(exc: Exception, known: Any, page: CheckedPage) -> Refused:
     """The refusal of a room whose replica's last event the source no longer holds as it was (checked after the
     source's store lineage changed, or on the first read of the room by this replicator)."""
     previous = "unknown" if known is _UNKNOWN else str(known)
-    return _Refused(f"the source's store lineage is {page.lineage} (was {previous}) and it no longer holds this "
+    return Refused(f"the source's store lineage is {page.lineage} (was {previous}) and it no longer holds this "
                     f"replica's last event as stored ({exc}): the source lost events this replica has (a standby "
                     "that lacked them was promoted?); refusing to ingest a diverged log")
 
@@ -936,10 +875,10 @@ def _check_fork(page: CheckedPage, since: int, replica: ReplicaHead) -> None:
     """
     first = page.events[0] if page.events else None
     if first is None or first.seq != since:
-        raise _Refused(f"the source's log no longer holds this replica's seq {since}")
+        raise Refused(f"the source's log no longer holds this replica's seq {since}")
     epoch = first.event.authority_epoch
     if epoch is not None and epoch > replica.authority_epoch:
-        raise _Refused(f"the source forked from this replica: its seq {since} was written at epoch {epoch}, "
+        raise Refused(f"the source forked from this replica: its seq {since} was written at epoch {epoch}, "
                        f"after this replica's epoch {replica.authority_epoch}")
 
 

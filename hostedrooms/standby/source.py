@@ -39,6 +39,7 @@ __all__ = [
     "EnginePageSource",
     "PageSource",
     "RoomInfo",
+    "SourceAuthenticationError",
     "SourceProtocolError",
     "SourceUnavailableError",
     "call_source",
@@ -51,6 +52,15 @@ T = TypeVar("T")
 
 class SourceUnavailableError(HostedRoomError):
     """The source could not be reached or did not answer in time (transient: retry later)."""
+
+
+class SourceAuthenticationError(SourceUnavailableError):
+    """The source refused this standby's credentials (HTTP 401 or 403: no token, or not the server's token).
+
+    An operator must act (give both sides the same token), so it is a configuration error rather than a
+    hiccup; it is a :class:`SourceUnavailableError` so that it ends the pass, reported as the pass's error,
+    instead of refusing room after room (no room is at fault) and backing each off. A following replicator
+    keeps trying at its interval, so it resumes once the server holds the token the standby sends."""
 
 
 class SourceProtocolError(HostedRoomError):

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import (
+    BigInteger,
+    BindParameter,
     ColumnElement,
     Connection,
     Select,
@@ -57,6 +59,7 @@ __all__ = [
     "RoomChange",
     "RoomStore",
     "RowLike",
+    "int64",
 ]
 
 #: Advisory lock keys ("hosted" + n); 1 is the migration lock. (2 was the gateway byte budget's, before the budget
@@ -88,6 +91,8 @@ _DEPENDENT_TABLES = (models.remote_runs, models.links, models.peer_reservations,
 _SELECT_ROOM = select(*_rooms.c).where(_rooms.c.room_id == bindparam("room_id"))
 _SELECT_EVENT = select(*_events.c).where(
     _events.c.room_id == bindparam("room_id"), _events.c.event_id == bindparam("event_id"))
+_EVENT_ID_AT = select(_events.c.event_id).where(
+    _events.c.room_id == bindparam("room_id"), _events.c.seq == bindparam("seq"))
 _SELECT_RETIRED = select(_retired.c.room_id).where(_retired.c.room_id == bindparam("room_id"))
 ROOM_HEAD = select(
     _rooms.c.next_seq, _rooms.c.authority_gateway_id, _rooms.c.authority_epoch, _rooms.c.disbanded_at
@@ -98,6 +103,15 @@ REPLAY_COLUMNS = tuple(_EVENT_COLUMNS)
 #: Accounted event bytes of every room on this gateway (live and disbanded).
 GATEWAY_TOTAL = select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))
 
+
+
+def int64(name: str) -> BindParameter[int]:
+    """A bound byte count, limit or total of the budget's arithmetic, sent as a 64-bit integer: psycopg binds an int
+    in the narrowest integer type that holds it, and PostgreSQL adds two such binds in that width (so a total plus
+    a share, each a smallint, overflowed past 32767)."""
+    return bindparam(name, type_=BigInteger)
+
+
 # The guarded advance of the one-statement append: the authority fence, the room is live, its count and byte
 # limits (the reserves already in the bound limits); it allocates the seqs. The backends add the budget shard.
 FAST_GUARDS = (
@@ -105,12 +119,12 @@ FAST_GUARDS = (
     _rooms.c.authority_gateway_id == bindparam("fast_gateway_id"),
     _rooms.c.authority_epoch == bindparam("fast_epoch"),
     _rooms.c.disbanded_at.is_(None),
-    _rooms.c.next_seq <= bindparam("fast_max_events"),
-    _rooms.c.event_bytes + bindparam("fast_size") <= bindparam("fast_max_room_bytes"))
+    _rooms.c.next_seq <= int64("fast_max_events"),
+    _rooms.c.event_bytes + int64("fast_size") <= int64("fast_max_room_bytes"))
 FAST_ADVANCE_ROOM = (
     update(_rooms)
-    .values(next_seq=_rooms.c.next_seq + bindparam("fast_count"),
-            event_bytes=_rooms.c.event_bytes + bindparam("fast_size"), updated_at=bindparam("fast_now"))
+    .values(next_seq=_rooms.c.next_seq + int64("fast_count"),
+            event_bytes=_rooms.c.event_bytes + int64("fast_size"), updated_at=bindparam("fast_now"))
     .returning(_rooms.c.next_seq))
 
 
@@ -202,17 +216,17 @@ class RoomStore:
         self._room_head = HotStatement(ROOM_HEAD)
         self._insert_event = HotStatement(insert(_events), column_keys=_EVENT_COLUMNS)
         self._take_budget = HotStatement(
-            update(_budget).where(self.free_shard(bindparam("size"), bindparam("limit")))
-            .values(used=_budget.c.used + bindparam("size")))
+            update(_budget).where(self.free_shard(int64("size"), int64("limit")))
+            .values(used=_budget.c.used + int64("size")))
         self._lock_budget = dialect.for_update(select(_budget.c.shard, _budget.c.used).order_by(_budget.c.shard))
         # Under every shard's lock the spread of ``used`` is free: shard 0 holds the total, each shard an equal share
         # of the free bytes (shard 0 the remainder too; a shard beyond budget_shards, none).
         first = _budget.c.shard == 0
         self._settle_budget = HotStatement(update(_budget).values(
-            used=case((first, bindparam("total")), else_=0),
-            allowance=case((first, bindparam("total") + bindparam("first_share")),
-                           (_budget.c.shard < self.budget_shards, bindparam("share")), else_=0),
-            spread_limit=bindparam("limit")))
+            used=case((first, int64("total")), else_=0),
+            allowance=case((first, int64("total") + int64("first_share")),
+                           (_budget.c.shard < self.budget_shards, int64("share")), else_=0),
+            spread_limit=int64("limit")))
         # The room listing, live rooms only or all (compiled once each; limit and offset bound per call).
         listing = (select(*_rooms.c)
                    .order_by(_rooms.c.updated_at.desc(), dialect.bytewise(_rooms.c.room_id).asc())
@@ -302,6 +316,11 @@ class RoomStore:
         """Event rows by id (only those that exist)."""
         stmt = select(*_events.c).where(_events.c.room_id == room_id, _events.c.event_id.in_(list(event_ids)))
         return {row["event_id"]: row for row in connection.execute(stmt).mappings()}
+
+    def event_id_at(self, connection: Connection, room_id: str, seq: int) -> str | None:
+        """The id of the event at ``seq`` (by the primary key), or None."""
+        value = connection.execute(_EVENT_ID_AT, {"room_id": room_id, "seq": seq}).scalar()
+        return None if value is None else str(value)
 
     def claim_event(self, connection: Connection, room_id: str, epoch: int) -> RowLike | None:
         """The latest ``authority.claimed`` event of ``epoch``, or None."""

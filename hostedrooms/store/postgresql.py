@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    BindParameter,
     ColumnElement,
     Connection,
     Float,
@@ -48,6 +49,7 @@ from .base import (
     RoomStore,
     RowLike,
     event_rows,
+    int64,
 )
 
 __all__ = ["PostgreSQLRoomStore"]
@@ -97,11 +99,17 @@ _APPEND_ONE = (
     "UNION ALL "
     "SELECT seq, room_id, event_id, kind, actor_json, authority_epoch, payload_json, created_at FROM stored")
 # A batch probes each id on its own (a LATERAL lookup, LIMIT 1: one probe of the (room_id, event_id) index per id):
-# as a semi-join, the planner hashed the ids against every event of the room, whose cost grew with the log.
+# as a semi-join, the planner hashed the ids against every event of the room, whose cost grew with the log. The ids
+# come out of the JSON first (the OFFSET 0 keeps that subquery apart), so the probe compares with a plain value:
+# under statistics older than a growing room (analysed while rooms held about one event, until autovacuum analyses
+# again) the primary key (room_id, seq) and the unique index cost the same to the planner, which keeps the unique
+# index, as for the single append's probe; an expression in the probe (``item ->> 0``) made the unique index cost
+# a little more, and the primary key, read with a filter, scanned the whole room for every id.
 _APPEND_BATCH = (
-    "WITH stored AS (SELECT found.* FROM json_array_elements(CAST(:fast_rows AS json)) AS item, LATERAL ("  # noqa: S608
+    "WITH stored AS (SELECT found.* FROM (SELECT value ->> 0 AS id "  # noqa: S608
+    "FROM json_array_elements(CAST(:fast_rows AS json)) OFFSET 0) AS batch, LATERAL ("
     "SELECT room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at "
-    "FROM hosted_room_events WHERE room_id = :fast_room_id AND event_id = item ->> 0 LIMIT 1) AS found), "
+    "FROM hosted_room_events WHERE room_id = :fast_room_id AND event_id = batch.id LIMIT 1) AS found), "
     + _ADVANCE_AND_CHARGE +
     "inserted AS (INSERT INTO hosted_room_events "
     "(room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at) "
@@ -120,6 +128,15 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 #: SQLSTATE division_by_zero: the append's advance found no budget shard to pay for it, or (a batch) not every row
 #: was inserted (see the statements).
 _NO_SHARD_PAID = "22012"
+
+
+def _int64_binds() -> list[BindParameter[int]]:
+    """The statements' byte counts, limits and counts, bound as 64-bit integers (:func:`.base.int64`)."""
+    return [int64(name) for name in (
+        "fast_size", "fast_spread_limit", "fast_max_room_bytes", "fast_count", "fast_max_events")]
+
+
+
 _STORED_KEYS = ("seq", "room_id", "event_id", "kind", "actor_json", "authority_epoch", "payload_json", "created_at")
 
 
@@ -132,8 +149,8 @@ class PostgreSQLRoomStore(RoomStore):
 
     def __init__(self, dialect: StoreDialect) -> None:
         super().__init__(dialect)
-        self._append_one = HotStatement(text(_APPEND_ONE))
-        self._append_batch = HotStatement(text(_APPEND_BATCH))
+        self._append_one = HotStatement(text(_APPEND_ONE).bindparams(*_int64_binds()))
+        self._append_batch = HotStatement(text(_APPEND_BATCH).bindparams(*_int64_binds()))
         # PostgreSQL sends a statement's whole result at once: the running byte sum is cut in the query, so no
         # more than one page ever leaves the server.
         page_of = self._page_of(bindparam("latest_seq"))

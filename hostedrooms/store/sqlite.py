@@ -19,7 +19,7 @@ from sqlalchemy import Connection, bindparam, exists, select, update
 from .. import models
 from ..dialect import StoreDialect
 from ..statements import HotStatement
-from .base import FAST_ADVANCE_ROOM, FAST_GUARDS, EventLike, FastAppend, RoomStore, event_rows
+from .base import FAST_ADVANCE_ROOM, FAST_GUARDS, EventLike, FastAppend, RoomStore, event_rows, int64
 
 __all__ = ["SQLiteRoomStore"]
 
@@ -37,10 +37,10 @@ class SQLiteRoomStore(RoomStore):
     def __init__(self, dialect: StoreDialect) -> None:
         super().__init__(dialect)
         self._advance = HotStatement(FAST_ADVANCE_ROOM.where(*FAST_GUARDS, exists().where(
-            _budget.c.shard == 0, _budget.c.used + bindparam("fast_size") <= _budget.c.allowance,
-            _budget.c.spread_limit <= bindparam("fast_spread_limit"))))
+            _budget.c.shard == 0, _budget.c.used + int64("fast_size") <= _budget.c.allowance,
+            _budget.c.spread_limit <= int64("fast_spread_limit"))))
         self._charge = HotStatement(
-            update(_budget).where(_budget.c.shard == 0).values(used=_budget.c.used + bindparam("fast_size")))
+            update(_budget).where(_budget.c.shard == 0).values(used=_budget.c.used + int64("fast_size")))
         # The replay rows with each one's accounted bytes; the running sum is cut here, not by a window function
         # (which would copy every candidate row into a temporary table first).
         self._replay = HotStatement(
