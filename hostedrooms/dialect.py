@@ -48,6 +48,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.pool import StaticPool
 
+from . import writelock
 from . import writer as held
 from .errors import SchemaMissingError, StoreConfigurationError, StoreMissingError, describe_target
 from .files import PRIVATE_FILE_MODE, SQLITE_SIDECARS, restrict_file
@@ -317,6 +318,7 @@ class SQLiteDialect(StoreDialect):
 
         engine.dialect.do_begin = do_begin  # type: ignore[method-assign]
         held.allow(engine, busy_timeout)  # writers are serialised: one held connection serves every write unit
+        writelock.allow(engine, busy_timeout)  # write units of every process queue on the lock file
 
     def defer_begin(self, connection: Connection) -> None:
         connection.connection.info[_DEFERRED_BEGIN] = True

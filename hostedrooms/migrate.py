@@ -28,6 +28,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
+from . import writelock
 from .db import DATABASE_URL_ENV, Target, create_engine, engine_schema, resolve_url
 from .dialect import creating_schemas, dialect_for
 from .errors import (
@@ -392,11 +393,18 @@ def _configure(context: EnvironmentContext, connection: Connection) -> None:
 
 def _run_on(context: EnvironmentContext, connection: Connection) -> None:
     _configure(context, connection)
-    with context.begin_transaction():
-        dialect = dialect_for(connection)
-        dialect.lock_migrations(connection)  # the namespace's own lock: other schemas migrate meanwhile
-        dialect.check_search_path(connection)  # tables and version table in current_schema() alone
-        context.run_migrations()
+    # A migration writes: on a SQLite file it queues with the other processes' writers (hostedrooms.writelock)
+    # rather than polling against them, unless the given connection already began its transaction.
+    turn = None if connection.in_transaction() else writelock.take(connection.engine)
+    try:
+        with context.begin_transaction():
+            dialect = dialect_for(connection)
+            dialect.lock_migrations(connection)  # the namespace's own lock: other schemas migrate meanwhile
+            dialect.check_search_path(connection)  # tables and version table in current_schema() alone
+            context.run_migrations()
+    finally:
+        if turn is not None:
+            turn.release()
 
 
 def _configure_logging(config: Config) -> None:

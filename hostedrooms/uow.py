@@ -16,6 +16,9 @@ connect are translated here, in one place.
 
 On a SQLite file engine a write unit runs on the engine's one held writer connection when it can take it
 (:mod:`hostedrooms.writer`), otherwise on a pooled connection; both give the same transaction, results and errors.
+Before either, a write unit on a SQLite file waits for its process's turn on the database's lock file, so the
+writers of several processes queue instead of polling (:mod:`hostedrooms.writelock`); the turn ends in
+``_close``, after the transaction committed or rolled back, however the unit ends.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from sqlalchemy import Connection, Engine, Executable, Result
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
-from . import forkgate
+from . import forkgate, writelock
 from . import writer as held
 from .db import reject_async
 from .dialect import StoreDialect, dialect_for
@@ -49,12 +52,16 @@ class UnitOfWork:
         self._session: Session | None = None
         self._committed = False
         self._writer: held.HeldWriter | None = None
+        self._turn: writelock.FileWriteLock | None = None
         self._gated = False
 
     def __enter__(self) -> Self:
-        forkgate.enter()  # no fork while the unit is inside the driver (held until it is closed)
-        self._gated = True
+        # A write waits for its turn among all processes' writers (released by _close) before the fork gate: a
+        # fork need not wait for a lock wait.
+        self._turn = writelock.take(self.engine) if self.write else None
         try:
+            forkgate.enter()  # no fork while the unit is inside the driver (held until it is closed)
+            self._gated = True
             if self.write:
                 writer = held.take(self.engine)
                 if writer is not None:
@@ -186,8 +193,13 @@ class UnitOfWork:
             if writer is not None:  # the held writer stays open for the next unit (unless the unit broke it)
                 writer.release()
             elif connection is not None:
-                connection.close()
+                connection.close()  # a transaction still open is rolled back on its way to the pool
         finally:
-            if self._gated:
-                self._gated = False
-                forkgate.leave()
+            turn, self._turn = self._turn, None
+            try:
+                if turn is not None:  # after the transaction ended, whichever way
+                    turn.release()
+            finally:
+                if self._gated:
+                    self._gated = False
+                    forkgate.leave()

@@ -16,6 +16,7 @@ from hostedrooms import UnitOfWork, migrate
 from hostedrooms.cli import main
 from hostedrooms.db import create_engine
 from hostedrooms.models import events, rooms
+from hostedrooms.writelock import LOCK_SUFFIX
 
 
 def test_upgrade_current_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -182,7 +183,7 @@ def test_an_existing_only_engine_never_recreates_a_file_removed_after_the_check(
     migrate.upgrade(path)
     engine = create_engine(path, create=False)
     try:
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in ("", "-wal", "-shm", LOCK_SUFFIX):  # the migration wrote: it left the write lock file too
             Path(f"{path}{suffix}").unlink(missing_ok=True)
         with pytest.raises(StoreConfigurationError, match="unable to open"), UnitOfWork(engine, write=False):
             pass
@@ -317,6 +318,7 @@ def test_concurrent_readers_never_create_or_disturb_a_database_being_created(tmp
     assert any("does not exist" in err for _, _, err in outcomes)  # they ran before the file existed ...
     assert any(out == f"{head} (head)\n" for _, out, _ in outcomes)  # ... and after it was migrated
     assert main(["verify", "--url", target]) == 0
-    assert {path.name for path in tmp_path.iterdir()} <= {"state.db", "state.db-wal", "state.db-shm"}
+    assert {path.name for path in tmp_path.iterdir()} <= {
+        "state.db", "state.db-wal", "state.db-shm", f"state.db{LOCK_SUFFIX}"}
     print("reader outcomes:", sorted({(code, (out or err).strip()[:40]) for code, out, err in outcomes}),
           len(outcomes))
