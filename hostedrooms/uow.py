@@ -81,7 +81,7 @@ class UnitOfWork:
         self._writer = writer
         try:
             connection = self._connection = writer.open()
-            if connection.unobserved():
+            if connection.start_unit():  # nothing observes the engine: this unit skips SQLAlchemy where it can
                 connection.begin_direct()  # SQLAlchemy joins it if a statement goes through execute()
             else:
                 connection.begin()  # with listeners or logging: SQLAlchemy's own transaction, its events
@@ -144,8 +144,10 @@ class UnitOfWork:
             self._end(commit=True)
         except sa_exc.SQLAlchemyError as exc:
             # After a failed COMMIT the driver may still hold the transaction open while SQLAlchemy considers it
-            # over; discard the connection (closing it rolls back) rather than return it to the pool.
-            self.connection.invalidate()
+            # over; discard the connection (closing it rolls back) rather than return it to the pool. (A held
+            # writer's that lost its server is closed already.)
+            if not self.connection.closed:
+                self.connection.invalidate()
             raise translate(exc, self.engine.url) from exc
         self._committed = True
         if self.write:

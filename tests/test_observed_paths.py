@@ -1,0 +1,144 @@
+"""Observed and unobserved engines store and raise the same (issue 37, item 1).
+
+While nothing observes an engine, hot statements (and a SQLite held writer's transaction) skip SQLAlchemy; once
+anything does (a listener of the statement or transaction events on the engine, the ``Engine`` or ``Connection``
+class, a dialect ``handle_error`` listener, statement logging), they run through SQLAlchemy's public execution
+path (:mod:`hostedrooms.statements`). The same generated room operations and the ledger's scripted workload run
+both ways here: the results, the errors with their messages and the rows left must be the same, and the cursor
+listeners and the log must have seen the hot statements.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import factories
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import Connection, Engine
+from test_ledger_paths import SCRIPT
+from test_ledger_paths import _run as _ledger_run
+from test_rooms_paths import _fresh, _operation, _outcomes
+
+from hostedrooms import models, rooms
+from hostedrooms.statements import observed
+
+Observer = Callable[[Engine, list[str]], Any]
+
+
+def _statement_listener(target: Any, event: str) -> Observer:
+    @contextmanager
+    def observe(engine: Engine, seen: list[str]) -> Iterator[None]:
+        def listener(*args: Any) -> None:
+            conn = args[0]
+            if conn.engine is engine:  # a class-level listener sees the other tests' engines too
+                seen.append(str(args[2] if event.endswith("cursor_execute") else args[1]))
+
+        sa.event.listen(target(engine), event, listener)
+        try:
+            yield
+        finally:
+            sa.event.remove(target(engine), event, listener)
+
+    return observe
+
+
+@contextmanager
+def _handle_error(engine: Engine, seen: list[str]) -> Iterator[None]:
+    def listener(context: Any) -> None:
+        seen.append("error")
+
+    sa.event.listen(engine, "handle_error", listener)
+    try:
+        yield
+    finally:
+        sa.event.remove(engine, "handle_error", listener)
+
+
+class _Lines(logging.Handler):
+    def __init__(self, seen: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.seen = seen
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append(record.getMessage())
+
+
+@contextmanager
+def _logging(engine: Engine, seen: list[str]) -> Iterator[None]:
+    logger = logging.getLogger("sqlalchemy.engine.Engine")
+    handler, level = _Lines(seen), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        logger.removeHandler(handler)
+
+
+OBSERVERS: dict[str, Any] = {
+    "engine-before-cursor": _statement_listener(lambda engine: engine, "before_cursor_execute"),
+    "engine-class-after-cursor": _statement_listener(lambda engine: Engine, "after_cursor_execute"),
+    "connection-class-before-cursor": _statement_listener(lambda engine: Connection, "before_cursor_execute"),
+    "engine-after-execute": _statement_listener(lambda engine: engine, "after_execute"),
+    "dialect-handle-error": _handle_error,
+    "statement-logging": _logging,
+}
+#: Observers that see no hot statement: ``after_execute`` sees ``execute()`` only (SQLAlchemy documents that
+#: ``exec_driver_sql`` takes no part in it), ``handle_error`` only errors.
+BLIND = {"engine-after-execute", "dialect-handle-error"}
+
+
+def _rooms_run(engine: Engine, operations: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    _fresh(engine)
+    outcomes = _outcomes(engine, operations, None)
+    reads = [rooms.read_events(engine, room_id=room_id, since_seq=0, include_disbanded=True)
+             for room_id in ("r1", "r2")]
+    listed = rooms.list_rooms(engine, include_disbanded=True)
+    return outcomes, reads, listed, factories.snapshot(engine, (models.rooms, models.events, models.retired_ids))
+
+
+@pytest.mark.parametrize("observer", OBSERVERS)
+def test_room_operations_agree_observed_or_not(engine: Engine, observer: str) -> None:
+    rng = random.Random(37)
+    operations = [_operation(rng) for _ in range(40)]
+    plain = _rooms_run(engine, operations)
+    seen: list[str] = []
+    with OBSERVERS[observer](engine, seen):
+        with engine.connect() as connection:
+            assert observed(connection)
+        watched = _rooms_run(engine, operations)
+    assert watched == plain
+    with engine.connect() as connection:
+        assert not observed(connection, transactions=True)  # the observer is gone: the fast path again
+    if observer not in BLIND:
+        assert any("INSERT INTO hosted_room_events" in line for line in seen), seen[:5]
+
+
+@pytest.mark.parametrize("observer", ["engine-before-cursor", "statement-logging"])
+def test_the_ledger_agrees_observed_or_not(engine: Engine, observer: str) -> None:
+    plain = _ledger_run(engine, SCRIPT)
+    seen: list[str] = []
+    with OBSERVERS[observer](engine, seen):
+        watched = _ledger_run(engine, SCRIPT)
+    assert watched == plain
+    assert any("UPDATE secure_peer_deliveries" in line for line in seen), seen[:5]
+
+
+def test_a_listener_added_between_calls_sees_the_next_call(engine: Engine) -> None:
+    rooms.create_room(engine, room_id="r1", name="Team", members=[], authority_gateway_id="g1")
+    seen: list[str] = []
+    with OBSERVERS["engine-before-cursor"](engine, seen):
+        rooms.append_event(engine, room_id="r1", event_id="e1", kind="message.user",
+                           actor={"kind": "user", "id": "u1"}, payload={"text": "hi"}, authority_gateway_id="g1",
+                           authority_epoch=1)
+    assert any("INSERT INTO hosted_room_events" in line for line in seen), seen
+    seen.clear()
+    rooms.append_event(engine, room_id="r1", event_id="e2", kind="message.user", actor={"kind": "user", "id": "u1"},
+                       payload={"text": "hi"}, authority_gateway_id="g1", authority_epoch=1)
+    assert seen == []  # removed: unobserved again
