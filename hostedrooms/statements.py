@@ -14,12 +14,15 @@ lists, literal execution, escaped bind names) are refused when first compiled.
 
 Two paths, and only SQLAlchemy's public API on both:
 
-- **Observed** (:func:`observed`): when anything listens to the engine's statements or transactions (an
-  ``before_execute``/``after_execute``/``before_cursor_execute``/``after_cursor_execute`` listener on the engine,
-  the ``Engine`` or ``Connection`` class; a dialect ``handle_error``/``do_execute``/``do_executemany`` listener;
-  OpenTelemetry's SQLAlchemy instrumentation registers such listeners) or statements are logged, the statement runs
-  through ``Connection.exec_driver_sql`` with the same text and parameters: SQLAlchemy builds an execution
-  context, every event fires, ``handle_error`` runs and errors arrive as SQLAlchemy raises them.
+- **Observed** (:func:`observed`): when anything would see the statement on SQLAlchemy's path (a
+  ``before_cursor_execute``/``after_cursor_execute`` listener on the engine or the ``Engine`` class; a dialect
+  ``handle_error``/``do_execute``/``do_executemany`` listener; OpenTelemetry's SQLAlchemy instrumentation registers
+  such listeners) or statements are logged, the statement runs through ``Connection.exec_driver_sql`` with the
+  same text and parameters: SQLAlchemy builds an execution context, the cursor events fire, ``handle_error`` runs
+  and errors arrive as SQLAlchemy raises them. (``before_execute``/``after_execute`` are not looked for:
+  SQLAlchemy does not call them for ``exec_driver_sql``; nor are listeners on the ``Connection`` class or one
+  Connection, which the engine's dispatch does not hold: asking each Connection's would cost more than the fast
+  path saves.)
   Instrumentations that keep state in the execution context (OpenTelemetry's span) need this: SQLAlchemy's
   lower-level cursor helpers pass none.
 - **Unobserved**: the statement runs straight on a DBAPI cursor from the pool's public connection proxy
@@ -27,11 +30,12 @@ Two paths, and only SQLAlchemy's public API on both:
   (``DBAPIError.instance``: the same class, message, hidden parameters and ``orig``), so the unit of work translates
   it in the same one place; a disconnect invalidates the connection as SQLAlchemy does.
 
-When it is decided: per statement on an ordinary connection (listeners may be added at any time, as OpenTelemetry
-does to engines that already exist). On a :class:`DirectConnection` (a SQLite engine's one held writer,
-:mod:`hostedrooms.writer`) once per unit of work, when the unit begins (:meth:`DirectConnection.start_unit`): that
-unit's transaction too is begun directly or by SQLAlchemy accordingly, so a listener added while a unit runs
-applies from the next call on (as SQLAlchemy reads its own statement-logging flag once per Connection).
+When it is decided: once per unit of work, that is per public call (listeners may be added at any time, as
+OpenTelemetry does to engines that already exist): on a pooled connection at the unit's first hot statement
+(:func:`begin_unit`), on a SQLite engine's one held writer when it is lent to the unit (:mod:`hostedrooms.writer`;
+that unit's transaction too is then begun directly or by SQLAlchemy). A listener added while a unit runs applies
+from the next call on, as SQLAlchemy reads its own statement-logging flag once per Connection. A connection
+outside any unit (a migration's) asks at each statement.
 """
 
 from __future__ import annotations
@@ -48,20 +52,17 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import CursorResult, Dialect
 from sqlalchemy.sql import ClauseElement
 
-__all__ = ["DIRECT_BEGUN", "DirectConnection", "HotStatement", "observed", "wrap_driver_error"]
+__all__ = ["DIRECT_BEGUN", "DirectConnection", "HotStatement", "begin_unit", "end_unit", "listened", "observed",
+           "statements_logged", "wrap_driver_error"]
 
 #: Key in a pooled connection's ``info``: its transaction was begun by :meth:`DirectConnection.begin_direct`, so
 #: SQLAlchemy's own begin (when a statement runs through ``execute()``) joins it instead of beginning another.
 DIRECT_BEGUN = "hostedrooms_direct_begun"
 
-#: Connection events that see statements run (on the engine, the ``Engine`` class or the ``Connection`` class).
-_STATEMENT_EVENTS = ("before_cursor_execute", "after_cursor_execute", "before_execute", "after_execute")
-#: ... and those that see the transactions a held writer may begin and end directly.
-_TRANSACTION_EVENTS = ("begin", "commit", "rollback")
-#: Dialect events that see or replace a statement's execution, or see its errors.
-_DIALECT_EVENTS = ("handle_error", "do_execute", "do_executemany")
 #: SQLAlchemy's documented logger of an engine's statements (``echo``); an engine's ``logging_name`` adds a child.
 _ENGINE_LOGGER = "sqlalchemy.engine.Engine"
+#: Those loggers by ``logging_name`` (loggers live as long as the process: ``logging.getLogger`` is not per call).
+_loggers: dict[str | None, logging.Logger] = {}
 
 
 def statements_logged(engine: Engine) -> bool:
@@ -69,27 +70,57 @@ def statements_logged(engine: Engine) -> bool:
     if engine.echo:
         return True
     name = engine.logging_name
-    logger = logging.getLogger(_ENGINE_LOGGER if not name else f"{_ENGINE_LOGGER}.{name}")
+    logger = _loggers.get(name)
+    if logger is None:
+        logger = _loggers[name] = logging.getLogger(_ENGINE_LOGGER if not name else f"{_ENGINE_LOGGER}.{name}")
     return logger.isEnabledFor(logging.INFO)
 
 
 def observed(connection: Connection, *, transactions: bool = False) -> bool:
-    """Whether anything would see ``connection``'s statements (``transactions``: and its begin, commit and
-    rollback) run outside SQLAlchemy: a listener of the events above, or statement logging. Public API only: the
-    connection's event dispatch joins the engine's and the classes'."""
-    dispatch: Any = connection.dispatch
-    for name in _STATEMENT_EVENTS:
-        if getattr(dispatch, name):
-            return True
-    if transactions:
-        for name in _TRANSACTION_EVENTS:
-            if getattr(dispatch, name):
-                return True
-    dialect_dispatch: Any = connection.dialect.dispatch
-    for name in _DIALECT_EVENTS:
-        if getattr(dialect_dispatch, name):
-            return True
-    return statements_logged(connection.engine)
+    """Whether anything would see ``connection``'s hot statements (``transactions``: and its begin, commit and
+    rollback) run outside SQLAlchemy: a listener SQLAlchemy's public path would call for them (:func:`listened`),
+    or statement logging. Cheap enough to ask per statement (one check per event, no allocation)."""
+    engine = connection.engine
+    dispatch: Any = engine.dispatch
+    if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
+        return True
+    if transactions and (dispatch.begin or dispatch.commit or dispatch.rollback):
+        return True
+    dialect: Any = connection.dialect.dispatch
+    if dialect.handle_error or dialect.do_execute or dialect.do_executemany:
+        return True
+    return statements_logged(engine)
+
+
+def listened(engine: Engine, *, transactions: bool = False) -> bool:
+    """Whether a listener on ``engine`` or the ``Engine`` class (its dispatch holds both) or on its dialect would see
+    a hot statement on SQLAlchemy's public path: ``before_cursor_execute``, ``after_cursor_execute``, the dialect's
+    ``handle_error``, ``do_execute``, ``do_executemany`` (``transactions``: and ``begin``, ``commit``,
+    ``rollback``). ``before_execute``/``after_execute`` are not asked: SQLAlchemy does not call them for
+    ``exec_driver_sql`` (they see hostedrooms' other statements, run through ``execute()``, either way)."""
+    dispatch: Any = engine.dispatch
+    if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
+        return True
+    if transactions and (dispatch.begin or dispatch.commit or dispatch.rollback):
+        return True
+    dialect: Any = engine.dialect.dispatch
+    return bool(dialect.handle_error or dialect.do_execute or dialect.do_executemany)
+
+
+#: Each unit of work now running on an ordinary connection: its decision (None: not asked yet; asked at its first
+#: hot statement, so a unit that runs none pays nothing). :func:`begin_unit` and :func:`end_unit` keep it.
+_units: dict[Connection, bool | None] = {}
+
+
+def begin_unit(connection: Connection) -> None:
+    """A unit of work begins on ``connection``: whether its hot statements skip SQLAlchemy is decided once, for the
+    whole unit (as the held writer does); :func:`end_unit` when the unit ends."""
+    _units[connection] = None
+
+
+def end_unit(connection: Connection) -> None:
+    """Forget ``connection``'s unit (it ended)."""
+    _units.pop(connection, None)
 
 
 def wrap_driver_error(
@@ -131,10 +162,16 @@ def _direct(connection: Connection, text: str, parameters: Any, cursor_options: 
 
 
 def _fast(connection: Connection) -> bool:
-    """Whether a hot statement may skip SQLAlchemy on ``connection`` now (see the module docstring)."""
+    """Whether a hot statement may skip SQLAlchemy on ``connection`` now: as decided for its unit of work, else
+    asked at once (see the module docstring)."""
     if type(connection) is DirectConnection:
         return connection.fast
-    return not observed(connection)
+    fast = _units.get(connection)
+    if fast is None:
+        fast = not observed(connection)
+        if connection in _units:  # the unit's first hot statement decides for the unit
+            _units[connection] = fast
+    return fast
 
 
 class _Rows:
@@ -308,26 +345,15 @@ class DirectConnection(Connection):
     (``execute()``, transactions, events, the ORM session joined to it).
     """
 
-    #: Whether the current unit's hot statements and transaction skip SQLAlchemy (:meth:`start_unit`).
+    #: Whether the current unit's hot statements and transaction skip SQLAlchemy: nothing observes the engine
+    #: (no listener :func:`listened` looks for, statements not logged), decided as the writer is lent to a unit.
     fast = False
 
-    def __init__(self, engine: Engine, connection: Any) -> None:
+    def __init__(self, engine: Engine, connection: Any, *, logged: bool) -> None:
         super().__init__(engine, connection)
-        #: Whether SQLAlchemy logged statements when this Connection was built (it reads that once, here).
-        self.built_logging = statements_logged(engine)
-
-    def stale(self) -> bool:
-        """Whether a new Connection over the same DBAPI connection should serve the next unit: statement logging
-        was switched on or off since this one was built, or execution options differ from the engine's (a unit set
-        some: they end with it)."""
-        engine = self.engine
-        return (self.get_execution_options() is not engine.get_execution_options()
-                or self.built_logging != statements_logged(engine))
-
-    def start_unit(self) -> bool:
-        """Decide, for the unit beginning, whether it skips SQLAlchemy (nothing observes it); that decision."""
-        self.fast = fast = not observed(self, transactions=True)
-        return fast
+        #: Whether SQLAlchemy logged statements when this Connection was built (``logged``: it reads that once, so
+        #: the writer builds another when that changes, and when a unit set execution options).
+        self.built_logging = logged
 
     def begin_direct(self) -> None:
         """Begin a transaction as SQLAlchemy would (the dialect's ``do_begin``), without a ``RootTransaction``: a

@@ -32,7 +32,7 @@ from . import writer as held
 from .db import reject_async
 from .dialect import StoreDialect, dialect_for
 from .errors import translate
-from .statements import DIRECT_BEGUN, DirectConnection
+from .statements import DIRECT_BEGUN, DirectConnection, begin_unit, end_unit
 from .wakeup import committed
 
 
@@ -69,6 +69,7 @@ class UnitOfWork:
             elif not self.write:
                 self.dialect.defer_begin(connection)
             connection.begin()
+            begin_unit(connection)  # its hot statements take one path for the whole unit (hostedrooms.statements)
         except sa_exc.SQLAlchemyError as exc:
             self._close()
             raise translate(exc, self.engine.url) from exc
@@ -81,7 +82,7 @@ class UnitOfWork:
         self._writer = writer
         try:
             connection = self._connection = writer.open()
-            if connection.start_unit():  # nothing observes the engine: this unit skips SQLAlchemy where it can
+            if connection.fast:  # nothing observes the engine (decided as it was lent): skip SQLAlchemy where it can
                 connection.begin_direct()  # SQLAlchemy joins it if a statement goes through execute()
             else:
                 connection.begin()  # with listeners or logging: SQLAlchemy's own transaction, its events
@@ -188,6 +189,7 @@ class UnitOfWork:
             if writer is not None:  # the held writer stays open for the next unit (unless the unit broke it)
                 writer.release()
             elif connection is not None:
+                end_unit(connection)
                 connection.close()
         finally:
             if self._gated:

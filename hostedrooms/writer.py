@@ -35,7 +35,7 @@ from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import Pool, QueuePool
 
-from .statements import DIRECT_BEGUN, DirectConnection
+from .statements import DIRECT_BEGUN, DirectConnection, listened, statements_logged
 
 __all__ = ["HeldWriter", "allow", "take", "without_held_writers"]
 
@@ -75,14 +75,16 @@ class HeldWriter:
         return True
 
     def open(self) -> DirectConnection:
-        """The held connection (opened on first use; driver errors wrapped as ``engine.connect()`` wraps them).
+        """The held connection (opened on first use; driver errors wrapped as ``engine.connect()`` wraps them),
+        with the unit's path decided (``fast``: nothing observes the engine, :mod:`hostedrooms.statements`).
 
-        A new Connection over the same DBAPI connection serves the unit when the last one went stale (statement
-        logging switched since it was built, execution options a unit set): SQLAlchemy reads both once per
-        Connection, as for a pooled unit's."""
+        A new Connection over the same DBAPI connection serves the unit when the last one cannot (statement logging
+        switched since it was built, execution options a unit set): SQLAlchemy reads both once per Connection, as
+        for a pooled unit's."""
+        engine = self.engine
+        logged = statements_logged(engine)
         connection = self._connection
         if connection is None:
-            engine = self.engine
             try:
                 fairy = self._pool.connect()
             except engine.dialect.loaded_dbapi.Error as exc:
@@ -90,9 +92,11 @@ class HeldWriter:
                     None, None, exc, engine.dialect.loaded_dbapi.Error, hide_parameters=engine.hide_parameters,
                     connection_invalidated=engine.dialect.is_disconnect(exc, None, None),
                     dialect=engine.dialect) from exc
-            connection = self._connection = DirectConnection(engine, fairy)
-        elif connection.stale():
-            connection = self._connection = DirectConnection(self.engine, connection.connection)
+            connection = self._connection = DirectConnection(engine, fairy, logged=logged)
+        elif (connection.built_logging != logged
+              or connection.get_execution_options() is not engine.get_execution_options()):
+            connection = self._connection = DirectConnection(engine, connection.connection, logged=logged)
+        connection.fast = not logged and not listened(engine, transactions=True)  # this unit's path
         return connection
 
     def release(self) -> None:
