@@ -158,3 +158,25 @@ def test_a_listener_added_between_calls_sees_the_next_call(engine: Engine) -> No
     rooms.append_event(engine, room_id="r1", event_id="e2", kind="message.user", actor={"kind": "user", "id": "u1"},
                        payload={"text": "hi"}, authority_gateway_id="g1", authority_epoch=1)
     assert seen == []  # removed: unobserved again
+
+
+def test_a_unit_takes_one_path_and_forgets_it_when_it_ends(engine: Engine) -> None:
+    from hostedrooms import statements
+    from hostedrooms.models import retired_ids
+    from hostedrooms.uow import UnitOfWork
+
+    head = statements.HotStatement(sa.select(retired_ids.c.room_id).where(retired_ids.c.room_id == sa.bindparam("id")))
+    seen: list[str] = []
+    for write in (False, True):  # a pooled read unit; a write unit (SQLite: the held writer)
+        with UnitOfWork(engine, write=write) as uow:
+            assert head.first(uow.connection, {"id": "none"}) is None  # decided here: nothing observes
+            with OBSERVERS["engine-before-cursor"](engine, seen):
+                assert head.first(uow.connection, {"id": "none"}) is None  # added mid-unit: the next unit's
+        assert seen == []
+    with OBSERVERS["engine-before-cursor"](engine, seen), UnitOfWork(engine, write=False) as uow:
+        head.first(uow.connection, {"id": "none"})
+    assert any("retired" in line for line in seen), seen
+    with pytest.raises(ZeroDivisionError), UnitOfWork(engine, write=False) as uow:
+        head.first(uow.connection, {"id": "none"})
+        raise ZeroDivisionError
+    assert statements._units == {}  # every unit ended forgets its decision (no connection kept)
