@@ -81,15 +81,7 @@ def observed(connection: Connection, *, transactions: bool = False) -> bool:
     rollback) run outside SQLAlchemy: a listener SQLAlchemy's public path would call for them (:func:`listened`),
     or statement logging. Cheap enough to ask per statement (one check per event, no allocation)."""
     engine = connection.engine
-    dispatch: Any = engine.dispatch
-    if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
-        return True
-    if transactions and (dispatch.begin or dispatch.commit or dispatch.rollback):
-        return True
-    dialect: Any = connection.dialect.dispatch
-    if dialect.handle_error or dialect.do_execute or dialect.do_executemany:
-        return True
-    return statements_logged(engine)
+    return listened(engine, transactions=transactions) or statements_logged(engine)
 
 
 def listened(engine: Engine, *, transactions: bool = False) -> bool:
