@@ -154,10 +154,8 @@ def _direct(connection: Connection, text: str, parameters: Any, cursor_options: 
 
 
 def _fast(connection: Connection) -> bool:
-    """Whether a hot statement may skip SQLAlchemy on ``connection`` now: as decided for its unit of work, else
-    asked at once (see the module docstring)."""
-    if type(connection) is DirectConnection:
-        return connection.fast
+    """Whether a hot statement may skip SQLAlchemy on ``connection`` (not a held writer's, which decided as it was
+    lent): as decided for its unit of work, else asked at once (see the module docstring)."""
     fast = _units.get(connection)
     if fast is None:
         fast = not observed(connection)
@@ -278,7 +276,7 @@ class HotStatement:
         """Execute on ``connection`` (inside its transaction); returns an open cursor-like object (``fetchone``,
         ``fetchall``, ``rowcount``; close it) whose rows are plain tuples on both paths."""
         plan = self._plan(connection.dialect)
-        if _fast(connection):
+        if connection.fast if type(connection) is DirectConnection else _fast(connection):
             return _direct(connection, plan.text, self._parameters(plan, params), plan.cursor_options)
         return _Rows(connection.exec_driver_sql(plan.text, self._parameters(plan, params)))
 
@@ -287,7 +285,7 @@ class HotStatement:
         events fire once, with ``executemany=True``)."""
         plan = self._plan(connection.dialect)
         parameters = [self._parameters(plan, row) for row in rows]
-        if _fast(connection):
+        if connection.fast if type(connection) is DirectConnection else _fast(connection):
             _direct(connection, plan.text, parameters, plan.cursor_options, many=True).close()
             return
         connection.exec_driver_sql(plan.text, parameters)
