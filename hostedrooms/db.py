@@ -24,7 +24,6 @@ from typing import Any, TypeVar, cast
 from urllib.parse import unquote
 
 from sqlalchemy import URL, Engine, make_url
-from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.base import OptionEngine
 
@@ -36,6 +35,7 @@ from .dialect import (
     dialect_for_url,
     dialect_named,
     pooler_of,
+    sa_create_engine,
     use_pooler,
 )
 from .errors import (
@@ -242,7 +242,7 @@ def create_engine(
     if isinstance(target, Engine):
         return _adopt_engine(target, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema,
                              pooler=pooler, listen_url=listen_url)
-    return build_configured(resolve_url(target), _sa_create_engine, synchronous=synchronous,
+    return build_configured(resolve_url(target), sa_create_engine, synchronous=synchronous,
                             busy_timeout=busy_timeout, create=create, schema=schema, pooler=pooler,
                             listen_url=listen_url, **engine_kwargs)
 

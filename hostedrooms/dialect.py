@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import sqlalchemy
 from sqlalchemy import (
     URL,
     BigInteger,
@@ -43,7 +44,6 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy import create_engine as _sa_create_engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.pool import StaticPool
@@ -53,6 +53,13 @@ from . import writer as held
 from .errors import SchemaMissingError, StoreConfigurationError, StoreMissingError, describe_target
 from .files import PRIVATE_FILE_MODE, SQLITE_SIDECARS, restrict_file
 from .statements import DIRECT_BEGUN, HotStatement
+
+
+def sa_create_engine(*args: Any, **kwargs: Any) -> Engine:
+    """``sqlalchemy.create_engine``, looked up at each call: an instrumentation that wraps it after hostedrooms was
+    imported (OpenTelemetry's global ``SQLAlchemyInstrumentor().instrument()``) sees hostedrooms' engines too."""
+    return sqlalchemy.create_engine(*args, **kwargs)
+
 
 #: Key in a pooled connection's ``info``: the next SQLite transaction on it begins deferred (a read unit).
 _DEFERRED_BEGIN = "hostedrooms_deferred_begin"
@@ -215,7 +222,7 @@ class StoreDialect:
     def build_engine(self, url: URL, *, create: bool, **engine_kwargs: Any) -> Engine:
         """A plain SQLAlchemy Engine on ``url`` with this backend's defaults (``create``: see
         :func:`hostedrooms.db.create_engine`); raises SQLAlchemy's own errors for a bad URL or driver."""
-        return self.build_with(_sa_create_engine, url, create=create, **engine_kwargs)
+        return self.build_with(sa_create_engine, url, create=create, **engine_kwargs)
 
     def build_with(self, factory: Callable[..., _E], url: URL, *, create: bool, **engine_kwargs: Any) -> _E:
         """:meth:`build_engine` with another engine factory (``sqlalchemy.ext.asyncio.create_async_engine``)."""
@@ -364,7 +371,7 @@ class SQLiteDialect(StoreDialect):
         # Read-only URI: a probe can neither create the file nor write to it; no WAL/migration hooks.
         uri = "file:" + urllib.parse.quote(str(url.database))
         probe_url = URL.create("sqlite", database=uri, query={"mode": "ro", "uri": "true"})
-        return _sa_create_engine(
+        return sa_create_engine(
             probe_url, poolclass=NullPool, connect_args={"timeout": seconds, "check_same_thread": False})
 
     # --- URLs, engines and migrations ---------------------------------------------------------------------------
@@ -550,7 +557,7 @@ class PostgreSQLDialect(StoreDialect):
     def probe_engine(self, url: URL, seconds: float) -> Engine:
         # A small private pool: probes never queue behind the application's connections for long.
         connect_args = {} if "connect_timeout" in url.query else {"connect_timeout": 2}  # libpq's minimum
-        return _sa_create_engine(
+        return sa_create_engine(
             url, pool_size=1, max_overflow=4, pool_timeout=seconds, connect_args=connect_args)
 
     def normalise_url(self, url: URL) -> URL:

@@ -1,4 +1,5 @@
-"""Hot statements: Core statements compiled once per dialect and run on the unit's DBAPI cursor.
+"""Hot statements: Core statements compiled once per dialect and run on the unit's DBAPI cursor while nothing
+observes the engine, through SQLAlchemy's public ``exec_driver_sql`` as soon as anything does.
 
 For a short statement, ``Connection.execute()`` spends most of its time around the driver, not in it: the
 compiled-cache lookup, building an execution context, processing binds and setting up a ``Result`` cost
@@ -7,40 +8,186 @@ them per transaction, which is most of the library's overhead over the raw drive
 pays the compilation once and then hands the driver the compiled text and the parameters in its own style.
 
 What it keeps from ``execute()``: the SQL text comes from the Core statement (never written by hand or built
-from input); parameters go to the driver as bound parameters; bind processors run; the execution runs
-through ``Connection._cursor_execute``, the same path SQLAlchemy uses for its own special-case statements,
-so ``before_cursor_execute``/``after_cursor_execute`` listeners fire, ``handle_error`` runs, a driver error
-arrives as SQLAlchemy's wrapped ``DBAPIError`` (with parameters hidden as the engine says), and a
-disconnect invalidates the connection. What it gives up: results are plain tuples from the cursor, and
-statements that need per-call compilation (``IN`` lists, literal execution, escaped bind names) are
-refused when first compiled.
+from input); parameters go to the driver as bound parameters; bind processors run; results are the driver's
+rows as plain tuples (no result processors, on either path). Statements that need per-call compilation (``IN``
+lists, literal execution, escaped bind names) are refused when first compiled.
 
-On a :class:`DirectConnection` (a SQLite engine's one held writer, :mod:`hostedrooms.writer`) a hot statement
-skips ``_cursor_execute`` too, while nothing observes the connection: no engine or Connection event listener and
-no statement logging. It then runs straight on the DBAPI cursor, and a driver error is wrapped exactly as
-SQLAlchemy wraps it (``DBAPIError.instance``: the same class, message, hidden parameters and ``orig``), so the
-unit of work translates it in the same one place. With a listener installed or logging at INFO, the statement
-takes ``_cursor_execute`` as above and every event fires.
+Two paths, and only SQLAlchemy's public API on both:
+
+- **Observed** (:func:`observed`): when anything would see the statement on SQLAlchemy's path (a
+  ``before_cursor_execute``/``after_cursor_execute`` listener on the engine or the ``Engine`` class; a dialect
+  ``handle_error``/``do_execute``/``do_executemany`` listener; OpenTelemetry's SQLAlchemy instrumentation registers
+  such listeners) or statements are logged, the statement runs through ``Connection.exec_driver_sql`` with the
+  same text and parameters: SQLAlchemy builds an execution context, the cursor events fire, ``handle_error`` runs
+  and errors arrive as SQLAlchemy raises them. (``before_execute``/``after_execute`` are not looked for:
+  SQLAlchemy does not call them for ``exec_driver_sql``; nor are listeners on the ``Connection`` class or one
+  Connection, which the engine's dispatch does not hold: asking each Connection's would cost more than the fast
+  path saves.)
+  Instrumentations that keep state in the execution context (OpenTelemetry's span) need this: SQLAlchemy's
+  lower-level cursor helpers pass none.
+- **Unobserved**: the statement runs straight on a DBAPI cursor from the pool's public connection proxy
+  (``connection.connection.cursor()``), and a driver error is wrapped exactly as SQLAlchemy wraps it
+  (``DBAPIError.instance``: the same class, message, hidden parameters and ``orig``), so the unit of work translates
+  it in the same one place; a disconnect invalidates the connection as SQLAlchemy does.
+
+When it is decided: once per unit of work, that is per public call (listeners may be added at any time, as
+OpenTelemetry does to engines that already exist): on a pooled connection at the unit's first hot statement
+(:func:`begin_unit`), on a SQLite engine's one held writer when it is lent to the unit (:mod:`hostedrooms.writer`;
+that unit's transaction too is then begun directly or by SQLAlchemy). A listener added while a unit runs applies
+from the next call on, as SQLAlchemy reads its own statement-logging flag once per Connection. A connection
+outside any unit (a migration's) asks at each statement.
 """
 
 from __future__ import annotations
 
+import logging
 import operator
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import CursorResult, Dialect
 from sqlalchemy.sql import ClauseElement
 
-__all__ = ["DIRECT_BEGUN", "DirectConnection", "HotStatement"]
+__all__ = ["DIRECT_BEGUN", "DirectConnection", "HotStatement", "begin_unit", "end_unit", "listened", "observed",
+           "statements_logged", "wrap_driver_error"]
 
 #: Key in a pooled connection's ``info``: its transaction was begun by :meth:`DirectConnection.begin_direct`, so
 #: SQLAlchemy's own begin (when a statement runs through ``execute()``) joins it instead of beginning another.
 DIRECT_BEGUN = "hostedrooms_direct_begun"
+
+#: SQLAlchemy's documented logger of an engine's statements (``echo``); an engine's ``logging_name`` adds a child.
+_ENGINE_LOGGER = "sqlalchemy.engine.Engine"
+#: Those loggers by ``logging_name`` (loggers live as long as the process: ``logging.getLogger`` is not per call).
+_loggers: dict[str | None, logging.Logger] = {}
+
+
+def statements_logged(engine: Engine) -> bool:
+    """Whether SQLAlchemy logs ``engine``'s statements (``echo``, or its logger at INFO)."""
+    if engine.echo:
+        return True
+    name = engine.logging_name
+    logger = _loggers.get(name)
+    if logger is None:
+        logger = _loggers[name] = logging.getLogger(_ENGINE_LOGGER if not name else f"{_ENGINE_LOGGER}.{name}")
+    return logger.isEnabledFor(logging.INFO)
+
+
+def observed(connection: Connection, *, transactions: bool = False) -> bool:
+    """Whether anything would see ``connection``'s hot statements (``transactions``: and its begin, commit and
+    rollback) run outside SQLAlchemy: a listener SQLAlchemy's public path would call for them (:func:`listened`),
+    or statement logging. Cheap enough to ask per statement (one check per event, no allocation)."""
+    engine = connection.engine
+    return listened(engine, transactions=transactions) or statements_logged(engine)
+
+
+def listened(engine: Engine, *, transactions: bool = False) -> bool:
+    """Whether a listener on ``engine`` or the ``Engine`` class (its dispatch holds both) or on its dialect would see
+    a hot statement on SQLAlchemy's public path: ``before_cursor_execute``, ``after_cursor_execute``, the dialect's
+    ``handle_error``, ``do_execute``, ``do_executemany`` (``transactions``: and ``begin``, ``commit``,
+    ``rollback``). ``before_execute``/``after_execute`` are not asked: SQLAlchemy does not call them for
+    ``exec_driver_sql`` (they see hostedrooms' other statements, run through ``execute()``, either way)."""
+    dispatch: Any = engine.dispatch
+    if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
+        return True
+    if transactions and (dispatch.begin or dispatch.commit or dispatch.rollback):
+        return True
+    dialect: Any = engine.dialect.dispatch
+    return bool(dialect.handle_error or dialect.do_execute or dialect.do_executemany)
+
+
+#: Each unit of work now running on an ordinary connection: its decision (None: not asked yet; asked at its first
+#: hot statement, so a unit that runs none pays nothing). :func:`begin_unit` and :func:`end_unit` keep it.
+_units: dict[Connection, bool | None] = {}
+
+
+def begin_unit(connection: Connection) -> None:
+    """A unit of work begins on ``connection``: whether its hot statements skip SQLAlchemy is decided once, for the
+    whole unit (as the held writer does); :func:`end_unit` when the unit ends."""
+    _units[connection] = None
+
+
+def end_unit(connection: Connection) -> None:
+    """Forget ``connection``'s unit (it ended)."""
+    _units.pop(connection, None)
+
+
+def wrap_driver_error(
+    connection: Connection, exc: Any, text: str | None, parameters: Any, *, many: bool = False
+) -> sa_exc.StatementError:
+    """``exc`` (a driver error raised on ``connection``'s DBAPI connection) as SQLAlchemy raises it from
+    ``execute()``; a disconnect invalidates the connection (and closes a held writer's: it never reconnects)."""
+    dialect = connection.dialect
+    disconnect = dialect.is_disconnect(exc, connection.connection, None)
+    wrapped: sa_exc.StatementError = sa_exc.DBAPIError.instance(
+        text, parameters, exc, dialect.loaded_dbapi.Error, hide_parameters=connection.engine.hide_parameters,
+        connection_invalidated=disconnect, dialect=dialect, ismulti=many)
+    if disconnect:
+        connection.invalidate(exc)
+        if isinstance(connection, DirectConnection):
+            # Closed, an invalidated Connection never takes another pooled connection: a statement after this one
+            # in the same unit fails instead of running outside the unit's transaction.
+            connection.close()
+    return wrapped
+
+
+def _direct(connection: Connection, text: str, parameters: Any, cursor_options: Mapping[str, Any],
+            *, many: bool = False) -> Any:
+    """Run ``text`` on a new DBAPI cursor of ``connection``; returns the cursor (close it)."""
+    raw: Any = connection.connection
+    cursor = raw.cursor(**cursor_options)
+    try:
+        if many:
+            cursor.executemany(text, parameters)
+        else:
+            cursor.execute(text, parameters)
+    except connection.dialect.loaded_dbapi.Error as exc:
+        cursor.close()
+        raise wrap_driver_error(connection, exc, text, parameters, many=many) from exc
+    except BaseException:
+        cursor.close()
+        raise
+    return cursor
+
+
+def _fast(connection: Connection) -> bool:
+    """Whether a hot statement may skip SQLAlchemy on ``connection`` (not a held writer's, which decided as it was
+    lent): as decided for its unit of work, else asked at once (see the module docstring)."""
+    fast = _units.get(connection)
+    if fast is None:
+        fast = not observed(connection)
+        if connection in _units:  # the unit's first hot statement decides for the unit
+            _units[connection] = fast
+    return fast
+
+
+class _Rows:
+    """A ``CursorResult`` seen as the DBAPI cursor the unobserved path returns (plain tuples, ``rowcount``)."""
+
+    __slots__ = ("_result",)
+
+    def __init__(self, result: CursorResult[Any]) -> None:
+        self._result = result
+
+    @property
+    def rowcount(self) -> int:
+        return self._result.rowcount
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        row = self._result.fetchone()
+        return None if row is None else tuple(row)
+
+    def fetchmany(self, size: int) -> list[tuple[Any, ...]]:
+        return [tuple(row) for row in self._result.fetchmany(size)]
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return [tuple(row) for row in self._result.fetchall()]
+
+    def close(self) -> None:
+        self._result.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +213,7 @@ class HotStatement:
 
     ``column_keys`` names the columns of an INSERT/UPDATE without explicit values (as ``compile()`` takes them).
     ``binary_results``: where the driver can (psycopg), rows come in the binary format, which spares the server
-    and the client writing and parsing numbers as text (the values are the same).
+    and the client writing and parsing numbers as text (the values are the same; unobserved path only).
     """
 
     __slots__ = ("_binary_results", "_column_keys", "_last", "_plans", "statement")
@@ -101,7 +248,7 @@ class HotStatement:
         pick = _tuple_getter(order) if order is not None else None
         # psycopg's own cursors take ``binary=``; SQLAlchemy's adapter of its async connections does not.
         binary = self._binary_results and dialect.driver == "psycopg" and not dialect.is_async
-        processors = dict(compiled._bind_processors)
+        processors = _bind_processors(compiled.bind_names, dialect)
         positions = None if order is None or defaults else tuple(
             (index, processors[name]) for index, name in enumerate(order) if name in processors)
         return _Plan(compiled.string, order, defaults, processors, pick, {"binary": True} if binary else {},
@@ -126,26 +273,20 @@ class HotStatement:
         return merged if plan.pick is None else plan.pick(merged)
 
     def run(self, connection: Connection, params: Mapping[str, Any]) -> Any:
-        """Execute on ``connection`` (inside its transaction); returns the open DBAPI cursor (close it)."""
+        """Execute on ``connection`` (inside its transaction); returns an open cursor-like object (``fetchone``,
+        ``fetchall``, ``rowcount``; close it) whose rows are plain tuples on both paths."""
         plan = self._plan(connection.dialect)
-        if type(connection) is DirectConnection and connection.unobserved():
-            return connection.direct(plan.text, self._parameters(plan, params), plan.cursor_options)
-        cursor = connection.connection.cursor(**plan.cursor_options)
-        try:
-            # Private but long-standing: the path SQLAlchemy itself uses for statements outside execute().
-            connection._cursor_execute(cursor, plan.text, self._parameters(plan, params))
-        except BaseException:
-            cursor.close()
-            raise
-        return cursor
+        if connection.fast if type(connection) is DirectConnection else _fast(connection):
+            return _direct(connection, plan.text, self._parameters(plan, params), plan.cursor_options)
+        return _Rows(connection.exec_driver_sql(plan.text, self._parameters(plan, params)))
 
     def run_many(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Execute once per row in one driver ``executemany`` (through ``exec_driver_sql``: cursor events fire
-        once, with ``executemany=True``, and driver errors are wrapped as for any statement)."""
+        """Execute once per row in one driver ``executemany`` (observed: through ``exec_driver_sql``, whose cursor
+        events fire once, with ``executemany=True``)."""
         plan = self._plan(connection.dialect)
         parameters = [self._parameters(plan, row) for row in rows]
-        if type(connection) is DirectConnection and connection.unobserved():
-            connection.direct(plan.text, parameters, plan.cursor_options, many=True).close()
+        if connection.fast if type(connection) is DirectConnection else _fast(connection):
+            _direct(connection, plan.text, parameters, plan.cursor_options, many=True).close()
             return
         connection.exec_driver_sql(plan.text, parameters)
 
@@ -167,6 +308,15 @@ class HotStatement:
             cursor.close()
 
 
+def _bind_processors(bind_names: Mapping[Any, str], dialect: Dialect) -> dict[str, Callable[[Any], Any]]:
+    """The dialect's bind processor of each bind that has one, by compiled name (as ``execute()`` applies them)."""
+    found = {}
+    for bind, name in bind_names.items():
+        process = bind.type.dialect_impl(dialect).bind_processor(dialect)
+        if process is not None:
+            found[name] = process
+    return found
+
 
 def _tuple_getter(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
     """``mapping -> tuple(mapping[name] for name in names)`` at C speed."""
@@ -178,16 +328,22 @@ def _tuple_getter(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple
 
 
 class DirectConnection(Connection):
-    """A Connection whose hot statements may run straight on its DBAPI cursor (see the module docstring).
+    """A Connection whose hot statements and transaction may skip SQLAlchemy (see the module docstring).
 
-    Built only by :mod:`hostedrooms.writer` for the one held writer of a SQLite engine; everything else about it is
-    SQLAlchemy's Connection (``execute()``, transactions, events, the ORM session joined to it).
+    Built only by :mod:`hostedrooms.writer` for the one held writer of a SQLite engine (over the pool's connection
+    proxy, with SQLAlchemy's public constructor); everything else about it is SQLAlchemy's Connection
+    (``execute()``, transactions, events, the ORM session joined to it).
     """
 
-    def unobserved(self) -> bool:
-        """Whether nothing would see a statement run outside SQLAlchemy: no event listener on this connection, its
-        engine or the Connection class, and no statement logging (``_echo``, refreshed by the writer per unit)."""
-        return not (self._echo or self._has_events or self.engine._has_events)
+    #: Whether the current unit's hot statements and transaction skip SQLAlchemy: nothing observes the engine
+    #: (no listener :func:`listened` looks for, statements not logged), decided as the writer is lent to a unit.
+    fast = False
+
+    def __init__(self, engine: Engine, connection: Any, *, logged: bool) -> None:
+        super().__init__(engine, connection)
+        #: Whether SQLAlchemy logged statements when this Connection was built (``logged``: it reads that once, so
+        #: the writer builds another when that changes, and when a unit set execution options).
+        self.built_logging = logged
 
     def begin_direct(self) -> None:
         """Begin a transaction as SQLAlchemy would (the dialect's ``do_begin``), without a ``RootTransaction``: a
@@ -196,7 +352,7 @@ class DirectConnection(Connection):
         try:
             self.dialect.do_begin(raw)
         except self.dialect.loaded_dbapi.Error as exc:
-            raise self._wrapped(exc, None, None) from exc
+            raise wrap_driver_error(self, exc, None, None) from exc
         raw.info[DIRECT_BEGUN] = True
 
     def end_direct(self, *, commit: bool) -> None:
@@ -209,33 +365,4 @@ class DirectConnection(Connection):
             else:
                 self.dialect.do_rollback(raw)
         except self.dialect.loaded_dbapi.Error as exc:
-            raise self._wrapped(exc, None, None) from exc
-
-    def _wrapped(self, exc: Any, text: str | None, parameters: Any, many: bool = False) -> sa_exc.StatementError:
-        """``exc`` (a driver error) as ``_cursor_execute`` raises it; a disconnect invalidates this connection."""
-        disconnect = self.dialect.is_disconnect(exc, self.connection, None)
-        wrapped: sa_exc.StatementError = sa_exc.DBAPIError.instance(
-            text, parameters, exc, self.dialect.loaded_dbapi.Error, hide_parameters=self.engine.hide_parameters,
-            connection_invalidated=disconnect, dialect=self.dialect, ismulti=many)
-        if disconnect:
-            self.invalidate(exc)
-        return wrapped
-
-    def direct(self, text: str, parameters: Any, cursor_options: Mapping[str, Any], *, many: bool = False) -> Any:
-        """Run ``text`` on a new DBAPI cursor of this connection; returns the cursor (close it). A driver error is
-        raised as SQLAlchemy's wrapped ``DBAPIError`` with the driver's error as ``orig`` and as the cause, as
-        ``_cursor_execute`` raises it; a disconnect invalidates the connection as it does."""
-        raw: Any = self.connection
-        cursor = raw.cursor(**cursor_options)
-        try:
-            if many:
-                cursor.executemany(text, parameters)
-            else:
-                cursor.execute(text, parameters)
-        except self.dialect.loaded_dbapi.Error as exc:
-            cursor.close()
-            raise self._wrapped(exc, text, parameters, many) from exc
-        except BaseException:
-            cursor.close()
-            raise
-        return cursor
+            raise wrap_driver_error(self, exc, None, None) from exc

@@ -35,7 +35,7 @@ from . import writer as held
 from .db import reject_async
 from .dialect import StoreDialect, dialect_for
 from .errors import translate
-from .statements import DIRECT_BEGUN, DirectConnection
+from .statements import DIRECT_BEGUN, DirectConnection, begin_unit, end_unit
 from .wakeup import committed
 
 
@@ -76,6 +76,7 @@ class UnitOfWork:
             elif not self.write:
                 self.dialect.defer_begin(connection)
             connection.begin()
+            begin_unit(connection)  # its hot statements take one path for the whole unit (hostedrooms.statements)
         except sa_exc.SQLAlchemyError as exc:
             self._close()
             raise translate(exc, self.engine.url) from exc
@@ -88,7 +89,7 @@ class UnitOfWork:
         self._writer = writer
         try:
             connection = self._connection = writer.open()
-            if connection.unobserved():
+            if connection.fast:  # nothing observes the engine (decided as it was lent): skip SQLAlchemy where it can
                 connection.begin_direct()  # SQLAlchemy joins it if a statement goes through execute()
             else:
                 connection.begin()  # with listeners or logging: SQLAlchemy's own transaction, its events
@@ -151,8 +152,10 @@ class UnitOfWork:
             self._end(commit=True)
         except sa_exc.SQLAlchemyError as exc:
             # After a failed COMMIT the driver may still hold the transaction open while SQLAlchemy considers it
-            # over; discard the connection (closing it rolls back) rather than return it to the pool.
-            self.connection.invalidate()
+            # over; discard the connection (closing it rolls back) rather than return it to the pool. (A held
+            # writer's that lost its server is closed already.)
+            if not self.connection.closed:
+                self.connection.invalidate()
             raise translate(exc, self.engine.url) from exc
         self._committed = True
         if self.write:
@@ -193,6 +196,7 @@ class UnitOfWork:
             if writer is not None:  # the held writer stays open for the next unit (unless the unit broke it)
                 writer.release()
             elif connection is not None:
+                end_unit(connection)
                 connection.close()  # a transaction still open is rolled back on its way to the pool
         finally:
             turn, self._turn = self._turn, None

@@ -3,8 +3,10 @@
 SQLite lets one transaction write at a time (every write unit begins ``BEGIN IMMEDIATE``), so a second writing
 connection in the same process only ever waits: one connection, held by the engine and lent to one write unit at a
 time under a lock, loses nothing, and spares each write the pool's checkout and return and a new ``Connection``.
-The unit runs on a :class:`~hostedrooms.statements.DirectConnection`, whose hot statements run on the driver's
-cursor while nothing observes the connection (:mod:`hostedrooms.statements`).
+The unit runs on a :class:`~hostedrooms.statements.DirectConnection`, whose transaction and hot statements skip
+SQLAlchemy while nothing observes the engine, decided when each unit begins (:mod:`hostedrooms.statements`); with
+a listener installed (OpenTelemetry's SQLAlchemy instrumentation, a host's own) or statement logging on, the unit
+runs through SQLAlchemy's public execution path.
 
 Which engines hold one: those :func:`hostedrooms.create_engine` configured for a SQLite file with SQLAlchemy's
 queue pool and the synchronous driver (:func:`allow`); never an in-memory database (one shared connection
@@ -29,10 +31,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Engine
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import Pool, QueuePool
 
-from .statements import DIRECT_BEGUN, DirectConnection
+from .statements import DIRECT_BEGUN, DirectConnection, listened, statements_logged
 
 __all__ = ["HeldWriter", "allow", "take", "without_held_writers"]
 
@@ -55,7 +58,7 @@ class HeldWriter:
         self.generation = _generation
         self._lock = threading.Lock()
         self._owner: int | None = None
-        self._pool: Pool = engine.pool.recreate()  # private: the same connect hooks, none of the services' slots
+        self._pool: Pool = engine.pool.recreate()  # its own: the same connect hooks, none of the services' slots
         self._connection: DirectConnection | None = None
         self._retired = False
 
@@ -72,28 +75,36 @@ class HeldWriter:
         return True
 
     def open(self) -> DirectConnection:
-        """The held connection (opened on first use; driver errors wrapped as ``engine.connect()`` wraps them)."""
+        """The held connection (opened on first use; driver errors wrapped as ``engine.connect()`` wraps them),
+        with the unit's path decided (``fast``: nothing observes the engine, :mod:`hostedrooms.statements`).
+
+        A new Connection over the same DBAPI connection serves the unit when the last one cannot (statement logging
+        switched since it was built, execution options a unit set): SQLAlchemy reads both once per Connection, as
+        for a pooled unit's."""
+        engine = self.engine
+        logged = statements_logged(engine)
         connection = self._connection
         if connection is None:
             try:
                 fairy = self._pool.connect()
-            except self.engine.dialect.loaded_dbapi.Error as exc:
-                Connection._handle_dbapi_exception_noconnection(exc, self.engine.dialect, self.engine)
-                raise
-            connection = self._connection = DirectConnection(self.engine, fairy, _allow_revalidate=False)
-        else:
-            connection._echo = self.engine._should_log_info()  # logging switched on since: statements are logged
+            except engine.dialect.loaded_dbapi.Error as exc:
+                raise sa_exc.DBAPIError.instance(
+                    None, None, exc, engine.dialect.loaded_dbapi.Error, hide_parameters=engine.hide_parameters,
+                    connection_invalidated=engine.dialect.is_disconnect(exc, None, None),
+                    dialect=engine.dialect) from exc
+            connection = self._connection = DirectConnection(engine, fairy, logged=logged)
+        elif (connection.built_logging != logged
+              or connection.get_execution_options() is not engine.get_execution_options()):
+            connection = self._connection = DirectConnection(engine, connection.connection, logged=logged)
+        connection.fast = not logged and not listened(engine, transactions=True)  # this unit's path
         return connection
 
     def release(self) -> None:
         """Unlock after a unit ended; drop the connection unless it is clean (valid, no transaction open)."""
         connection = self._connection
-        if connection is not None:
-            if _clean(connection):
-                connection._execution_options = self.engine._execution_options  # what the unit set goes
-            else:
-                self._connection = None
-                _close(connection)
+        if connection is not None and not _clean(connection):
+            self._connection = None
+            _close(connection)
         self._owner = None
         self._lock.release()
         if self._retired:

@@ -39,9 +39,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
+import sqlalchemy.ext.asyncio as sa_asyncio
 from sqlalchemy import URL, Engine, event
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.ext.asyncio import create_async_engine as _sa_create_async_engine
 from sqlalchemy.util import greenlet_spawn
 
 from ..db import (
@@ -86,6 +86,11 @@ class _Options:
 #: What create_async_engine was told, per engine (adopted engines get the defaults).
 _options: weakref.WeakKeyDictionary[Engine, _Options] = weakref.WeakKeyDictionary()
 _runners: weakref.WeakKeyDictionary[Engine, Runner] = weakref.WeakKeyDictionary()
+
+
+def _sa_create_async_engine(*args: Any, **kwargs: Any) -> AsyncEngine:
+    """SQLAlchemy's ``create_async_engine``, looked up at each call (an instrumentation may wrap it later)."""
+    return sa_asyncio.create_async_engine(*args, **kwargs)
 
 
 def create_async_engine(
