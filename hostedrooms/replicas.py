@@ -620,9 +620,10 @@ def supersede_replica(
     """Record that the replicated room has moved on to (``authority_gateway_id``, ``authority_epoch``), holding
     at least ``latest_seq`` events, so this replica cannot be promoted until it has ingested them: what a
     failover does before it gives a fenced room back (:func:`hostedrooms.standby.failover.failover`). A replica
-    row is created (empty) when there is none. Refused (ReplicaError) when the local store holds the room, or the
-    replica already records a newer epoch. One transaction, serialised with :func:`promote_replica` on the
-    room-creation lock.
+    row is created (empty) when there is none. Refused when the local store holds this replica promoted at the
+    epoch before (RoomConflictError; another room of the same id does not count: it cannot take the replica's
+    place), or the replica already records a newer epoch (ReplicaEpochRegressionError). One transaction,
+    serialised with :func:`promote_replica` on the room-creation lock.
     """
     lim = in_force(limits)
     room_id = room_rules.validate_room_id(room_id, lim)
@@ -636,8 +637,9 @@ def supersede_replica(
 
     def body(tx: RoomTransaction) -> None:
         tx.lock_room_creation()
-        if tx.lock_room(room_id) is not None:
-            raise RoomConflictError("room_id already exists in the local authoritative store")
+        room = tx.lock_room(room_id)
+        if room is not None and _promoted_from(tx, room_id, gateway, epoch - 1):
+            raise RoomConflictError("the replica was promoted here at the epoch before: it cannot be superseded")
         row = _lock_replica(tx.uow, room_id)
         if row is None:
             tx.uow.connection.execute(insert(_replicas).values(
@@ -652,6 +654,16 @@ def supersede_replica(
             latest_seq=max(latest, int(row["latest_seq"])), updated_at=timestamp))
 
     run_room_write(engine, lim, body)
+
+
+def _promoted_from(tx: RoomTransaction, room_id: str, gateway: str, epoch: int) -> bool:
+    """Whether the local room ``room_id`` is a replica of ``gateway``'s promoted here at ``epoch`` (its claim at
+    that epoch names ``gateway`` as the previous authority), rather than another room of the same id."""
+    claim = tx.store.claim_event(tx.uow.connection, room_id, epoch)
+    if claim is None:
+        return False
+    payload = stored_json(claim["payload_json"], lambda: f"hosted room {room_id!r} claim")
+    return isinstance(payload, dict) and payload.get("previous_gateway_id") == gateway
 
 
 def _promotable(tx: RoomTransaction, room_id: str, local: str) -> tuple[Mapping[Any, Any], _LogStats]:
