@@ -17,9 +17,10 @@ replicator is documented to refuse the demotion then, never to lose the write).
 Invariants, in terms of the stores (a room is told apart from another room with its id by its name; a room is
 **writable in store S** when S's authoritative row is held by S's own gateway and not disbanded):
 
-* every acknowledged write is in the log of the stores where its room is writable (the running gateways' ones,
-  else any); for a room written while another store could write it too (a documented fork: the return pass
-  refuses it), in the log of at least one of them;
+* every acknowledged write is in the log of each running gateway's store where its room is writable (while no
+  running gateway may write it, mid-takeover or stopped, it is checked later); for a room written while another
+  running gateway could write it too (a documented fork: the return pass refuses to demote it), in the log of at
+  least one store that may write it;
 * at most one running gateway's store may write each room (forks aside);
 * after a failover completes (or its rerun), with no other operation paused or killed half-way, every room has a
   store that may write it;
@@ -154,7 +155,6 @@ def writable(stores: dict[str, dict[str, Row]], room_id: str, family: str) -> li
 
 
 def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBasedStateMachine]:
-    names = sorted(engines)
     verified: dict[str, Any] = {}  # per store: its fingerprint when verify last found it clean
 
     class TakeoverMachine(RuleBasedStateMachine):
@@ -164,14 +164,16 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
 
         # -- set-up ------------------------------------------------------------------------------------------
 
-        @initialize(count=st.integers(1, 3), capacity=st.sampled_from([0, 0, 1, 2]))
-        def rooms_on_a(self, count: int, capacity: int) -> None:
-            """``count`` rooms on A; the standbys host at most ``capacity`` active rooms (0: the default)."""
+        @initialize(gateways=st.sampled_from([2, 3]), count=st.integers(1, 3), capacity=st.sampled_from([0, 0, 1, 2]))
+        def rooms_on_a(self, gateways: int, count: int, capacity: int) -> None:
+            """``gateways`` gateways (A, B, C), ``count`` rooms on A; the standbys host at most ``capacity`` active
+            rooms (0: the default)."""
+            self.names = sorted(engines)[:gateways]
             for store in engines.values():
                 empty(store)
             lowered = None if not capacity else _limits(capacity)
             self.limits: dict[str, Limits | None] = {"A": None, "B": lowered, "C": lowered}
-            self.status = {name: "up" for name in names}  # up, down (stopped) or returning
+            self.status = {name: "up" for name in self.names}  # up, down (stopped) or returning
             self.unfenced_by: dict[str, str] = {}  # a stopped gateway -> the standby that took over unfenced
             self.pending: set[Op] = set()  # failovers killed half-way, not run again yet
             self.acks: list[Ack] = []
@@ -198,7 +200,7 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             """(gateway, room) pairs an application may try: a running gateway, a room its store holds that it
             holds or once held."""
             choices = []
-            for name in names:
+            for name in self.names:
                 if self.status[name] == "down":
                     continue
                 for room_id, row in sorted(rows(engines[name]).items()):
@@ -222,8 +224,9 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
                 return
             assert mine, f"{name} wrote {room_id} at epoch {epoch}, but its store holds it for {row.holder}"
             self.acks.append(Ack(room_id, row.family, event_id, name))
-            others = [other for other in writable(self._rows(), room_id, row.family) if other != name]
-            if others:  # a write while another store may write the room: the two logs forked
+            others = [other for other in writable(self._rows(), room_id, row.family)
+                      if other != name and self.status[other] != "down"]
+            if others:  # a write while another running gateway may write the room: the two logs forked
                 self.forked.add((room_id, row.family))
 
         @precondition(lambda self: bool(self._writes()))
@@ -233,7 +236,7 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             self._append(name, room_id)
 
         def _creations(self) -> list[tuple[str, str]]:
-            return [(name, room_id) for name in names[1:] if self.status[name] == "up"
+            return [(name, room_id) for name in self.names[1:] if self.status[name] == "up"
                     for room_id in ROOM_IDS if room_id not in rows(engines[name])]
 
         @precondition(lambda self: bool(self._creations()))
@@ -253,10 +256,10 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             """The commands an operator following the docs may run now."""
             busy = self.paused[0].gateway if self.paused is not None else None
             ops: list[Op] = []
-            for gateway in names:
+            for gateway in self.names:
                 if self.status[gateway] != "up" or gateway == busy:
                     continue
-                for source in names:
+                for source in self.names:
                     if source == gateway:
                         continue
                     ops.append(Op("replicate", gateway, source))
@@ -269,7 +272,7 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
                     if fresh or unfenced in self.pending:
                         ops.append(unfenced)
             if self.paused is None:
-                ops += [Op("return", gateway) for gateway in names if self.status[gateway] == "down"]
+                ops += [Op("return", gateway) for gateway in self.names if self.status[gateway] == "down"]
             return ops
 
         def _operation(self, op: Op) -> Callable[[], Any]:
@@ -281,7 +284,7 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             if op.kind == "return":
                 self.status[op.gateway] = "returning"
                 return lambda: [replicate(engines[source], target, gateway, limits)
-                                for source in names if source != op.gateway]
+                                for source in self.names if source != op.gateway]
             if op.fenced:
                 return lambda: take_over(target, gateway, GATEWAYS[op.source], limits, engines[op.source])
             # Without a fence: the old authority is stopped first, then replicated from a last time.
@@ -317,17 +320,36 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             elif op.kind == "failover":
                 self.pending.add(op)
 
-        @precondition(lambda self: bool(self._ops()))
-        @rule(data=st.data())
-        def run(self, data: st.DataObject) -> None:
-            op = data.draw(st.sampled_from(self._ops()), label="run")
+        def _draw(self, data: st.DataObject, kind: str | None, label: str) -> Op:
+            """One of the commands that may run now: of ``kind``, or of a kind drawn first."""
+            ops = self._ops()
+            if kind is None:
+                kind = data.draw(st.sampled_from(sorted({op.kind for op in ops})), label=f"{label}: kind")
+            return data.draw(st.sampled_from([op for op in ops if op.kind == kind]), label=label)
+
+        def _run(self, op: Op) -> None:
             self._finished(op, self._operation(op)())
+
+        @precondition(lambda self: any(op.kind == "replicate" for op in self._ops()))
+        @rule(data=st.data())
+        def replicate(self, data: st.DataObject) -> None:
+            self._run(self._draw(data, "replicate", "replicate"))
+
+        @precondition(lambda self: any(op.kind == "failover" for op in self._ops()))
+        @rule(data=st.data())
+        def failover(self, data: st.DataObject) -> None:
+            self._run(self._draw(data, "failover", "failover"))
+
+        @precondition(lambda self: any(op.kind == "return" for op in self._ops()))
+        @rule(data=st.data())
+        def return_(self, data: st.DataObject) -> None:
+            self._run(self._draw(data, "return", "return"))
 
         @precondition(lambda self: self.paused is None and bool(self._ops()))
         @rule(data=st.data())
         def pause(self, data: st.DataObject) -> None:
             """Run a command in a thread of its own, paused at a step until ``resume``."""
-            op = data.draw(st.sampled_from(self._ops()), label="pause")
+            op = self._draw(data, None, "pause")
             at = data.draw(st.sampled_from(op.steps()), label="at step")
             paused = Paused(conductor, str(op), at, self._operation(op))
             if paused.start():
@@ -347,7 +369,7 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
         @rule(data=st.data())
         def kill(self, data: st.DataObject) -> None:
             """Run a command killed at a step (its process died there); it may be run again later."""
-            op = data.draw(st.sampled_from(self._ops()), label="kill")
+            op = self._draw(data, None, "kill")
             at = data.draw(st.sampled_from(op.steps()), label="at step")
             died, result = killed_at(conductor, at, self._operation(op))
             if died:
@@ -358,7 +380,7 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
         # -- invariants --------------------------------------------------------------------------------------
 
         def _rows(self) -> dict[str, dict[str, Row]]:
-            return {name: rows(engines[name]) for name in names}
+            return {name: rows(engines[name]) for name in self.names}
 
         def _families(self, found: dict[str, dict[str, Row]]) -> set[tuple[str, str]]:
             return {(row.room_id, row.family) for by_room in found.values() for row in by_room.values()}
@@ -366,7 +388,7 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
         def _one_writer_each(self, when: str) -> None:
             found = self._rows()
             for room_id, family in sorted(self._families(found)):
-                holders = {name: found[name][room_id].holder for name in names if room_id in found[name]
+                holders = {name: found[name][room_id].holder for name in self.names if room_id in found[name]
                            and found[name][room_id].family == family}
                 assert writable(found, room_id, family), (
                     f"{when}: no gateway may write room {room_id} ({family}); its rows: {holders}")
@@ -374,12 +396,12 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
         @invariant()
         def acknowledged_writes_are_in_the_writers_logs(self) -> None:
             found = self._rows()
-            logs = {name: event_ids(engines[name]) for name in names}
+            logs = {name: event_ids(engines[name]) for name in self.names}
             for ack in self.acks:
                 writers = writable(found, ack.room_id, ack.family)
-                if not writers:
-                    continue  # between a fence and its promotion (checked once the failover completes)
-                running = [name for name in writers if self.status[name] == "up"] or writers
+                running = [name for name in writers if self.status[name] == "up"]
+                if not running:
+                    continue  # mid-takeover, or only a stopped gateway may write it: checked once one runs
                 holding = [name for name in writers if ack.event_id in logs[name].get(ack.room_id, set())]
                 if (ack.room_id, ack.family) in self.forked:
                     assert holding, (f"{ack.gateway} acknowledged {ack.event_id} in {ack.room_id}; no store that "
@@ -400,7 +422,7 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
 
         @invariant()
         def stores_verify(self) -> None:
-            for name in names:
+            for name in self.names:
                 summary = fingerprint(engines[name])
                 if verified.get(name) != summary:  # verify only a store that changed since its last check
                     assert verify(engines[name]) == [], (name, verify(engines[name]))
