@@ -255,6 +255,10 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
         def _ops(self) -> list[Op]:
             """The commands an operator following the docs may run now."""
             busy = self.paused[0].gateway if self.paused is not None else None
+            # A failover is from a gateway that still writes a room of its own (or a rerun of one killed).
+            authorities = {name for name in self.names if any(
+                row.holder == GATEWAYS[name] and not row.disbanded for row in rows(engines[name]).values())}
+            authorities |= {op.source for op in self.pending}
             ops: list[Op] = []
             for gateway in self.names:
                 if self.status[gateway] != "up" or gateway == busy:
@@ -263,6 +267,8 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
                     if source == gateway:
                         continue
                     ops.append(Op("replicate", gateway, source))
+                    if source not in authorities:
+                        continue
                     taker = self.unfenced_by.get(source)
                     if taker in (None, gateway):
                         ops.append(Op("failover", gateway, source, fenced=True))
