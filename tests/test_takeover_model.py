@@ -363,6 +363,19 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             else:  # it never reached the step: it ran to its end
                 self._finished(op, paused.resume())
 
+        @precondition(lambda self: self.paused is None and any(op.kind == "return" for op in self._ops()))
+        @rule(data=st.data())
+        def return_while_writing(self, data: st.DataObject) -> None:
+            """A stopped authority returns, and its application writes while the return pass waits between its
+            proof and its demotion (issue #34 item 1): pause, append, resume in one rule."""
+            op = self._draw(data, "return", "return")
+            paused = Paused(conductor, str(op), PROVED, self._operation(op))
+            if paused.start():
+                writes = [pair for pair in self._writes() if pair[0] == op.gateway]
+                if writes:
+                    self._append(*data.draw(st.sampled_from(writes), label="append (gateway, room)"))
+            self._finished(op, paused.resume())
+
         @precondition(lambda self: self.paused is not None)
         @rule()
         def resume(self) -> None:
