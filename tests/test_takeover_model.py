@@ -466,7 +466,7 @@ def _run(stores: dict[str, Engine], **options: Any) -> None:
 
 def test_the_takeover_model(stores: dict[str, Engine]) -> None:
     # Not shrunk here (a shrink replays hundreds of sequences): the long run shrinks what it finds.
-    _run(stores, max_examples=30, stateful_step_count=15, derandomize=True,
+    _run(stores, max_examples=40, stateful_step_count=15, derandomize=True,
          phases=[Phase.explicit, Phase.reuse, Phase.generate])
 
 
