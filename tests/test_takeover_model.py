@@ -472,7 +472,7 @@ def test_the_takeover_model(stores: dict[str, Engine]) -> None:
 
 @pytest.mark.slow
 def test_the_takeover_model_long(stores: dict[str, Engine]) -> None:
-    _run(stores, max_examples=400, stateful_step_count=40)
+    _run(stores, max_examples=300, stateful_step_count=30)
 
 
 # --- the two interleavings of issue #34, replayed -----------------------------------------------------------------
