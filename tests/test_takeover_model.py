@@ -1,5 +1,5 @@
-"""A model of the takeover, tested by interleaving (issue #34): a hypothesis state machine of three gateways, each
-with its own store (SQLite files; PostgreSQL databases), as the CLI builds them, on both backends.
+"""A model of the takeover, tested by interleaving (issue #34): a hypothesis state machine of two or three gateways,
+each with its own store (SQLite files; PostgreSQL databases), as the CLI builds them, on both backends.
 
 Rooms are created on A. The machine chooses who runs next: an application write on any gateway (a stale one must be
 refused with AuthorityConflictError; every acknowledged write is recorded), a replicator pass from one store into
@@ -9,10 +9,11 @@ room of its own with one of A's room ids. Any of these operations may be **pause
 (``hostedrooms.standby.steps``) in a thread of its own while the machine runs other rules (an append on the old
 authority, another failover), then resumed; or **killed** at a step (the process died there) and run again later.
 
-The operator's rules the model keeps: a failover without a fence is run only on an authority that was stopped
-(the model stops it, replicates a last time from its store, then fails over), by one standby, and the stopped
-authority serves again only through its return (its application may write while the return pass runs: the
-replicator is documented to refuse the demotion then, never to lose the write).
+The operator's rules the model keeps: a failover is from a gateway that still writes a room of its own; one
+without a fence is run only on an authority that was stopped (the model stops it, replicates a last time from its
+store, then fails over), by one standby, and the stopped authority serves again only through its return (its
+application may write while the return pass runs: the replicator is documented to refuse the demotion then,
+never to lose the write).
 
 Invariants, in terms of the stores (a room is told apart from another room with its id by its name; a room is
 **writable in store S** when S's authoritative row is held by S's own gateway and not disbanded):
