@@ -541,3 +541,41 @@ def test_a_failover_leaves_every_room_with_a_writer(stores: dict[str, Engine], o
     state = rooms.room_state(a, room_id=left[0])
     _say(a, left[0], "a-after-failover", "A", int(state["authority_epoch"]))
     assert verify(a) == [] and verify(b) == []
+
+
+# --- what the model found on the fixed failover (issue #34 follow-ups) ------------------------------------------
+
+
+def test_a_room_taken_locally_after_the_plan_keeps_a_writer(stores: dict[str, Engine]) -> None:
+    """B's failover plans A's room r0 (the id is free on B), then, before the fence, B's application creates a
+    room r0 of its own: r0 of A must keep a gateway that may write it (not fenced, or given back)."""
+    a, b = stores["A"], stores["B"]
+    _host(a, "r0", 1)
+    assert replicate(a, b, GATEWAYS["B"], None).ok
+    conductor = Conductor()
+    with step_hook(conductor):
+        running = Paused(conductor, "failover on B", "failover.planned",
+                         lambda: take_over(b, GATEWAYS["B"], GATEWAYS["A"], None, a))
+        assert running.start()
+        rooms.create_room(b, room_id="r0", name="B-r0", members=MEMBERS, authority_gateway_id=GATEWAYS["B"])
+        report = running.resume()
+    writers = _writers(stores)
+    assert writers == {("r0", "A-r0"): ["A"], ("r0", "B-r0"): ["B"]}, (writers, report.summary())
+
+
+def test_a_standby_that_followed_the_fenced_store_does_not_fork_the_room(stores: dict[str, Engine]) -> None:
+    """C follows A; B fails over from A with the fence; C keeps following A's (fenced) store, so its replica
+    holds A's ``authority.lost`` at the seq where B's log holds its ``authority.claimed``, both at B's epoch.
+    B stops; C replicates from B a last time and fails over from it; B returns: the room must end with one
+    gateway that may write it (C's pass from B finds that its replica is not B's log, or B's return demotes)."""
+    a, b, c = stores["A"], stores["B"], stores["C"]
+    _host(a, "r0", 1)
+    assert replicate(a, c, GATEWAYS["C"], None).ok
+    assert take_over(b, GATEWAYS["B"], GATEWAYS["A"], None, a).ok
+    replicate(a, c, GATEWAYS["C"], None)  # C still follows A
+    if replicate(b, c, GATEWAYS["C"], None).ok:  # B was stopped: C's last pass from it, then its failover
+        take_over(c, GATEWAYS["C"], GATEWAYS["B"], None, None)
+    for source in (a, c):  # B returns
+        replicate(source, b, GATEWAYS["B"], None)
+    assert _writers(stores) == {("r0", "A-r0"): ["B"]} or _writers(stores) == {("r0", "A-r0"): ["C"]}, \
+        _writers(stores)
