@@ -53,13 +53,14 @@ its :class:`~hostedrooms.standby.wake.Waker` says the source changed, or at the 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..demotion import demote_room
@@ -74,7 +75,14 @@ from ..errors import (
 )
 from ..identity import local_gateway_id as resolve_local_gateway_id
 from ..limits import Limits, in_force
-from ..replicas import CheckedPage, ingest_page, prune_disbanded_replicas, validate_page
+from ..replicas import (
+    CheckedEvent,
+    CheckedPage,
+    ingest_page,
+    prune_disbanded_replicas,
+    supersede_replica,
+    validate_page,
+)
 from ..rooms import rules as room_rules
 from ..telemetry import pass_attributes, record_pass, traced
 from ..validation import INT64_MAX, MAX_EPOCH, identifier
@@ -656,6 +664,8 @@ class Replicator:
         known = self._lineages.get(room_id, _UNKNOWN)
         lineage_check = replica is not None and since > 0 and known is _UNKNOWN
         disbanded = head.disbanded
+        # The lineage this replica records (None: no replica yet).
+        lineage = None if replica is None else (replica.authority_gateway_id, replica.authority_epoch)
         while self.max_pages_per_room is None or report.pages < self.max_pages_per_room:
             # The lineage check's early event comes on top of the page (the fork check's, as it always did, not).
             early = fork_check or lineage_check
@@ -671,6 +681,10 @@ class Replicator:
                 except Refused as exc:
                     raise _lineage_refusal(exc, known, page) if lineage_check else exc from None
                 fork_check = False
+            fence = _fence_at(page)
+            if fence is not None:  # the room's log goes on in another store: stop this room at the fence
+                self._stop_at_fence(room_id, page, fence, lineage, report)
+                return
             claim = page.latest_seq if page.latest_seq is not None else 0
             # A stored claim no stored event supports, which this page (read after it was stored) contradicts.
             unsupported = stored_latest is not None and stored_latest > since and claim < stored_latest
@@ -689,6 +703,7 @@ class Replicator:
             except ReplicaError as exc:  # the overlapping event differs from the replica's
                 raise _lineage_refusal(exc, known, page) if lineage_check else exc from None
             lineage_check, known = False, page.lineage
+            lineage = (str(result["authority"]["gateway_id"]), int(result["authority"]["epoch"]))
             self._lineages[room_id] = page.lineage
             stored, ingested = int(result["stored_seq"]), int(result["ingested"])
             page_claim = claim if page.latest_seq is not None else stored
@@ -718,6 +733,34 @@ class Replicator:
             report.status = DISBANDED if disbanded else CAUGHT_UP
         else:
             report.status = BEHIND
+
+    def _stop_at_fence(self, room_id: str, page: CheckedPage, fence: CheckedEvent, lineage: tuple[str, int] | None,
+                       report: RoomReport) -> None:
+        """``page`` holds an ``authority.lost``: the source's store fenced its own room for ``page``'s authority,
+        whose log holds its own event at that seq. Store what comes before the fence under the replica's lineage,
+        then record that the room moved on to the new authority at the fence's seq (the replica is then behind
+        it, never promotable at the old lineage), and say where the log goes on; never ingest the fence itself
+        under the new authority's lineage (that log would fork from the new authority's)."""
+        where = (f"the source's room was fenced for {page.gateway_id} at epoch {page.epoch} (authority.lost at seq "
+                 f"{fence.seq}): its log goes on in {page.gateway_id}'s store; replicate it from there")
+        moved = (page.gateway_id, page.epoch)
+        report.status, report.reason = BEHIND, where
+        if lineage == moved:
+            return  # recorded by an earlier pass
+        if lineage is None or lineage[0] != _previous_gateway(fence):
+            raise Refused(where)
+        info = self._room_info(room_id, page)
+        before = [event for event in page.events if event.seq < fence.seq]
+        if before:
+            ingest_page(self.target, room_id=room_id, room_name=info.name, members=info.members,
+                        page=replace(page, gateway_id=lineage[0], epoch=lineage[1], events=before,
+                                     latest_seq=fence.seq - 1, cursor=fence.seq - 1, has_more=False),
+                        now=self._now(), limits=self.limits)
+            report.events += len(before)
+        supersede_replica(self.target, room_id=room_id, room_name=info.name, members=info.members,
+                          authority_gateway_id=page.gateway_id, authority_epoch=page.epoch, latest_seq=fence.seq,
+                          now=self._now(), limits=self.limits)
+        report.authority_gateway_id, report.authority_epoch, report.latest_seq = page.gateway_id, page.epoch, fence.seq
 
     # -- the local authoritative store -------------------------------------------------------------------------
 
@@ -854,6 +897,24 @@ _INFO_KINDS = frozenset({"room.renamed", "authority.claimed"})
 def _changes_info(page: CheckedPage) -> bool:
     return any(event.event.kind in _INFO_KINDS for event in page.events)
 
+
+
+def _fence_at(page: CheckedPage) -> CheckedEvent | None:
+    """The ``authority.lost`` that handed the room to the page's own authority (the source's store fenced its room
+    for that gateway, whose log goes on elsewhere), or None. An older fence, since undone by a later claim, is
+    history like any event."""
+    for event in page.events:
+        if event.event.kind == "authority.lost":
+            payload = json.loads(event.event.payload_json)
+            if isinstance(payload, dict) and (payload.get("authority_gateway_id"), payload.get("authority_epoch")) \
+                    == (page.gateway_id, page.epoch):
+                return event
+    return None
+
+
+def _previous_gateway(fence: CheckedEvent) -> Any:
+    payload = json.loads(fence.event.payload_json)
+    return payload.get("previous_gateway_id") if isinstance(payload, dict) else None
 
 
 def _lineage_refusal(exc: Exception, known: Any, page: CheckedPage) -> Refused:
