@@ -579,3 +579,18 @@ def test_a_standby_that_followed_the_fenced_store_does_not_fork_the_room(stores:
         replicate(source, b, GATEWAYS["B"], None)
     assert _writers(stores) == {("r0", "A-r0"): ["B"]} or _writers(stores) == {("r0", "A-r0"): ["C"]}, \
         _writers(stores)
+
+
+def test_a_room_taken_locally_before_the_rerun_keeps_a_writer(stores: dict[str, Engine]) -> None:
+    """B's failover is killed after the fence; B's application then creates a room r0 of its own; the rerun
+    cannot promote A's r0: it must give it back, so r0 of A keeps a gateway that may write it."""
+    a, b = stores["A"], stores["B"]
+    _host(a, "r0", 1)
+    conductor = Conductor()
+    with step_hook(conductor):
+        died, _ = killed_at(conductor, "failover.fenced", lambda: take_over(b, GATEWAYS["B"], GATEWAYS["A"], None, a))
+    assert died
+    rooms.create_room(b, room_id="r0", name="B-r0", members=MEMBERS, authority_gateway_id=GATEWAYS["B"])
+    report = take_over(b, GATEWAYS["B"], GATEWAYS["A"], None, a)
+    writers = _writers(stores)
+    assert writers == {("r0", "A-r0"): ["A"], ("r0", "B-r0"): ["B"]}, (writers, report.summary())
