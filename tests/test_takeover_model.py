@@ -108,6 +108,7 @@ def stores(request: pytest.FixtureRequest, backend: str, engine: Engine, standby
         third = create_engine(str(path))
     else:
         third = create_engine(request.getfixturevalue("pg_third_url"))
+        empty(third)  # one database for the session: emptied for each test, as the other two are
     try:
         yield {"A": engine, "B": standby, "C": third}
     finally:
