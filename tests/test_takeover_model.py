@@ -425,6 +425,8 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
                     continue  # mid-takeover, or only a stopped gateway may write it: checked once one runs
                 holding = [name for name in writers if ack.event_id in logs[name].get(ack.room_id, set())]
                 if (ack.room_id, ack.family) in self.forked:
+                    if self.pending or self.paused is not None:
+                        continue  # one branch of the fork may be mid-takeover: checked once that ends
                     assert holding, (f"{ack.gateway} acknowledged {ack.event_id} in {ack.room_id}; no store that "
                                      f"may write the room holds it (writers: {writers})")
                 else:
