@@ -18,7 +18,8 @@ database exists and is never deleted (deleting it while processes use it would s
 In one process: a thread mutex first (so one thread per process waits in the kernel, and a thread's nested
 write unit, which already holds the lock, proceeds without it as before: SQLite's busy timeout decides), then
 the ``flock`` on a descriptor of this process's own, opened lazily (``O_CLOEXEC``; one per database file, kept
-for the life of the process: engines come and go, the file stays). ``flock`` locks belong to an
+while an engine of that file lives, closed once the last one is gone: a process that opens many databases in
+turn, a test suite, holds no descriptor for each). ``flock`` locks belong to an
 open file description, which a forked child shares: a child closes every descriptor it inherited from here
 (:func:`_forked`; that never unlocks the parent's lock) and opens its own, and a lock object of the parent
 never unlocks anything in a child (the pid is checked).
@@ -54,6 +55,7 @@ import stat
 import struct
 import threading
 import time
+import weakref
 
 from sqlalchemy import Engine
 
@@ -81,8 +83,9 @@ _ATTRIBUTE = "_hostedrooms_write_lock"
 _log = logging.getLogger(__name__)
 #: Bumped in every forked child: lock objects of an older generation belong to the parent.
 _generation = 0
-#: This process's lock objects, one per lock file (two engines of one file share the mutex and the queue).
-_locks: dict[str, FileWriteLock] = {}
+#: This process's lock objects, one per lock file (two engines of one file share the mutex and the queue), held
+#: by the engines' sites and by the turns in progress: a lock no engine uses any more is dropped.
+_locks: weakref.WeakValueDictionary[str, FileWriteLock] = weakref.WeakValueDictionary()
 #: Every lock-file descriptor open in this process (a forked child closes them all); guarded by ``_fds_lock``.
 _fds: set[int] = set()
 _fds_lock = threading.Lock()
@@ -232,6 +235,8 @@ class FileWriteLock:
         with self._opening:  # one descriptor for uncontended turns, ever: release() tells it from fresh ones
             if self._fd is None:
                 self._fd = self._open()
+                if self._fd is not None:  # closed when this lock is dropped (no engine or turn holds it)
+                    weakref.finalize(self, _drop, self._fd, self.pid, _generation)
             return self._fd
 
     def _lock(self, fd: int, patience: _Patience | None, timeout: float) -> int | None:
@@ -272,6 +277,17 @@ def _open(path: str) -> int:
         _close(fd)
         raise PermissionError(f"not a regular file: {path}")
     return fd
+
+
+def _drop(fd: int, pid: int, generation: int) -> None:
+    """Close a dropped lock's descriptor, in the process and generation that opened it only (a forked child closed
+    its copies already, and the number may name another file there by now)."""
+    if os.getpid() != pid or _generation != generation:
+        return
+    with _fds_lock:
+        if fd in _fds:
+            _fds.discard(fd)
+            os.close(fd)
 
 
 def _close(fd: int) -> None:

@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 from factories import account_raw_bytes
 from factories import run_cli as _run
+from waits import readable
 
 from hostedrooms import UnitOfWork, migrate
 from hostedrooms.cli import main
@@ -230,12 +231,11 @@ def test_long_commands_stay_quiet_when_piped(tmp_path: Path) -> None:
 def _read_lines(fd: int, count: int, *, timeout: float) -> list[str]:
     """``count`` lines from a child's pipe, or fewer if they do not arrive in time (never hangs the run)."""
     import os
-    import select
     import time
 
     data, deadline = b"", time.monotonic() + timeout
     while data.count(b"\n") < count and time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        ready = readable(fd, deadline - time.monotonic())
         if ready:
             chunk = os.read(fd, 65536)
             if not chunk:

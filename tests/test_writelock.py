@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import select
 import shutil
 import threading
 import time
@@ -24,6 +23,7 @@ import pytest
 import sqlalchemy as sa
 from factories import USER, file_mode, make_room, run_together
 from sqlalchemy import Engine
+from waits import readable
 
 import hostedrooms
 from hostedrooms import aio, migrate, models, rooms, verify, writelock
@@ -280,12 +280,12 @@ def test_a_forked_child_does_not_inherit_the_parents_turn(engine: Engine, path: 
                     code = 2
                 except StoreUnavailableError:
                     os.write(from_child, b"1")
-                    if select.select([to_child], [], [], BOUND)[0] and os.read(to_child, 1) == b"2":
+                    if readable(to_child, BOUND) and os.read(to_child, 1) == b"2":
                         _append(engine, "child")
                         code = 0
             finally:
                 os._exit(code)
-        assert select.select([to_parent], [], [], BOUND)[0] and os.read(to_parent, 1) == b"1"
+        assert readable(to_parent, BOUND) and os.read(to_parent, 1) == b"1"
     finally:
         turn.release()
     assert soon_free(path)  # the child's inherited descriptor does not keep the parent's lock
@@ -298,3 +298,25 @@ def test_a_forked_child_does_not_inherit_the_parents_turn(engine: Engine, path: 
         os.close(fd)
     assert os.waitstatus_to_exitcode(waited[1]) == 0
     assert _event_ids(engine) == ["e1", "child"] and lock_is_free(path)
+
+
+def test_a_lock_file_descriptor_is_closed_once_no_engine_uses_it(tmp_path: Path) -> None:
+    """A process that opens many databases in turn (a test suite, a host's) keeps no descriptor for each."""
+    import gc
+
+    from hostedrooms import create_engine
+
+    def fds() -> set[str]:
+        return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                if os.path.exists(f"/proc/self/fd/{fd}")} if os.path.isdir("/proc/self/fd") else set()
+
+    for index in range(20):
+        engine = create_engine(str(tmp_path / f"s{index}.db"))
+        migrate.upgrade(engine)
+        make_room(engine, "r")
+        assert writelock.lock_file(str(tmp_path / f"s{index}.db")) in fds()  # in use: kept
+        engine.dispose()
+        del engine
+        gc.collect()
+    open_locks = [path for path in fds() if path.endswith(writelock.LOCK_SUFFIX) and path.startswith(str(tmp_path))]
+    assert open_locks == []

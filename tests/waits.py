@@ -32,3 +32,13 @@ def join(thread: threading.Thread, timeout: float = BOUND) -> None:
     """Join ``thread``; still alive after ``timeout`` seconds, the test fails."""
     thread.join(timeout)
     assert not thread.is_alive(), f"thread {thread.name} still running after {timeout} s"
+
+
+def readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` has something to read within ``timeout`` seconds (``poll``: any descriptor number, where
+    ``select`` refuses those past 1023, which a long test run reaches)."""
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0.0, timeout) * 1000))
