@@ -18,8 +18,8 @@ database exists and is never deleted (deleting it while processes use it would s
 In one process: a thread mutex first (so one thread per process waits in the kernel, and a thread's nested
 write unit, which already holds the lock, proceeds without it as before: SQLite's busy timeout decides), then
 the ``flock`` on a descriptor of this process's own, opened lazily (``O_CLOEXEC``; one per database file, kept
-while an engine of that file lives, closed once the last one is gone: a process that opens many databases in
-turn, a test suite, holds no descriptor for each). ``flock`` locks belong to an
+while an engine of that file lives, closed after the last one is gone, when the next lock file is opened: a
+process that opens many databases in turn, a test suite, holds no descriptor for each). ``flock`` locks belong to an
 open file description, which a forked child shares: a child closes every descriptor it inherited from here
 (:func:`_forked`; that never unlocks the parent's lock) and opens its own, and a lock object of the parent
 never unlocks anything in a child (the pid is checked).
@@ -89,6 +89,8 @@ _locks: weakref.WeakValueDictionary[str, FileWriteLock] = weakref.WeakValueDicti
 #: Every lock-file descriptor open in this process (a forked child closes them all); guarded by ``_fds_lock``.
 _fds: set[int] = set()
 _fds_lock = threading.Lock()
+#: Descriptors of locks no engine uses any more, closed at the next opening of a lock file (:func:`_drop`).
+_dropped: list[tuple[int, int, int]] = []
 
 
 class _Site:
@@ -267,6 +269,7 @@ class FileWriteLock:
 def _open(path: str) -> int:
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # O_NONBLOCK: a FIFO never blocks open
     with _fds_lock:
+        _close_dropped()
         try:
             fd = os.open(path, flags)
         except FileNotFoundError:
@@ -280,12 +283,18 @@ def _open(path: str) -> int:
 
 
 def _drop(fd: int, pid: int, generation: int) -> None:
-    """Close a dropped lock's descriptor, in the process and generation that opened it only (a forked child closed
-    its copies already, and the number may name another file there by now)."""
-    if os.getpid() != pid or _generation != generation:
-        return
-    with _fds_lock:
-        if fd in _fds:
+    """A dropped lock's descriptor, to close at the next opening (:func:`_close_dropped`). This runs inside the
+    garbage collector, at any point of any thread, possibly one holding ``_fds_lock``: it takes no lock (a list
+    append is atomic) and closes nothing itself."""
+    _dropped.append((fd, pid, generation))
+
+
+def _close_dropped() -> None:
+    """Close the descriptors of dropped locks, those of this process and generation only (a forked child closed
+    its copies already, and the number may name another file there by now). Called holding ``_fds_lock``."""
+    while _dropped:
+        fd, pid, generation = _dropped.pop()
+        if os.getpid() == pid and _generation == generation and fd in _fds:
             _fds.discard(fd)
             os.close(fd)
 
@@ -355,6 +364,7 @@ def _forked() -> None:
     global _generation, _fds_lock
     _generation += 1
     _locks.clear()
+    _dropped.clear()
     for fd in list(_fds):
         try:
             os.close(fd)
