@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
+from standby_support import migrated_database
 
-from hostedrooms import migrate
 from hostedrooms.db import create_engine
 from hostedrooms.models import metadata
-from hostedrooms.testing import create_database, drop_database, unique_name
 
 
 def truncate_all(engine: Engine) -> None:
@@ -28,13 +27,7 @@ def truncate_all(engine: Engine) -> None:
 
 @pytest.fixture(scope="session")
 def pg_standby_url(pg_admin_url: str) -> Iterator[str]:
-    name = unique_name("hostedrooms_standby")
-    url = create_database(pg_admin_url, name)
-    try:
-        migrate.upgrade(url)
-        yield url
-    finally:
-        drop_database(pg_admin_url, name)
+    yield from migrated_database(pg_admin_url, "hostedrooms_standby")
 
 
 @pytest.fixture

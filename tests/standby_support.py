@@ -3,6 +3,7 @@ standby_fixtures.py, which a test module loads with ``pytest_plugins = ["standby
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -97,3 +98,17 @@ def drop_store(engine: Engine) -> None:
     engine.dispose()
     if id(engine) in _extra:
         drop_database(*_extra.pop(id(engine)))
+
+
+def migrated_database(admin_url: str, prefix: str) -> Iterator[str]:
+    """A new migrated PostgreSQL database named after ``prefix``, dropped when the generator ends (a fixture body)."""
+    from hostedrooms import migrate
+    from hostedrooms.testing import create_database, drop_database, unique_name
+
+    name = unique_name(prefix)
+    url = create_database(admin_url, name)
+    try:
+        migrate.upgrade(url)
+        yield url
+    finally:
+        drop_database(admin_url, name)

@@ -51,6 +51,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from sqlalchemy import Engine
+from standby_support import migrated_database
 from takeover_model_support import (
     GATEWAYS,
     Conductor,
@@ -71,7 +72,6 @@ from hostedrooms.errors import AuthorityConflictError, HostedRoomError
 from hostedrooms.limits import Limits
 from hostedrooms.records import Actor
 from hostedrooms.standby.steps import step_hook
-from hostedrooms.testing import create_database, drop_database, unique_name
 
 pytest_plugins = ["standby_fixtures"]
 
@@ -87,15 +87,7 @@ PROVED = "replicator.proved"
 
 @pytest.fixture(scope="session")
 def pg_third_url(pg_admin_url: str) -> Iterator[str]:
-    from hostedrooms import migrate
-
-    name = unique_name("hostedrooms_third")
-    url = create_database(pg_admin_url, name)
-    try:
-        migrate.upgrade(url)
-        yield url
-    finally:
-        drop_database(pg_admin_url, name)
+    yield from migrated_database(pg_admin_url, "hostedrooms_third")
 
 
 @pytest.fixture
