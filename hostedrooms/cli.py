@@ -66,7 +66,7 @@ from .migrate import SCHEMA_ENV
 from .models import deliveries, replicas, rooms
 from .records import EventRecord
 from .rooms import decode_rows
-from .store import REPLAY_COLUMNS, room_store
+from .store import REPLAY_COLUMNS
 from .uow import UnitOfWork
 from .validation import INT64_MAX, stored_json
 
@@ -158,18 +158,18 @@ def _log_lines(rows: Sequence[tuple[Any, ...]], as_json: bool) -> Iterator[str]:
 
 
 def _require_room(uow: UnitOfWork, room_id: str) -> None:
-    if room_store(uow.dialect).room_head(uow.connection, room_id) is None:
+    if uow.rooms.room_head(room_id) is None:
         raise HostedRoomError(f"hosted room not found: {terminal_text(room_id)}")
 
 
 def _log_page(engine: Engine, room_id: str, since: int, limit: int) -> list[tuple[Any, ...]]:
     """Up to ``limit`` event rows of ``room_id`` after ``since`` (the store's compiled replay statement)."""
     with UnitOfWork(engine, write=False) as uow:
-        store = room_store(uow.dialect)
+        store = uow.rooms
         _require_room(uow, room_id)
         # No byte budget here (a page is --limit events): the largest the statement takes; max_event_bytes only
         # sizes the driver's fetches (a backend stepping the cursor takes max_bytes // max_event_bytes at a time).
-        rows, _ = store.replay_rows(uow.connection, room_id, since=since, latest_seq=INT64_MAX, limit=limit,
+        rows, _ = store.replay_rows(room_id, since=since, latest_seq=INT64_MAX, limit=limit,
                                     max_bytes=INT64_MAX, max_event_bytes=INT64_MAX // 512)
     return rows
 

@@ -24,7 +24,7 @@ from .limits import Limits, in_force
 from .records import DemotionResult
 from .rooms import PreparedEvent, RoomChange, RoomTransaction, payload_json, run_room_write, system_actor_json
 from .rooms import rules as room_rules
-from .store.base import RowLike
+from .store import RowLike
 from .telemetry import traced
 from .validation import INT64_MAX, MAX_EPOCH, bounded_int, clock, identifier
 
@@ -43,6 +43,15 @@ class ProvenHead(NamedTuple):
 def lost_event_id(epoch: int) -> str:
     """The id of the ``authority.lost`` event that fences a room to ``epoch``."""
     return f"system:authority-lost:{epoch}"
+
+
+def lost_event(local: str, observed_gateway: str, epoch: int, lim: Limits) -> PreparedEvent:
+    """The ``authority.lost`` event by which ``local`` hands the room to ``observed_gateway`` at ``epoch``."""
+    return PreparedEvent(
+        lost_event_id(epoch), "authority.lost", system_actor_json("authority-control", lim),
+        payload_json({"previous_gateway_id": local, "authority_gateway_id": observed_gateway,
+                      "authority_epoch": epoch}, lim),
+        epoch, control=True)
 
 
 def _positive_epoch(value: Any, label: str) -> int:
@@ -81,6 +90,15 @@ def _max_size(value: Any) -> tuple[int, int] | None:
     return events, size
 
 
+def _other_than(observed_gateway: str, local: str) -> str:
+    """``local``, refused when it is the observed gateway (a demotion fences this gateway against another one)."""
+    if observed_gateway == local:
+        raise ReplicaError(
+            "observed_gateway_id is this gateway: demotion fences this gateway against another one; "
+            "moving its own authority to a newer epoch needs claim_authority")
+    return local
+
+
 def _check_conditions(tx: RoomTransaction, room: RowLike, local: str, proven: ProvenHead | None,
                       bound: tuple[int, int] | None) -> None:
     """Raise DemotionStaleError unless ``room`` (locked) still meets what the caller's proof or plan established."""
@@ -102,7 +120,7 @@ def _check_proven(tx: RoomTransaction, room: RowLike, local: str, proven: Proven
     if head != proven.seq:
         raise DemotionStaleError(f"the room holds seq {head}, not the proven head seq {proven.seq}: events were "
                                  "written after the proof; nothing was changed")
-    if proven.seq and tx.store.event_id_at(tx.uow.connection, str(room["room_id"]), proven.seq) != proven.event_id:
+    if proven.seq and tx.store.event_id_at(str(room["room_id"]), proven.seq) != proven.event_id:
         raise DemotionStaleError(f"the event at the proven head seq {proven.seq} is not the proven one; nothing "
                                  "was changed")
 
@@ -134,19 +152,10 @@ def demote_room(
     observed_gateway = room_rules.validate_actor_id(observed_gateway_id, "observed_gateway_id", lim)
     # The room keeps the observed epoch, and a later claim writes epoch + 1.
     epoch = _positive_epoch(observed_epoch, "observed_epoch")
-    proven = _proven_head(proven_head, lim)
-    bound = _max_size(max_size)
+    proven, bound = _proven_head(proven_head, lim), _max_size(max_size)
     timestamp = clock(now)
-    local = resolve_local_gateway_id(local_gateway_id)
-    if observed_gateway == local:
-        raise ReplicaError(
-            "observed_gateway_id is this gateway: demotion fences this gateway against another one; "
-            "moving its own authority to a newer epoch needs claim_authority")
-    lost = PreparedEvent(
-        lost_event_id(epoch), "authority.lost", system_actor_json("authority-control", lim),
-        payload_json({"previous_gateway_id": local, "authority_gateway_id": observed_gateway,
-                      "authority_epoch": epoch}, lim),
-        epoch, control=True)
+    local = _other_than(observed_gateway, resolve_local_gateway_id(local_gateway_id))
+    lost = lost_event(local, observed_gateway, epoch, lim)
 
     def body(tx: RoomTransaction) -> DemotionResult:
         room = tx.lock_room(room_id)

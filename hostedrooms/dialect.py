@@ -53,6 +53,7 @@ from . import writer as held
 from .errors import SchemaMissingError, StoreConfigurationError, StoreMissingError, describe_target
 from .files import PRIVATE_FILE_MODE, SQLITE_SIDECARS, restrict_file
 from .statements import DIRECT_BEGUN, HotStatement
+from .store.locks import MIGRATION_LOCK_KEY as MIGRATION_LOCK_KEY
 
 
 def sa_create_engine(*args: Any, **kwargs: Any) -> Engine:
@@ -68,9 +69,6 @@ _DEFERRED_BEGIN = "hostedrooms_deferred_begin"
 #: (payload: "delivery", "response" or "outbound").
 ROOM_EVENTS_CHANNEL = "hostedrooms_room_events"
 LEDGER_WORK_CHANNEL = "hostedrooms_ledger_work"
-
-#: A stable 64-bit key for advisory locks that serialise schema migrations on PostgreSQL.
-MIGRATION_LOCK_KEY = 0x686F737465640001  # "hosted" + 1
 
 #: The schema whose advisory keys and channels are the fixed ones above, as earlier versions used them (so a
 #: gateway in ``public`` and an older version of it running alongside still exclude each other); every other

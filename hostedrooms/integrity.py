@@ -422,16 +422,16 @@ def repair_budget(target: Target, *, limits: Limits | None = None) -> BudgetRepa
         connection, store = tx.uow.connection, tx.store
         # Read before the lock only to tell a missing shard, which locking restores (and settles: a change too).
         shards, used, allowance = _allowances(connection)
-        store.lock_budget(connection, limit)
+        store.lock_budget(limit)
         problems = tuple(check_budget(connection, tx.uow.dialect))
         if shards < store.budget_shards:
             problems = (*problems,
                         Violation("budget", "gateway", f"{store.budget_shards - shards} budget shard(s) missing"))
         else:  # every shard held: the shards as they are
             _, used, allowance = _allowances(connection)
-        rooms_bytes = store.gateway_bytes(connection)
+        rooms_bytes = store.gateway_bytes()
         if problems:
-            store.settle_budget(connection, rooms_bytes, limit)
+            store.settle_budget(rooms_bytes, limit)
         return BudgetRepair(problems, used, rooms_bytes, allowance, _allowances(connection)[2], limit)
 
     try:

@@ -36,6 +36,8 @@ from .errors import (
 )
 from .limits import Limits, in_force
 from .records import RemoteRunIdentity, RemoteRunReceipt, RemoteRunRecord, RoomLinkRecord
+from .store.locks import PEER_LINKS_LOCK_KEY as _LINKS_LOCK
+from .store.locks import PEER_RESERVATIONS_LOCK_KEY as _RESERVATIONS_LOCK
 from .telemetry import no_engine, traced
 from .uow import UnitOfWork
 from .validation import INT64_MAX, clock, compact_json, identifier, storable_string, storable_text
@@ -83,11 +85,6 @@ REMOTE_RUN_COLUMNS = (*models.REMOTE_RUN_IDENTITY_COLUMNS, "run_id", "session_id
 #: How long a probe may wait for a lock (or a statement) before it answers "unavailable".
 PROBE_TIMEOUT_SECONDS = 0.2
 
-# Advisory keys (PostgreSQL) that serialise the read-then-write units below, as BEGIN IMMEDIATE does on
-# SQLite: the link cap counts every stored link, and reservation rules read other rows of the table.
-_LINKS_LOCK = int.from_bytes(hashlib.sha256(b"hostedrooms:hosted_room_links").digest()[:8], "big", signed=True)
-_RESERVATIONS_LOCK = int.from_bytes(
-    hashlib.sha256(b"hostedrooms:hosted_room_peer_reservations").digest()[:8], "big", signed=True)
 
 
 def _resolve(engine: EngineSource) -> Engine:

@@ -42,7 +42,6 @@ from .records import (
     SchemaStatus,
     StoreStatus,
 )
-from .store import room_store
 from .uow import UnitOfWork
 from .validation import bounded_int, clock
 
@@ -140,7 +139,7 @@ def _rooms(uow: UnitOfWork, lim: Limits, top: int) -> RoomsStatus:
         "live": _cap(live_rooms, lim.MAX_ACTIVE_ROOMS),
         "disbanded": _cap(disbanded, lim.MAX_DISBANDED_ROOM_TOMBSTONES),
         "events": events,
-        "bytes": _cap(room_store(uow.dialect).gateway_bytes(connection), lim.MAX_GATEWAY_EVENT_BYTES),
+        "bytes": _cap(uow.rooms.gateway_bytes(), lim.MAX_GATEWAY_EVENT_BYTES),
         "disbanded_bytes": disbanded_bytes,
         "most_events": _cap(most_events, lim.MAX_EVENTS_PER_ROOM),
         "most_bytes": _cap(most_bytes, lim.MAX_ROOM_EVENT_BYTES),

@@ -11,8 +11,12 @@ Write units start with ``BEGIN IMMEDIATE`` on SQLite (the write lock is held fro
 read-then-write cannot lose updates); ``write=False`` opens a deferred read transaction instead, and
 ``write=False, statement_snapshots=True`` a read whose statements need no snapshot in common (each is correct on
 its own), which on PostgreSQL runs without a transaction at all (:meth:`StoreDialect.begin_statement_reads
-<hostedrooms.dialect.StoreDialect.begin_statement_reads>`). Driver errors raised inside the block, on commit or on
-connect are translated here, in one place.
+<hostedrooms.dialect.StoreDialect.begin_statement_reads>`); :meth:`UnitOfWork.one_statement` opens that kind of
+unit for a write of one statement that commits itself (the one-statement append). Driver errors raised inside the
+block, on commit or on connect are translated here, in one place.
+
+The stores hang off the unit, bound to its connection: ``uow.rooms``, ``uow.replicas`` (built on first use, then
+the same object for the rest of the unit).
 
 On a SQLite file engine a write unit runs on the engine's one held writer connection when it can take it
 (:mod:`hostedrooms.writer`), otherwise on a pooled connection; both give the same transaction, results and errors.
@@ -24,7 +28,7 @@ writers of several processes queue instead of polling (:mod:`hostedrooms.writelo
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Generic, Protocol, Self, TypeVar, overload
 
 from sqlalchemy import Connection, Engine, Executable, Result
 from sqlalchemy import exc as sa_exc
@@ -36,11 +40,47 @@ from .db import reject_async
 from .dialect import StoreDialect, dialect_for
 from .errors import translate
 from .statements import DIRECT_BEGUN, DirectConnection, begin_unit, end_unit
+from .store import PerBackend, ReplicaStore, RoomStore, replica_store, room_store
 from .wakeup import committed
 
 
+class _Bindable(Protocol):
+    def bind(self, connection: Connection) -> Self: ...
+
+
+_S = TypeVar("_S", bound=_Bindable)
+
+
+class _UnitStore(Generic[_S]):
+    """A unit's accessor for one store (``uow.rooms``): the backend's store bound to the unit's connection, built
+    on first use and then kept in the unit as a plain attribute (later uses cost an attribute read)."""
+
+    def __init__(self, stores: PerBackend[_S]) -> None:
+        self._stores = stores
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, uow: None, owner: type) -> Self: ...
+    @overload
+    def __get__(self, uow: UnitOfWork, owner: type) -> _S: ...
+    def __get__(self, uow: UnitOfWork | None, owner: type) -> Self | _S:
+        if uow is None:
+            return self
+        store = self._stores(uow.dialect).bind(uow.connection)
+        uow.__dict__[self._name] = store
+        return store
+
+
 class UnitOfWork:
-    """A context manager around one transaction on ``engine``; exposes ``connection`` and ``session``."""
+    """A context manager around one transaction on ``engine``; exposes ``connection``, ``session`` and the stores
+    bound to the connection (``rooms``, ``replicas``)."""
+
+    #: The room store of this unit's backend, on this unit's connection.
+    rooms: _UnitStore[RoomStore] = _UnitStore(room_store)
+    #: The replica store of this unit's backend, on this unit's connection.
+    replicas: _UnitStore[ReplicaStore] = _UnitStore(replica_store)
 
     def __init__(self, engine: Engine, *, write: bool = True, statement_snapshots: bool = False) -> None:
         reject_async(engine)
@@ -54,6 +94,13 @@ class UnitOfWork:
         self._writer: held.HeldWriter | None = None
         self._turn: writelock.FileWriteLock | None = None
         self._gated = False
+
+    @classmethod
+    def one_statement(cls, engine: Engine) -> UnitOfWork:
+        """A unit for a write of one statement that commits itself (a store's one-statement append, where
+        :attr:`~hostedrooms.store.RoomStore.one_statement_autocommits`): on PostgreSQL it runs in autocommit,
+        outside any transaction, as a statement-snapshot read unit does."""
+        return cls(engine, write=False, statement_snapshots=True)
 
     def __enter__(self) -> Self:
         # A write waits for its turn among all processes' writers (released by _close) before the fork gate: a

@@ -64,7 +64,7 @@ def _fast(engine: Engine, room_id: str, event_id: str, *, gateway: str = LOCAL, 
     event = rooms.PreparedEvent(event_id, "message.user", '{"id":"u1","kind":"user"}', '{"text":"hi"}', epoch)
     store = room_store(dialect_for(engine))
     with UnitOfWork(engine) as uow:
-        outcome = store.append_fast(uow.connection, room_id, [event], gateway_id=gateway, now=5.0,
+        outcome = store.append_one_statement(uow.connection, room_id, [event], gateway_id=gateway, now=5.0,
                                     limits=lowered())
         uow.commit()
     return outcome
@@ -98,7 +98,7 @@ def test_a_repeated_id_returns_the_stored_row(engine: Engine) -> None:
     again = message(engine, "r1", "e1")
     assert (again["seq"], again["idempotent"], first["idempotent"]) == (first["seq"], True, False)
     assert snapshot(engine) == before
-    if room_store(dialect_for(engine)).autocommit_fast:  # PostgreSQL: the probe answers in the same statement
+    if room_store(dialect_for(engine)).one_statement_autocommits:  # PostgreSQL: the probe answers in the same statement
         outcome = _fast(engine, "r1", "e1")
         assert outcome is not None and outcome[0] == [] and outcome[1]["e1"]["seq"] == first["seq"]
         assert snapshot(engine) == before

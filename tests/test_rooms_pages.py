@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 from hostedrooms import models, rooms
 from hostedrooms.dialect import dialect_for
 from hostedrooms.errors import HostedRoomError
-from hostedrooms.rooms import rows as page_rows
+from hostedrooms.rooms import pages as page_rows
 from hostedrooms.rooms.events import read_events_exact
 from hostedrooms.store import REPLAY_COLUMNS, room_store
 from hostedrooms.uow import UnitOfWork

@@ -1,7 +1,7 @@
 """The store's one-statement append and the full path agree on every outcome, on both backends.
 
 Each generated example runs one sequence of room operations twice on an emptied database: once as the services
-run it (the one-statement append first), once with :meth:`RoomStore.without_fast_path`, so every append takes the
+run it (the one-statement append first), once with :meth:`RoomStore.without_one_statement`, so every append takes the
 full path. The two runs must return the same results, raise the same errors with the same messages (so the same
 precedence) and leave the same rows. Sequences mix fresh appends, batches, replays, conflicting ids, repeated
 ids within a batch, stale and moved authority, control kinds, disbanded rooms, absent rooms, and limits lowered
@@ -125,7 +125,7 @@ def _fresh(engine: Engine, lim: Any = None) -> None:
 def _both_ways(
     engine: Engine, store: RoomStore, operations: list[tuple[Any, ...]], lim: Any
 ) -> Iterator[tuple[list[Any], dict[str, list[tuple[Any, ...]]]]]:
-    contexts: tuple[Callable[[], AbstractContextManager[None]], ...] = (nullcontext, store.without_fast_path)
+    contexts: tuple[Callable[[], AbstractContextManager[None]], ...] = (nullcontext, store.without_one_statement)
     for context in contexts:
         _fresh(engine, lim)
         with context():
@@ -138,14 +138,14 @@ def counted(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How often the one-statement append applied and declined while the test ran."""
     store = room_store(dialect_for(engine))
     counts = {"applied": 0, "declined": 0}
-    original = store.append_fast
+    original = store.append_one_statement
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         rows = original(*args, **kwargs)
         counts["applied" if rows is not None else "declined"] += 1
         return rows
 
-    monkeypatch.setattr(store, "append_fast", counting)
+    monkeypatch.setattr(store, "append_one_statement", counting)
     return counts
 
 
@@ -170,7 +170,7 @@ def test_fast_and_full_appends_agree_on_generated_sequences(
     assert counted["applied"] > 0 and counted["declined"] > 0, counted
 
 
-def test_without_fast_path_really_takes_the_full_path(engine: Engine, counted: dict[str, int]) -> None:
+def test_without_one_statement_really_takes_the_full_path(engine: Engine, counted: dict[str, int]) -> None:
     store = room_store(dialect_for(engine))
     operations = [("append", "r1", ("g1", 1), _item("message.user", "user", "e1", "a"))]
     (fast, _), (full, _) = _both_ways(engine, store, operations, None)

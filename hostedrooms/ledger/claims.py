@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import LedgerInputError
+from ..store.locks import PREPARE_LOCK_KEY as PREPARE_LOCK_KEY
 from ..validation import (
     canonical_json_bytes,
     json_depth_within,
@@ -50,8 +51,6 @@ RETRY_CEILING_SECONDS = 300
 RETRY_EXPONENT_CAP = 8
 #: The error recorded on a delivery or intent whose exchange expired.
 EXPIRED_ERROR = "secure peer exchange expired"
-#: PostgreSQL advisory-lock key ("ledger" + 1) serialising prepare's read, sweep, capacity count and insert.
-PREPARE_LOCK_KEY = 0x6C65646765720001
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 

@@ -29,7 +29,7 @@ from .lifecycle import (
     rename_room,
     room_state,
 )
-from .rows import decode_rows, event_page_checker, event_to_dict, room_to_dict
+from .pages import decode_rows, event_page_checker, event_to_dict, room_to_dict
 from .rules import (
     CONTROL_EVENT_KINDS,
     EVENT_KINDS_BY_ACTOR,

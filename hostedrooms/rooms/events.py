@@ -14,11 +14,11 @@ from ..engines import EngineSource, resolve_engine
 from ..errors import InvalidInputError
 from ..limits import Limits, in_force
 from ..records import Actor, Authority, EventPage, EventRecord, NewEvent, ReplayPage
-from ..store import RowLike, room_store
+from ..store import RowLike
 from ..telemetry import count_appended, traced
 from ..uow import UnitOfWork
 from ..validation import clock
-from .rows import appended, event_to_dict, fit_page, parse_all, replay_page
+from .pages import appended, event_to_dict, fit_page, parse_all, replay_page
 from .rules import (
     _EVENT_FIELDS,
     PreparedEvent,
@@ -100,7 +100,7 @@ def _append(
     events = [event for event, _ in prepared]
     written, replays = run_room_write(
         engine, lim, lambda tx: tx.append(room_id, events, gateway_id=gateway_id, epoch=epoch, now=now),
-        one_statement=True)
+        lone_append=True)
     count_appended(events, written)
     return _results(prepared, written, replays)
 
@@ -160,13 +160,13 @@ def _read(
     page_size = _bounded_limit(limit, lim.MAX_LOG_LIMIT)
     page_bytes = int(lim.MAX_LOG_PAGE_BYTES)
     with UnitOfWork(resolve_engine(engine), write=False, statement_snapshots=True) as uow:
-        store, connection = room_store(uow.dialect), uow.connection
+        store, connection = uow.rooms, uow.connection
         if exact:
             return _with_lineage(_read_plain(uow, room_id, since, page_size, page_bytes, include_disbanded),
                                  uow.dialect.lineage(connection))
         # The head and the page are read consistently with each other (store.read_page).
         head, rows, row_bytes = store.read_page(
-            connection, room_id, since=since, limit=page_size, max_bytes=page_bytes,
+            room_id, since=since, limit=page_size, max_bytes=page_bytes,
             max_event_bytes=max_event_bytes(lim))
         # After the page: a standby promoted in between still holds every event the page read.
         lineage = uow.dialect.lineage(connection)
@@ -190,18 +190,18 @@ def _read_plain(
 ) -> ReplayPage:
     """The plain path: the head, then the page through ``execute()``, each event decoded by event_to_dict, and
     fit_page, which serialises the page to check its size."""
-    store, connection = room_store(uow.dialect), uow.connection
-    room = require_room(uow, store.room_head(connection, room_id), room_id, include_disbanded=include_disbanded)
+    store = uow.rooms
+    room = require_room(uow, store.room_head(room_id), room_id, include_disbanded=include_disbanded)
     latest_seq = int(room["next_seq"]) - 1
     authority: Authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}
     if since > latest_seq:
         raise InvalidInputError("since_seq is ahead of the hosted room log", field="since_seq")
     rows = store.event_page(
-        connection, room_id, since=since, latest_seq=latest_seq, limit=page_size, max_bytes=page_bytes)
+        room_id, since=since, latest_seq=latest_seq, limit=page_size, max_bytes=page_bytes)
     if not rows and since < latest_seq:
         # Each statement may read at its own snapshot: the room may have been purged (disbanded, then pruned)
         # after its row was read. Read it again, so that is reported as such.
-        require_room(uow, store.room_head(connection, room_id), room_id, include_disbanded=include_disbanded)
+        require_room(uow, store.room_head(room_id), room_id, include_disbanded=include_disbanded)
     events = [event_to_dict(row) for row in rows]
     return fit_page(room_id, events, since=since, latest_seq=latest_seq, authority=authority, max_bytes=page_bytes)
 

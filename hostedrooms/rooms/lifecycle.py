@@ -15,7 +15,7 @@ from ..errors import (
 )
 from ..limits import Limits, in_force
 from ..records import ClaimedRoom, CreatedRoom, DisbandedRoom, RenamedRoom, RoomRecord, RoomState
-from ..store import RoomChange, RowLike, room_store
+from ..store import RoomChange, RowLike
 from ..telemetry import traced
 from ..uow import UnitOfWork
 from ..validation import (
@@ -23,7 +23,7 @@ from ..validation import (
     clock,
     flag,
 )
-from .rows import event_to_dict, room_to_dict
+from .pages import event_to_dict, room_to_dict
 from .rules import (
     PreparedEvent,
     _actor_id,
@@ -133,8 +133,7 @@ def list_rooms(
     page_size = _bounded_limit(maximum if limit is None else limit, maximum)
     skip = _non_negative(offset, "offset")
     with UnitOfWork(resolve_engine(engine), write=False) as uow:
-        rows = room_store(uow.dialect).list_rooms(
-            uow.connection, include_disbanded=include_disbanded, limit=page_size, offset=skip)
+        rows = uow.rooms.list_rooms(include_disbanded=include_disbanded, limit=page_size, offset=skip)
     return [room_to_dict(row) for row in rows]
 
 
@@ -145,9 +144,8 @@ def room_state(
     """Durable replay and authority state for one room, with the claim event of its current epoch if any."""
     room_id = _room_id(room_id, in_force(limits))
     with UnitOfWork(resolve_engine(engine), write=False) as uow:
-        store = room_store(uow.dialect)
-        row = require_room(uow, store.room(uow.connection, room_id), room_id, include_disbanded=include_disbanded)
-        claim = store.claim_event(uow.connection, room_id, int(row["authority_epoch"]))
+        row = require_room(uow, uow.rooms.room(room_id), room_id, include_disbanded=include_disbanded)
+        claim = uow.rooms.claim_event(room_id, int(row["authority_epoch"]))
     state = cast(RoomState, room_to_dict(row))
     if claim is not None:
         state["authority_claim"] = event_to_dict(claim)
@@ -282,7 +280,7 @@ def disband_room(
 def _disband_replay(tx: RoomTransaction, room_id: str, room: RowLike | None) -> DisbandedRoom | None:
     """The idempotent replay for a retired or already-disbanded room; None when the room is live."""
     if room is None:
-        retired_at = tx.store.retired_at(tx.uow.connection, room_id)
+        retired_at = tx.store.retired_at(room_id)
         if retired_at is None:
             raise RoomNotFoundError("hosted room not found")
         return {"room_id": room_id, "disbanded_at": retired_at, "idempotent": True, "history_expired": True}

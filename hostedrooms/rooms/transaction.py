@@ -1,9 +1,9 @@
 """The room write transaction: :class:`RoomTransaction` (the capacity and gateway budget protocol, the full append
 path, the in-transaction helpers replicas compose) and :func:`run_room_write` (the retries).
 
-An append first tries the store's one-statement append (:meth:`hostedrooms.store.RoomStore.append_fast`); when that
-does not apply, the transaction rolls back and the full path runs: lock the room, read, decide the replay, conflict
-or refusal in the reference's order, check capacity under the protocol below, then write.
+An append first tries the store's one-statement append (:meth:`hostedrooms.store.RoomStore.append_one_statement`);
+when that does not apply, the transaction rolls back and the full path runs: lock the room, read, decide the
+replay, conflict or refusal in the reference's order, check capacity under the protocol below, then write.
 
 Concurrency
 -----------
@@ -40,7 +40,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from ..dialect import ROOM_EVENTS_CHANNEL, dialect_for
+from ..dialect import dialect_for
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
     AuthorityConflictError,
@@ -50,14 +50,7 @@ from ..errors import (
     RoomNotFoundError,
 )
 from ..limits import Limits, in_force
-from ..store import (
-    ROOM_CREATION_LOCK_KEY,
-    RoomChange,
-    RoomStore,
-    RowLike,
-    event_rows,
-    room_store,
-)
+from ..store import ROOM_CREATION_LOCK_KEY, RoomChange, RoomStore, RowLike, room_store
 from ..telemetry import count_retry
 from ..uow import UnitOfWork
 from .rules import PreparedEvent
@@ -102,7 +95,7 @@ def require_room(uow: UnitOfWork, row: RowLike | None, room_id: str, *, include_
     if row is not None and (include_disbanded or row["disbanded_at"] is None):
         return row
     # A retained disband tombstone still has replayable history; only a purged, retired id has expired.
-    if row is None and room_store(uow.dialect).is_retired(uow.connection, room_id):
+    if row is None and uow.rooms.is_retired(room_id):
         raise RoomHistoryExpiredError("Group Chat history expired; room_id remains permanently retired")
     raise RoomNotFoundError("hosted room not found")
 
@@ -122,14 +115,14 @@ class RoomTransaction:
     """
 
     def __init__(
-        self, uow: UnitOfWork, limits: Limits | None = None, *, exclusive: bool = False, fast: bool = False
+        self, uow: UnitOfWork, limits: Limits | None = None, *, exclusive: bool = False, one_statement: bool = False
     ) -> None:
         self.uow = uow
-        self.store: RoomStore = room_store(uow.dialect)
+        self.store: RoomStore = uow.rooms
         self.limits = in_force(limits)
         # Where writers never overlap (SQLite) the budget is always exact: behave as the exclusive holder.
         self.exclusive = exclusive or not self.store.concurrent_writers
-        self.fast = fast and self.store.fast_path
+        self.one_statement = one_statement and self.store.one_statement_enabled
         #: The exact gateway total while every shard is locked (exclusive mode), else None.
         self._total: int | None = None
 
@@ -137,30 +130,30 @@ class RoomTransaction:
 
     def lock_room_creation(self) -> None:
         """Serialise room creation (exact active-room cap; concurrent creates of one id replay)."""
-        self.store.lock_room_creation(self.uow.connection)
+        self.store.lock_room_creation()
 
     def _lock_gateway(self) -> int:
         """Lock every budget shard (once; exclusive mode) and spread the free bytes again for this transaction's
         limits (the last spread may have been for others); the exact gateway total."""
         if self._total is None:
             limit = self.limits.MAX_GATEWAY_EVENT_BYTES
-            self._total = total = self.store.lock_budget(self.uow.connection, limit)
-            self.store.settle_budget(self.uow.connection, total, limit)
+            self._total = total = self.store.lock_budget(limit)
+            self.store.settle_budget(total, limit)
         return self._total
 
     def _charge(self, delta: int) -> None:
         """Under every shard's lock: the gateway total changes by ``delta``; write it and spread the free bytes."""
         total = self._lock_gateway() + delta
         self._total = total
-        self.store.settle_budget(self.uow.connection, total, self.limits.MAX_GATEWAY_EVENT_BYTES)
+        self.store.settle_budget(total, self.limits.MAX_GATEWAY_EVENT_BYTES)
 
     def lock_room(self, room_id: str) -> RowLike | None:
         """Every column of a room (live or disbanded), row-locked until the transaction ends; None if absent."""
-        return self.store.lock_room(self.uow.connection, room_id)
+        return self.store.lock_room(room_id)
 
     def is_retired(self, room_id: str) -> bool:
         """Whether ``room_id`` is permanently retired."""
-        return self.store.is_retired(self.uow.connection, room_id)
+        return self.store.is_retired(room_id)
 
     def require_room(self, row: RowLike | None, room_id: str, *, include_disbanded: bool = False) -> RowLike:
         """``row`` if it is a (live) room, else the reference's not-found or history-expired error."""
@@ -168,24 +161,24 @@ class RoomTransaction:
 
     def load_event(self, room_id: str, event_id: str) -> RowLike | None:
         """One event row by id, or None."""
-        return self.store.event(self.uow.connection, room_id, event_id)
+        return self.store.event(room_id, event_id)
 
     def load_events(self, room_id: str, event_ids: Sequence[str]) -> dict[str, RowLike]:
         """Event rows by id (only those that exist)."""
-        return self.store.events(self.uow.connection, room_id, event_ids)
+        return self.store.events(room_id, event_ids)
 
     def gateway_event_bytes(self) -> int:
         """Accounted event bytes of every room on this gateway (live and disbanded): the budget's exact total
         where every shard is locked, else the sum over every room (read in this statement's snapshot)."""
         if self._total is not None:
             return self._total
-        return self.store.gateway_bytes(self.uow.connection)
+        return self.store.gateway_bytes()
 
     # -- capacity --
 
     def check_room_slot(self) -> None:
         """Refuse one more active room beyond MAX_ACTIVE_ROOMS (exact under :meth:`lock_room_creation`)."""
-        if self.store.active_rooms(self.uow.connection) >= self.limits.MAX_ACTIVE_ROOMS:
+        if self.store.active_rooms() >= self.limits.MAX_ACTIVE_ROOMS:
             raise CapacityExceededError(_TOO_MANY_ROOMS, limit="MAX_ACTIVE_ROOMS")
 
     def check_capacity(
@@ -217,7 +210,7 @@ class RoomTransaction:
         lim = self.limits
         if not self.exclusive:
             # One shard's allowance is within the limit without the control reserve, so within every step's.
-            if self.store.take_budget(self.uow.connection, sum(size for size, _ in steps), lim.MAX_GATEWAY_EVENT_BYTES):
+            if self.store.take_budget(sum(size for size, _ in steps), lim.MAX_GATEWAY_EVENT_BYTES):
                 return
             raise NeedExclusiveGatewayLock
         current = self._lock_gateway()
@@ -237,7 +230,7 @@ class RoomTransaction:
 
     def insert_room(self, values: Mapping[str, Any]) -> None:
         """Insert one room row (every column given); the caller checked the slot and the id."""
-        self.store.insert_room(self.uow.connection, values)
+        self.store.insert_room(values)
 
     def append_locked(
         self, room: RowLike, events: Sequence[PreparedEvent], *, now: float, change: RoomChange | None = None,
@@ -252,13 +245,9 @@ class RoomTransaction:
         """
         if check:
             self.check_capacity(room, events)
-        room_id, first_seq = room["room_id"], int(room["next_seq"])
-        connection = self.uow.connection
-        if not self.store.advance_room(connection, room_id, first_seq, events, now=now, change=change):
+        rows = self.store.append_locked(room["room_id"], int(room["next_seq"]), events, now=now, change=change)
+        if rows is None:  # the fence did not hold: nothing was written
             raise error if error is not None else RuntimeError(_SEQUENCE_FENCE)
-        rows = event_rows(room_id, first_seq, events, now)
-        self.store.insert_events(connection, rows)
-        self.uow.dialect.notify(connection, ROOM_EVENTS_CHANNEL, room_id)  # followers wake when this commits
         return rows
 
     def append(
@@ -270,12 +259,12 @@ class RoomTransaction:
         An event whose id is stored, or repeats an earlier one, with the same content is a replay; with other
         content it raises EventConflictError and nothing is written. Conflicts are decided first, even in a
         disbanded room or under a moved authority (as the reference does); then the room must be live and the
-        authority current, then capacity. With ``fast``, the store's one-statement append is tried first and
+        authority current, then capacity. With ``one_statement``, the store's one-statement append is tried first and
         :class:`TakeFullPath` raised when it does not apply.
         """
-        if self.fast:
-            outcome = self.store.append_fast(
-                self.uow.connection, room_id, events, gateway_id=gateway_id, now=now, limits=self.limits)
+        if self.one_statement:
+            outcome = self.store.append_one_statement(
+                room_id, events, gateway_id=gateway_id, now=now, limits=self.limits)
             if outcome is None or (outcome[1] and not _all_replays(events, outcome[1])):
                 raise TakeFullPath  # (stored ids that are not all replays: nothing was written)
             return outcome
@@ -304,7 +293,7 @@ class RoomTransaction:
 
     def retire(self, room_ids: Sequence[str]) -> None:
         """Reserve the ids of these disbanded rooms permanently (retired_at = disbanded_at)."""
-        self.store.retire(self.uow.connection, room_ids)
+        self.store.retire(room_ids)
 
     def prune_disbanded(
         self, *, now: float | None, max_gateway_event_bytes: int | None = None, current_bytes: int | None = None
@@ -318,14 +307,14 @@ class RoomTransaction:
         if not self.exclusive:
             raise NeedExclusiveGatewayLock
         total = self._lock_gateway()
-        lim, connection = self.limits, self.uow.connection
+        lim = self.limits
         cutoff = None if now is None else now - lim.DISBANDED_ROOM_RETENTION_SECONDS
         candidates = self.store.prunable_rooms(
-            connection, disbanded_before=cutoff, keep=lim.MAX_DISBANDED_ROOM_TOMBSTONES)
+            disbanded_before=cutoff, keep=lim.MAX_DISBANDED_ROOM_TOMBSTONES)
         if max_gateway_event_bytes is not None:
             retained = total if current_bytes is None else current_bytes
             if retained > max_gateway_event_bytes:
-                for room_id, room_bytes in self.store.disbanded_oldest_first(connection):
+                for room_id, room_bytes in self.store.disbanded_oldest_first():
                     candidates.add(room_id)
                     retained -= room_bytes
                     if retained <= max_gateway_event_bytes:
@@ -333,7 +322,7 @@ class RoomTransaction:
         if not candidates:
             return 0
         room_ids = sorted(candidates)
-        self._charge(-self.store.purge(connection, room_ids))
+        self._charge(-self.store.purge(room_ids))
         return len(room_ids)
 
 
@@ -345,36 +334,37 @@ def _all_replays(events: Sequence[PreparedEvent], stored: Mapping[str, RowLike])
 
 def run_room_write(
     engine: EngineSource, limits: Limits | None, body: Callable[[RoomTransaction], _T], *, exclusive: bool = False,
-    one_statement: bool = False,
+    lone_append: bool = False,
 ) -> _T:
     """Run ``body`` in one committed write transaction. A first attempt may take the one-statement append
     (:meth:`RoomTransaction.append`); if that does not apply, or the body needs every budget shard (exclusive
     mode), the attempt rolls back completely and the body runs again from the start on the full path (in
     exclusive mode when it asked so).
 
-    ``one_statement``: the body's first attempt is a lone :meth:`RoomTransaction.append`. Where the store's
-    one-statement append can commit itself (PostgreSQL), that attempt then runs in autocommit: one round trip,
-    which either commits everything it wrote or writes nothing (the retry then opens a transaction)."""
+    ``lone_append``: the body is a lone :meth:`RoomTransaction.append`. Where the store's one-statement append
+    can commit itself (PostgreSQL), the first attempt then runs in autocommit (:meth:`UnitOfWork.one_statement`):
+    one round trip, which either commits everything it wrote or writes nothing (the retry then opens a
+    transaction)."""
     bound = resolve_engine(engine)
-    fast = not exclusive
+    one_statement = not exclusive
     store = room_store(dialect_for(bound))
     while True:
         try:
-            # Only an attempt that runs nothing but the one-statement append may run in autocommit. (An autocommit
-            # unit is the statement-snapshot read unit: on PostgreSQL, no transaction at all.)
-            statement_only = fast and one_statement and store.autocommit_fast and store.fast_path
-            with UnitOfWork(bound, write=not statement_only, statement_snapshots=statement_only) as uow:
-                result = body(RoomTransaction(uow, limits, exclusive=exclusive, fast=fast))
+            # Only an attempt that runs nothing but the one-statement append may run in autocommit.
+            autocommit = (one_statement and lone_append and store.one_statement_autocommits
+                          and store.one_statement_enabled)
+            with UnitOfWork.one_statement(bound) if autocommit else UnitOfWork(bound) as uow:
+                result = body(RoomTransaction(uow, limits, exclusive=exclusive, one_statement=one_statement))
                 uow.commit()
                 return result
         except TakeFullPath:
-            fast = False
+            one_statement = False
             count_retry("room_write.full_path")
         except NeedExclusiveGatewayLock:
             if exclusive:  # pragma: no cover - exclusive transactions never raise it
                 raise
             _log.debug("room write retried holding the gateway budget lock", extra={"event": "room.retry_exclusive"})
-            exclusive, fast = True, False
+            exclusive, one_statement = True, False
             count_retry("room_write.exclusive")
         except CapacityExceededError as exc:
             _log.warning("room write refused: %s", exc.limit, extra={"event": "room.refused", "limit": exc.limit})

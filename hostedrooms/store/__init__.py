@@ -1,49 +1,77 @@
-"""The store layer: the room log's SQL and backend algorithms, one :class:`RoomStore` per backend.
+"""The store layer: every aggregate's SQL, one store class per aggregate (and per backend where they differ).
 
-Services call :func:`room_store` with their unit of work's dialect and run the store's methods on the unit's
-connection. :class:`~hostedrooms.dialect.StoreDialect` stays the connection-level seam every service shares
-(transaction start, pragmas, upserts, advisory locks, probes); a store composes it with the room log's tables.
+- :mod:`.rooms`: the room log (:class:`RoomStore`, one subclass per backend);
+- :mod:`.replicas`: replicas of other gateways' rooms (:class:`ReplicaStore`);
+- :mod:`.locks`: every advisory lock key, the retired ones included.
+
+Each store is built once per backend, its statements with it (:func:`room_store`, :func:`replica_store`: the
+backend's prototype), and bound to a unit of work's connection for use (``uow.rooms``, ``uow.replicas``:
+:attr:`hostedrooms.uow.UnitOfWork.rooms`), so no caller passes a connection. The backend seam every store shares
+(transaction start, row locks, upserts, advisory locks, ``NOTIFY``) is :class:`~hostedrooms.dialect.StoreDialect`.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from ..dialect import StoreDialect
-from .base import (
+from .locks import ROOM_CREATION_LOCK_KEY
+from .replicas import ReplicaStore
+from .rooms import (
     REPLAY_COLUMNS,
-    ROOM_CREATION_LOCK_KEY,
+    PostgreSQLRoomStore,
     RoomChange,
     RoomStore,
     RowLike,
+    SQLiteRoomStore,
     event_rows,
 )
-from .postgresql import PostgreSQLRoomStore
-from .sqlite import SQLiteRoomStore
+
+if TYPE_CHECKING:
+    from ..dialect import StoreDialect
 
 __all__ = [
     "REPLAY_COLUMNS",
     "ROOM_CREATION_LOCK_KEY",
+    "PerBackend",
     "PostgreSQLRoomStore",
+    "ReplicaStore",
     "RoomChange",
     "RoomStore",
     "RowLike",
     "SQLiteRoomStore",
     "event_rows",
+    "replica_store",
     "room_store",
 ]
 
-_BACKENDS: dict[str, type[RoomStore]] = {"sqlite": SQLiteRoomStore, "postgresql": PostgreSQLRoomStore}
-_stores: dict[str, RoomStore] = {}
-_building = threading.Lock()
+_S = TypeVar("_S")
 
 
-def room_store(dialect: StoreDialect) -> RoomStore:
-    """The one :class:`RoomStore` of ``dialect``'s backend (built, with its statements, on first use)."""
-    store = _stores.get(dialect.name)
-    if store is None:
-        with _building:
-            store = _stores.get(dialect.name)
-            if store is None:
-                store = _stores[dialect.name] = _BACKENDS[dialect.name](dialect)
-    return store
+class PerBackend(Generic[_S]):
+    """A store's registry: one prototype per backend, built (with its statements) on first use.
+
+    Call it with a dialect for that backend's prototype; bind the prototype to a unit's connection to use it
+    (a unit of work does, in its store accessors).
+    """
+
+    def __init__(self, classes: Mapping[str, Callable[[StoreDialect], _S]]) -> None:
+        self._classes = dict(classes)
+        self._built: dict[str, _S] = {}
+        self._building = threading.Lock()
+
+    def __call__(self, dialect: StoreDialect) -> _S:
+        store = self._built.get(dialect.name)
+        if store is None:
+            with self._building:
+                store = self._built.get(dialect.name)
+                if store is None:
+                    store = self._built[dialect.name] = self._classes[dialect.name](dialect)
+        return store
+
+
+#: The one :class:`RoomStore` prototype of a dialect's backend.
+room_store: PerBackend[RoomStore] = PerBackend({"sqlite": SQLiteRoomStore, "postgresql": PostgreSQLRoomStore})
+#: The one :class:`ReplicaStore` prototype of a dialect's backend.
+replica_store: PerBackend[ReplicaStore] = PerBackend({"sqlite": ReplicaStore, "postgresql": ReplicaStore})

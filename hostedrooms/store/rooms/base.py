@@ -5,12 +5,17 @@ the services above it validate, apply the reference's rules and error precedence
 unit of work. The statements both backends share are built here once per store; what differs (the row lock,
 the one-statement append, the gateway budget) is in :mod:`.sqlite` and :mod:`.postgresql`.
 
-The one-statement append (:meth:`RoomStore.append_fast`) is a shorter path to what the full path (lock the
-room, read, check, then :meth:`RoomStore.advance_room` and :meth:`RoomStore.insert_events`) does for the
-common append: it either writes exactly what the full path would write, or writes nothing the caller keeps
-(it returns None and the caller rolls the transaction back and takes the full path, which decides the replay,
-conflict or refusal). ``tests/test_rooms_paths.py`` runs generated operations both ways and compares every
-outcome; :meth:`RoomStore.without_fast_path` is the switch those tests use.
+A store is bound to one unit of work's connection (:meth:`RoomStore.bind`; a unit's ``uow.rooms``): its methods
+take no connection. The statements are built once per backend, in the backend's prototype
+(:func:`hostedrooms.store.room_store`), and shared by every bound copy.
+
+The one-statement append (:meth:`RoomStore.append_one_statement`) is a shorter path to what the full path (lock
+the room, read, check, then :meth:`RoomStore.append_locked`) does for the common append: it either writes exactly
+what the full path would write, or writes nothing the caller keeps (it returns None and the caller rolls the
+transaction back and takes the full path, which decides the replay, conflict or refusal).
+``tests/test_rooms_paths.py`` runs generated operations both ways and compares every outcome;
+:meth:`RoomStore.without_one_statement` is the switch those tests use. Either path wakes the room's followers
+when it commits (a ``NOTIFY`` where readers listen): the store sends it beside the rows it writes.
 
 The gateway byte budget is an escrow table, ``hosted_room_budget`` (:data:`hostedrooms.models.budget`): a few
 shards whose ``used`` sum to every room's ``event_bytes``, each with an ``allowance`` it may fill without asking
@@ -26,7 +31,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from sqlalchemy import (
     BigInteger,
@@ -46,31 +51,30 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from .. import models
-from ..dialect import StoreDialect
-from ..limits import Limits
-from ..statements import HotStatement
+from ... import models
+from ...limits import Limits
+from ...statements import HotStatement
+from ..locks import ROOM_CREATION_LOCK_KEY
+
+if TYPE_CHECKING:  # the backend imports the lock registry (..locks), so the store names it only for the checker
+    from ...dialect import StoreDialect
 
 __all__ = [
     "REPLAY_COLUMNS",
     "ROOM_CREATION_LOCK_KEY",
     "EventLike",
-    "FastAppend",
+    "OneStatementAppend",
     "RoomChange",
     "RoomStore",
     "RowLike",
     "int64",
 ]
 
-#: Advisory lock keys ("hosted" + n); 1 is the migration lock. (2 was the gateway byte budget's, before the budget
-#: became rows of its own: never reuse it, an older gateway beside a newer one may still take it.)
-ROOM_CREATION_LOCK_KEY = 0x686F737465640003
-
 #: A row as a mapping: a SQLAlchemy RowMapping or a plain dict of column values.
 RowLike = Mapping[Any, Any]
-#: What :meth:`RoomStore.append_fast` returns when it applies: the rows it wrote, or (having written nothing) the
-#: stored rows of the events' ids, by id.
-FastAppend = tuple[list[dict[str, Any]], dict[str, RowLike]]
+#: What :meth:`RoomStore.append_one_statement` returns when it applies: the rows it wrote, or (having written
+#: nothing) the stored rows of the events' ids, by id.
+OneStatementAppend = tuple[list[dict[str, Any]], dict[str, RowLike]]
 
 _rooms = models.rooms
 _events = models.events
@@ -114,14 +118,15 @@ def int64(name: str) -> BindParameter[int]:
 
 # The guarded advance of the one-statement append: the authority fence, the room is live, its count and byte
 # limits (the reserves already in the bound limits); it allocates the seqs. The backends add the budget shard.
-FAST_GUARDS = (
+# (Its parameters keep the ``fast_`` prefix they always had: the statements' text does not change.)
+ONE_STATEMENT_GUARDS = (
     _rooms.c.room_id == bindparam("fast_room_id"),
     _rooms.c.authority_gateway_id == bindparam("fast_gateway_id"),
     _rooms.c.authority_epoch == bindparam("fast_epoch"),
     _rooms.c.disbanded_at.is_(None),
     _rooms.c.next_seq <= int64("fast_max_events"),
     _rooms.c.event_bytes + int64("fast_size") <= int64("fast_max_room_bytes"))
-FAST_ADVANCE_ROOM = (
+ONE_STATEMENT_ADVANCE = (
     update(_rooms)
     .values(next_seq=_rooms.c.next_seq + int64("fast_count"),
             event_bytes=_rooms.c.event_bytes + int64("fast_size"), updated_at=bindparam("fast_now"))
@@ -191,10 +196,13 @@ def event_rows(room_id: str, first_seq: int, events: Sequence[EventLike], now: f
 class RoomStore:
     """The room log on one backend: rooms, their events, retired ids, the room lock and the gateway budget shards.
 
-    Every method runs on the caller's connection, inside the caller's transaction (a
-    :class:`~hostedrooms.uow.UnitOfWork`); none commits. One instance per backend (:func:`hostedrooms.store.
-    room_store`), which builds its statements once.
+    Every method runs on :attr:`connection`, inside its unit of work's transaction; none commits. Each backend has
+    one prototype (:func:`hostedrooms.store.room_store`), which builds the statements once and is bound to no
+    connection; :meth:`bind` gives a unit its copy (``uow.rooms``), sharing them.
     """
+
+    #: The connection of the unit of work this store is bound to (:meth:`bind`).
+    connection: Connection
 
     #: Whether write transactions run concurrently, so a writer may take bytes from one budget shard without
     #: locking the others (:mod:`hostedrooms.rooms.transaction`); where writers are serialised every writer
@@ -203,14 +211,18 @@ class RoomStore:
     #: How many budget shards this backend keeps (the migration creates them; :meth:`lock_budget` restores any
     #: missing one).
     budget_shards = 1
-    #: Whether :meth:`append_fast` is one statement that may run outside a transaction (autocommit): the caller
-    #: may then run it in a unit of its own, which commits it as it runs.
-    autocommit_fast = False
-    #: Tests only (see :meth:`without_fast_path`): False makes every append take the full path.
-    fast_path = True
+    #: Whether :meth:`append_one_statement` is one statement that may run outside a transaction (autocommit): the
+    #: caller may then run it in a unit of its own, which commits it as it runs.
+    one_statement_autocommits = False
+    #: Tests only (see :meth:`without_one_statement`): False makes every append take the full path.
+    one_statement_enabled = True
 
     def __init__(self, dialect: StoreDialect) -> None:
+        from ...dialect import ROOM_EVENTS_CHANNEL  # at first use: the backend module imports ..locks
+
         self.dialect = dialect
+        #: The followers' wake-up channel (:mod:`hostedrooms.wakeup`).
+        self.channel = ROOM_EVENTS_CHANNEL
         self._lock_room: Select[Any] = dialect.for_update(_SELECT_ROOM)
         self._gateway_total = HotStatement(GATEWAY_TOTAL)
         self._room_head = HotStatement(ROOM_HEAD)
@@ -234,20 +246,29 @@ class RoomStore:
         self._list_rooms = {False: HotStatement(listing.where(_rooms.c.disbanded_at.is_(None))),
                             True: HotStatement(listing)}
 
+    def bind(self, connection: Connection) -> Self:
+        """This store on ``connection`` (a unit of work's): a copy sharing the prototype's statements and switches
+        as they stand now."""
+        bound = object.__new__(type(self))
+        bound.__dict__.update(self.__dict__)
+        bound.connection = connection
+        return bound
+
     @contextlib.contextmanager
-    def without_fast_path(self) -> Iterator[None]:
-        """Tests only: every append inside the block takes the full path (the fast/full agreement tests)."""
-        previous, self.fast_path = self.fast_path, False
+    def without_one_statement(self) -> Iterator[None]:
+        """Tests only, on the prototype: every append of a unit begun inside the block takes the full path (the
+        agreement tests of the one-statement append and the full path)."""
+        previous, self.one_statement_enabled = self.one_statement_enabled, False
         try:
             yield
         finally:
-            self.fast_path = previous
+            self.one_statement_enabled = previous
 
     # -- locks ----------------------------------------------------------------------------------------------
 
-    def lock_room_creation(self, connection: Connection) -> None:
+    def lock_room_creation(self) -> None:
         """Serialise room creation until the transaction ends."""
-        self.dialect.serialize(connection, ROOM_CREATION_LOCK_KEY)
+        self.dialect.serialize(self.connection, ROOM_CREATION_LOCK_KEY)
 
     def free_shard(self, size: Any, limit: Any) -> ColumnElement[bool]:
         """The WHERE clause picking the budget shard a writer adds ``size`` bytes to: one whose allowance has room
@@ -255,92 +276,91 @@ class RoomStore:
         return and_(_budget.c.shard == 0, _budget.c.used + size <= _budget.c.allowance,
                     _budget.c.spread_limit <= limit)
 
-    def take_budget(self, connection: Connection, size: int, limit: int) -> bool:
+    def take_budget(self, size: int, limit: int) -> bool:
         """Add ``size`` bytes to a budget shard (:meth:`free_shard`) if one has room for them within its
         allowance, spread for a gateway limit of at most ``limit``; whether one did (it stays locked)."""
-        return self._take_budget.rowcount(connection, {"size": size, "limit": limit}) == 1
+        return self._take_budget.rowcount(self.connection, {"size": size, "limit": limit}) == 1
 
-    def lock_budget(self, connection: Connection, limit: int) -> int:
+    def lock_budget(self, limit: int) -> int:
         """Lock every budget shard (in shard order) until the transaction ends; the exact gateway total.
 
         A missing shard (a table emptied by hand) is created, and the total then re-read from the rooms and
         settled for ``limit``."""
-        rows = connection.execute(self._lock_budget).all()
+        rows = self.connection.execute(self._lock_budget).all()
         if {int(shard) for shard, _ in rows} >= set(range(self.budget_shards)):
             return sum(int(used) for _, used in rows)
         stmt = self.dialect.insert(_budget).on_conflict_do_nothing(index_elements=[_budget.c.shard])
-        connection.execute(stmt, [{"shard": shard, "used": 0, "allowance": 0, "spread_limit": 0}
+        self.connection.execute(stmt, [{"shard": shard, "used": 0, "allowance": 0, "spread_limit": 0}
                                   for shard in range(self.budget_shards)])
-        connection.execute(self._lock_budget).all()
-        total = self.gateway_bytes(connection)  # exact: every writer that could change it waits for these locks
-        self.settle_budget(connection, total, limit)
+        self.connection.execute(self._lock_budget).all()
+        total = self.gateway_bytes()  # exact: every writer that could change it waits for these locks
+        self.settle_budget(total, limit)
         return total
 
-    def settle_budget(self, connection: Connection, total: int, limit: int) -> None:
+    def settle_budget(self, total: int, limit: int) -> None:
         """Under :meth:`lock_budget`: the gateway total is now ``total``; spread the bytes free below ``limit``
         over the shards (none when the total is at or above it)."""
         share, extra = divmod(max(0, limit - total), self.budget_shards)
         self._settle_budget.rowcount(
-            connection, {"total": total, "share": share, "first_share": share + extra, "limit": limit})
+            self.connection, {"total": total, "share": share, "first_share": share + extra, "limit": limit})
 
-    def lock_room(self, connection: Connection, room_id: str) -> RowLike | None:
+    def lock_room(self, room_id: str) -> RowLike | None:
         """Every column of a room (live or disbanded), row-locked until the transaction ends; None if absent."""
-        return connection.execute(self._lock_room, {"room_id": room_id}).mappings().first()
+        return self.connection.execute(self._lock_room, {"room_id": room_id}).mappings().first()
 
     # -- reads ----------------------------------------------------------------------------------------------
 
-    def room(self, connection: Connection, room_id: str) -> RowLike | None:
+    def room(self, room_id: str) -> RowLike | None:
         """Every column of a room, unlocked (readers)."""
-        return connection.execute(_SELECT_ROOM, {"room_id": room_id}).mappings().first()
+        return self.connection.execute(_SELECT_ROOM, {"room_id": room_id}).mappings().first()
 
-    def room_head(self, connection: Connection, room_id: str) -> RowLike | None:
+    def room_head(self, room_id: str) -> RowLike | None:
         """A room's ``next_seq``, authority and ``disbanded_at`` (what a replay page needs), unlocked."""
-        row = self._room_head.first(connection, {"room_id": room_id})
+        row = self._room_head.first(self.connection, {"room_id": room_id})
         return None if row is None else dict(zip(ROOM_HEAD_KEYS, row, strict=True))
 
-    def is_retired(self, connection: Connection, room_id: str) -> bool:
+    def is_retired(self, room_id: str) -> bool:
         """Whether ``room_id`` is permanently retired."""
-        return connection.execute(_SELECT_RETIRED, {"room_id": room_id}).first() is not None
+        return self.connection.execute(_SELECT_RETIRED, {"room_id": room_id}).first() is not None
 
-    def retired_at(self, connection: Connection, room_id: str) -> float | None:
+    def retired_at(self, room_id: str) -> float | None:
         """When ``room_id`` was retired, or None."""
-        value = connection.execute(select(_retired.c.retired_at).where(_retired.c.room_id == room_id)).scalar()
+        value = self.connection.execute(select(_retired.c.retired_at).where(_retired.c.room_id == room_id)).scalar()
         return None if value is None else float(value)
 
-    def event(self, connection: Connection, room_id: str, event_id: str) -> RowLike | None:
+    def event(self, room_id: str, event_id: str) -> RowLike | None:
         """One event row by id, or None."""
         params = {"room_id": room_id, "event_id": event_id}
-        return connection.execute(_SELECT_EVENT, params).mappings().first()
+        return self.connection.execute(_SELECT_EVENT, params).mappings().first()
 
-    def events(self, connection: Connection, room_id: str, event_ids: Sequence[str]) -> dict[str, RowLike]:
+    def events(self, room_id: str, event_ids: Sequence[str]) -> dict[str, RowLike]:
         """Event rows by id (only those that exist)."""
         stmt = select(*_events.c).where(_events.c.room_id == room_id, _events.c.event_id.in_(list(event_ids)))
-        return {row["event_id"]: row for row in connection.execute(stmt).mappings()}
+        return {row["event_id"]: row for row in self.connection.execute(stmt).mappings()}
 
-    def event_id_at(self, connection: Connection, room_id: str, seq: int) -> str | None:
+    def event_id_at(self, room_id: str, seq: int) -> str | None:
         """The id of the event at ``seq`` (by the primary key), or None."""
-        value = connection.execute(_EVENT_ID_AT, {"room_id": room_id, "seq": seq}).scalar()
+        value = self.connection.execute(_EVENT_ID_AT, {"room_id": room_id, "seq": seq}).scalar()
         return None if value is None else str(value)
 
-    def claim_event(self, connection: Connection, room_id: str, epoch: int) -> RowLike | None:
+    def claim_event(self, room_id: str, epoch: int) -> RowLike | None:
         """The latest ``authority.claimed`` event of ``epoch``, or None."""
-        return connection.execute(_CLAIM_EVENT, {"room_id": room_id, "epoch": epoch}).mappings().first()
+        return self.connection.execute(_CLAIM_EVENT, {"room_id": room_id, "epoch": epoch}).mappings().first()
 
-    def gateway_bytes(self, connection: Connection) -> int:
+    def gateway_bytes(self) -> int:
         """Accounted event bytes of every room on this gateway (live and disbanded)."""
-        total = self._gateway_total.first(connection, {})
+        total = self._gateway_total.first(self.connection, {})
         return int(total[0]) if total is not None else 0
 
-    def active_rooms(self, connection: Connection) -> int:
+    def active_rooms(self) -> int:
         """How many rooms are not disbanded."""
-        return int(connection.execute(
+        return int(self.connection.execute(
             select(func.count()).select_from(_rooms).where(_rooms.c.disbanded_at.is_(None))).scalar_one())
 
-    def list_rooms(
-        self, connection: Connection, *, include_disbanded: bool, limit: int, offset: int
+    def list_rooms(self, *, include_disbanded: bool, limit: int, offset: int
     ) -> Sequence[RowLike]:
         """Rooms by most recent change, then room id code point by code point (rows as dicts)."""
-        cursor = self._list_rooms[include_disbanded].run(connection, {"limit": limit, "offset": offset})
+        cursor = self._list_rooms[include_disbanded].run(self.connection, {"limit": limit, "offset": offset})
         try:
             return [dict(zip(_ROOM_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
         finally:
@@ -352,8 +372,7 @@ class RoomStore:
         return (length(_events.c.event_id) + length(_events.c.kind) + length(_events.c.actor_json)
                 + length(_events.c.payload_json))
 
-    def event_page(
-        self, connection: Connection, room_id: str, *, since: int, latest_seq: int, limit: int, max_bytes: int
+    def event_page(self, room_id: str, *, since: int, latest_seq: int, limit: int, max_bytes: int
     ) -> Sequence[RowLike]:
         """Events after ``since`` up to ``latest_seq`` (at most ``limit``) while their running raw byte sum
         (id, kind, actor and payload texts) fits ``max_bytes``. The plain path (through ``execute()``, rows as
@@ -366,10 +385,9 @@ class RoomStore:
             .order_by(_events.c.seq).limit(limit).cte("candidates"))
         stmt = (select(*(candidates.c[name] for name in _EVENT_COLUMNS))
                 .where(candidates.c.cumulative_bytes <= max_bytes).order_by(candidates.c.seq))
-        return connection.execute(stmt).mappings().all()
+        return self.connection.execute(stmt).mappings().all()
 
-    def replay_rows(
-        self, connection: Connection, room_id: str, *, since: int, latest_seq: int, limit: int, max_bytes: int,
+    def replay_rows(self, room_id: str, *, since: int, latest_seq: int, limit: int, max_bytes: int,
         max_event_bytes: int,
     ) -> tuple[list[tuple[Any, ...]], int]:
         """The rows :meth:`event_page` selects, as driver tuples, and their accounted bytes in total.
@@ -380,28 +398,26 @@ class RoomStore:
         """
         raise NotImplementedError
 
-    def read_page(
-        self, connection: Connection, room_id: str, *, since: int, limit: int, max_bytes: int, max_event_bytes: int,
+    def read_page(self, room_id: str, *, since: int, limit: int, max_bytes: int, max_event_bytes: int,
     ) -> tuple[RowLike | None, list[tuple[Any, ...]], int]:
         """A room's head (:meth:`room_head`) and its :meth:`replay_rows` after ``since`` up to the head's latest seq,
         read consistently with each other (the caller's read transaction here; one statement where a backend reads
         without one); ``(None, [], 0)`` when the room does not exist."""
-        head = self.room_head(connection, room_id)
+        head = self.room_head(room_id)
         if head is None:
             return None, [], 0
         rows, total = self.replay_rows(
-            connection, room_id, since=since, latest_seq=int(head["next_seq"]) - 1, limit=limit, max_bytes=max_bytes,
+            room_id, since=since, latest_seq=int(head["next_seq"]) - 1, limit=limit, max_bytes=max_bytes,
             max_event_bytes=max_event_bytes)
         return head, rows, total
 
     # -- writes ---------------------------------------------------------------------------------------------
 
-    def insert_room(self, connection: Connection, values: Mapping[str, Any]) -> None:
+    def insert_room(self, values: Mapping[str, Any]) -> None:
         """Insert one room row (every column given)."""
-        connection.execute(insert(_rooms).values(**values))
+        self.connection.execute(insert(_rooms).values(**values))
 
-    def advance_room(
-        self, connection: Connection, room_id: str, first_seq: int, events: Sequence[EventLike], *, now: float,
+    def advance_room(self, room_id: str, first_seq: int, events: Sequence[EventLike], *, now: float,
         change: RoomChange | None = None,
     ) -> bool:
         """Advance the room past ``events`` (``next_seq``, ``event_bytes``, ``updated_at``) and apply ``change``,
@@ -413,26 +429,38 @@ class RoomStore:
         if change is not None:
             values.update(change.values())
             where.extend(change.guards())
-        return connection.execute(update(_rooms).where(*where).values(**values)).rowcount == 1
+        return self.connection.execute(update(_rooms).where(*where).values(**values)).rowcount == 1
 
-    def insert_events(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+    def append_locked(
+        self, room_id: str, first_seq: int, events: Sequence[EventLike], *, now: float,
+        change: RoomChange | None = None,
+    ) -> list[dict[str, Any]] | None:
+        """The full path's write: :meth:`advance_room`, then the event rows, and the room's followers woken when the
+        transaction commits; the rows written, or None (nothing written) when the fence did not hold."""
+        if not self.advance_room(room_id, first_seq, events, now=now, change=change):
+            return None
+        rows = event_rows(room_id, first_seq, events, now)
+        self.insert_events(rows)
+        self.dialect.notify(self.connection, self.channel, room_id)
+        return rows
+
+    def insert_events(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Insert event rows (one statement; an ``executemany`` for several)."""
         if len(rows) == 1:
-            self._insert_event.rowcount(connection, rows[0])
+            self._insert_event.rowcount(self.connection, rows[0])
         else:
-            self._insert_event.run_many(connection, rows)
+            self._insert_event.run_many(self.connection, rows)
 
-    def copy_replica_log(self, connection: Connection, room_id: str) -> None:
+    def copy_replica_log(self, room_id: str) -> None:
         """Copy the replica log of ``room_id`` into its room log, row for row (replica promotion)."""
         replica_events = models.replica_events
-        connection.execute(insert(_events).from_select(
+        self.connection.execute(insert(_events).from_select(
             _EVENT_COLUMNS, select(*(replica_events.c[name] for name in _EVENT_COLUMNS))
             .where(replica_events.c.room_id == room_id)))
 
-    def append_fast(
-        self, connection: Connection, room_id: str, events: Sequence[EventLike], *, gateway_id: str, now: float,
+    def append_one_statement(self, room_id: str, events: Sequence[EventLike], *, gateway_id: str, now: float,
         limits: Limits,
-    ) -> FastAppend | None:
+    ) -> OneStatementAppend | None:
         """Append ``events`` to a live room whose authority is ``gateway_id`` at the events' epoch, adding their
         bytes to this connection's budget shard: the rows written (and no stored rows), or the stored rows of the
         events' ids when some exist (and nothing written), or None when it does not apply (the caller must then
@@ -458,53 +486,52 @@ class RoomStore:
             "fast_max_room_bytes": limits.MAX_ROOM_EVENT_BYTES + byte_reserve,
             "fast_spread_limit": limits.MAX_GATEWAY_EVENT_BYTES, "fast_now": now}
         try:
-            return self._append_fast(connection, room_id, events, params, now)
+            return self._append_one_statement(room_id, events, params, now)
         except IntegrityError:  # an event_id exists (or repeats), or the shard was short: replays, a conflict, a check
             return None
 
-    def _append_fast(
-        self, connection: Connection, room_id: str, events: Sequence[EventLike], params: dict[str, Any], now: float
-    ) -> FastAppend | None:
-        """The statements of :meth:`append_fast` (its parameters bound as ``fast_*``)."""
+    def _append_one_statement(self, room_id: str, events: Sequence[EventLike], params: dict[str, Any], now: float
+    ) -> OneStatementAppend | None:
+        """The statements of :meth:`append_one_statement` (its parameters bound as ``fast_*``)."""
         raise NotImplementedError
 
-    def retire(self, connection: Connection, room_ids: Sequence[str]) -> None:
+    def retire(self, room_ids: Sequence[str]) -> None:
         """Reserve the ids of these disbanded rooms permanently (retired_at = disbanded_at)."""
-        rows = connection.execute(
+        rows = self.connection.execute(
             select(_rooms.c.room_id, _rooms.c.disbanded_at.label("retired_at"))
             .where(_rooms.c.room_id.in_(list(room_ids)), _rooms.c.disbanded_at.is_not(None))).mappings().all()
         if rows:
             stmt = self.dialect.insert(_retired).on_conflict_do_nothing(index_elements=[_retired.c.room_id])
-            connection.execute(stmt, [dict(row) for row in rows])
+            self.connection.execute(stmt, [dict(row) for row in rows])
 
-    def prunable_rooms(self, connection: Connection, *, disbanded_before: float | None, keep: int) -> set[str]:
+    def prunable_rooms(self, *, disbanded_before: float | None, keep: int) -> set[str]:
         """Disbanded rooms disbanded at or before ``disbanded_before`` (when given), and those beyond the ``keep``
         most recently disbanded."""
         disbanded = _rooms.c.disbanded_at.is_not(None)
         found: set[str] = set()
         if disbanded_before is not None:
-            found.update(connection.execute(
+            found.update(self.connection.execute(
                 select(_rooms.c.room_id).where(disbanded, _rooms.c.disbanded_at <= disbanded_before)).scalars())
-        found.update(connection.execute(
+        found.update(self.connection.execute(
             select(_rooms.c.room_id).where(disbanded)
             .order_by(_rooms.c.disbanded_at.desc(), self.dialect.bytewise(_rooms.c.room_id).asc())
             .offset(keep)).scalars())
         return found
 
-    def disbanded_oldest_first(self, connection: Connection) -> list[tuple[str, int]]:
+    def disbanded_oldest_first(self) -> list[tuple[str, int]]:
         """(room id, accounted event bytes) of every disbanded room, the longest disbanded first."""
-        rows = connection.execute(
+        rows = self.connection.execute(
             select(_rooms.c.room_id, _rooms.c.event_bytes).where(_rooms.c.disbanded_at.is_not(None))
             .order_by(_rooms.c.disbanded_at.asc(), self.dialect.bytewise(_rooms.c.room_id).asc()))
         return [(str(room_id), int(room_bytes)) for room_id, room_bytes in rows]
 
-    def purge(self, connection: Connection, room_ids: Sequence[str]) -> int:
+    def purge(self, room_ids: Sequence[str]) -> int:
         """Retire these disbanded rooms' ids, then delete the rooms with every row that depends on them; the event
         bytes they accounted for (the caller settles the budget)."""
-        freed = connection.execute(select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))
+        freed = self.connection.execute(select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))
                                    .where(_rooms.c.room_id.in_(list(room_ids)))).scalar_one()
-        self.retire(connection, room_ids)
+        self.retire(room_ids)
         for table in _DEPENDENT_TABLES:
-            connection.execute(delete(table).where(table.c.room_id.in_(list(room_ids))))
-        connection.execute(delete(_rooms).where(_rooms.c.room_id.in_(list(room_ids))))
+            self.connection.execute(delete(table).where(table.c.room_id.in_(list(room_ids))))
+        self.connection.execute(delete(_rooms).where(_rooms.c.room_id.in_(list(room_ids))))
         return int(freed)

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     BigInteger,
     BindParameter,
     ColumnElement,
-    Connection,
     Float,
     Select,
     Text,
@@ -37,15 +36,17 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DataError
 
-from .. import models
-from ..dialect import ROOM_EVENTS_CHANNEL, StoreDialect
-from ..statements import HotStatement
+if TYPE_CHECKING:
+    from ...dialect import StoreDialect
+
+from ... import models
+from ...statements import HotStatement
 from .base import (
     REPLAY_COLUMNS,
     ROOM_HEAD,
     ROOM_HEAD_KEYS,
     EventLike,
-    FastAppend,
+    OneStatementAppend,
     RoomStore,
     RowLike,
     event_rows,
@@ -145,7 +146,7 @@ class PostgreSQLRoomStore(RoomStore):
 
     concurrent_writers = True
     budget_shards = _SHARDS
-    autocommit_fast = True
+    one_statement_autocommits = True
 
     def __init__(self, dialect: StoreDialect) -> None:
         super().__init__(dialect)
@@ -180,18 +181,16 @@ class PostgreSQLRoomStore(RoomStore):
             .order_by(_events.c.seq).limit(bindparam("limit")).cte("candidates"))
         return select(*candidates.c).where(candidates.c.cumulative <= bindparam("max_bytes"))
 
-    def replay_rows(
-        self, connection: Connection, room_id: str, *, since: int, latest_seq: int, limit: int, max_bytes: int,
+    def replay_rows(self, room_id: str, *, since: int, latest_seq: int, limit: int, max_bytes: int,
         max_event_bytes: int,
     ) -> tuple[list[tuple[Any, ...]], int]:
-        rows = self._fetch(self._replay, connection, {
+        rows = self._fetch(self._replay, {
             "room_id": room_id, "since": since, "latest_seq": latest_seq, "limit": limit, "max_bytes": max_bytes})
         return rows, int(rows[-1][-1]) if rows else 0
 
-    def read_page(
-        self, connection: Connection, room_id: str, *, since: int, limit: int, max_bytes: int, max_event_bytes: int,
+    def read_page(self, room_id: str, *, since: int, limit: int, max_bytes: int, max_event_bytes: int,
     ) -> tuple[RowLike | None, list[tuple[Any, ...]], int]:
-        rows = self._fetch(self._read_page, connection, {
+        rows = self._fetch(self._read_page, {
             "room_id": room_id, "since": since, "limit": limit, "max_bytes": max_bytes})
         if not rows:
             return None, [], 0
@@ -200,9 +199,8 @@ class PostgreSQLRoomStore(RoomStore):
         head = dict(zip(ROOM_HEAD_KEYS, (next_seq, gateway_id, epoch, disbanded_at), strict=True))
         return head, rows, int(rows[-1][-1]) if rows else 0
 
-    @staticmethod
-    def _fetch(statement: HotStatement, connection: Connection, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        cursor = statement.run(connection, params)
+    def _fetch(self, statement: HotStatement, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        cursor = statement.run(self.connection, params)
         try:
             rows: list[tuple[Any, ...]] = cursor.fetchall()
         finally:
@@ -219,22 +217,21 @@ class PostgreSQLRoomStore(RoomStore):
                   .with_for_update(skip_locked=True))
         return _budget.c.shard == choice.scalar_subquery()
 
-    def _append_fast(
-        self, connection: Connection, room_id: str, events: Sequence[EventLike], params: dict[str, Any], now: float
-    ) -> FastAppend | None:
+    def _append_one_statement(self, room_id: str, events: Sequence[EventLike], params: dict[str, Any], now: float
+    ) -> OneStatementAppend | None:
         # The followers' channel of this engine's namespace (schema).
-        params.update(self.dialect.hot_params(connection, ROOM_EVENTS_CHANNEL))
+        params.update(self.dialect.hot_params(self.connection, self.channel))
         try:
             if len(events) == 1:
                 event = events[0]
                 params.update(event_id=event.event_id, kind=event.kind, actor_json=event.actor_json,
                               authority_epoch=event.authority_epoch, payload_json=event.payload_json)
-                found = self._fetch(self._append_one, connection, params)
+                found = self._fetch(self._append_one, params)
             else:
                 params["fast_rows"] = _dumps([
                     (event.event_id, event.kind, event.actor_json, event.authority_epoch, event.payload_json)
                     for event in events])
-                found = self._fetch(self._append_batch, connection, params)
+                found = self._fetch(self._append_batch, params)
         except DataError as exc:
             if getattr(exc.orig, "sqlstate", None) == _NO_SHARD_PAID:
                 return None

@@ -12,14 +12,24 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import accumulate
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, bindparam, exists, select, update
+from sqlalchemy import bindparam, exists, select, update
 
-from .. import models
-from ..dialect import StoreDialect
-from ..statements import HotStatement
-from .base import FAST_ADVANCE_ROOM, FAST_GUARDS, EventLike, FastAppend, RoomStore, event_rows, int64
+from ... import models
+from ...statements import HotStatement
+from .base import (
+    ONE_STATEMENT_ADVANCE,
+    ONE_STATEMENT_GUARDS,
+    EventLike,
+    OneStatementAppend,
+    RoomStore,
+    event_rows,
+    int64,
+)
+
+if TYPE_CHECKING:
+    from ...dialect import StoreDialect
 
 __all__ = ["SQLiteRoomStore"]
 
@@ -36,7 +46,7 @@ class SQLiteRoomStore(RoomStore):
 
     def __init__(self, dialect: StoreDialect) -> None:
         super().__init__(dialect)
-        self._advance = HotStatement(FAST_ADVANCE_ROOM.where(*FAST_GUARDS, exists().where(
+        self._advance = HotStatement(ONE_STATEMENT_ADVANCE.where(*ONE_STATEMENT_GUARDS, exists().where(
             _budget.c.shard == 0, _budget.c.used + int64("fast_size") <= _budget.c.allowance,
             _budget.c.spread_limit <= int64("fast_spread_limit"))))
         self._charge = HotStatement(
@@ -49,15 +59,14 @@ class SQLiteRoomStore(RoomStore):
                    _events.c.seq <= bindparam("latest_seq"))
             .order_by(_events.c.seq).limit(bindparam("limit")))
 
-    def replay_rows(
-        self, connection: Connection, room_id: str, *, since: int, latest_seq: int, limit: int, max_bytes: int,
+    def replay_rows(self, room_id: str, *, since: int, latest_seq: int, limit: int, max_bytes: int,
         max_event_bytes: int,
     ) -> tuple[list[tuple[Any, ...]], int]:
         # SQLite steps the statement as rows are fetched: fetch in chunks that fit what is left of the budget
         # (rows written through the API account for at most max_event_bytes each), so no more than about a page is
         # ever held, and stop at the first row the running sum cannot take.
         cursor = self._replay.run(
-            connection, {"room_id": room_id, "since": since, "latest_seq": latest_seq, "limit": limit})
+            self.connection, {"room_id": room_id, "since": since, "latest_seq": latest_seq, "limit": limit})
         try:
             rows: list[tuple[Any, ...]] = []
             total = 0
@@ -76,13 +85,12 @@ class SQLiteRoomStore(RoomStore):
         finally:
             cursor.close()
 
-    def _append_fast(
-        self, connection: Connection, room_id: str, events: Sequence[EventLike], params: dict[str, Any], now: float
-    ) -> FastAppend | None:
-        advanced = self._advance.first(connection, params)
+    def _append_one_statement(self, room_id: str, events: Sequence[EventLike], params: dict[str, Any], now: float
+    ) -> OneStatementAppend | None:
+        advanced = self._advance.first(self.connection, params)
         if advanced is None:
             return None
-        self._charge.rowcount(connection, params)
+        self._charge.rowcount(self.connection, params)
         rows = event_rows(room_id, int(advanced[0]) - len(events), events, now)
-        self.insert_events(connection, rows)
+        self.insert_events(rows)
         return rows, {}
