@@ -711,7 +711,7 @@ class SQLAlchemyFloor(Hostedrooms):
                 raise RuntimeError("the guarded advance did not apply")
             self.store._charge.rowcount(connection, params)
             rows = self.event_rows(self.room_id, int(advanced[0]) - len(events), events, now)
-            self.store.insert_events(connection, rows)
+            self.store.bind(connection).insert_events(rows)
             connection.commit()
         return rows
 

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy import Engine
 
 from hostedrooms import models, rooms
-from hostedrooms.store import base as store_base
+from hostedrooms.store.rooms import base as store_base
 
 A, B = factories.A, factories.B
 

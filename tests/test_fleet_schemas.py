@@ -18,8 +18,8 @@ from factories import lowered, message, run_cli, run_together
 from sqlalchemy import Engine
 
 import hostedrooms
-from hostedrooms import migrate, models, peers, replicas, rooms, testing
-from hostedrooms.dialect import LEDGER_WORK_CHANNEL, MIGRATION_LOCK_KEY, dialect_for
+from hostedrooms import migrate, models, peers, rooms, testing
+from hostedrooms.dialect import LEDGER_WORK_CHANNEL, dialect_for
 from hostedrooms.errors import (
     HostedRoomError,
     SchemaMissingError,
@@ -28,7 +28,14 @@ from hostedrooms.errors import (
     StoreUnavailableError,
     translate,
 )
-from hostedrooms.ledger.claims import PREPARE_LOCK_KEY
+from hostedrooms.store.locks import (
+    MIGRATION_LOCK_KEY,
+    PEER_LINKS_LOCK_KEY,
+    PEER_RESERVATIONS_LOCK_KEY,
+    PREPARE_LOCK_KEY,
+    REPLICA_CREATION_LOCK_KEY,
+    ROOM_CREATION_LOCK_KEY,
+)
 from hostedrooms.uow import UnitOfWork
 from hostedrooms.wakeup import Wakeup
 
@@ -40,8 +47,8 @@ SCHEMAS = ("gw_a", "gw_b", "gw_c")
 NOT_BLOCKED = 1.0
 
 #: Every advisory key a write takes (rooms, replicas, ledger, peer links and reservations, migrations).
-WRITE_KEYS = (rooms.ROOM_CREATION_LOCK_KEY, replicas.REPLICA_CREATION_LOCK_KEY, PREPARE_LOCK_KEY, peers._LINKS_LOCK,
-              peers._RESERVATIONS_LOCK, MIGRATION_LOCK_KEY)
+WRITE_KEYS = (ROOM_CREATION_LOCK_KEY, REPLICA_CREATION_LOCK_KEY, PREPARE_LOCK_KEY, PEER_LINKS_LOCK_KEY,
+              PEER_RESERVATIONS_LOCK_KEY, MIGRATION_LOCK_KEY)
 
 
 @pytest.fixture(scope="module")

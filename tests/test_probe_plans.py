@@ -31,6 +31,7 @@ from hostedrooms import replicas, rooms
 from hostedrooms.dialect import dialect_named
 from hostedrooms.errors import ReplicaError
 from hostedrooms.store import room_store
+from hostedrooms.store.replicas import id_clash_query
 
 A = factories.A
 ACTOR = {"id": "u1", "kind": "user"}
@@ -166,7 +167,7 @@ def test_an_ingested_page_probes_its_new_ids_in_the_replica_index(engine: Engine
     replicas.ingest_page(engine, room_id="rr", room_name="R", members=[], page={**source, "room_id": "rr",
                                                                               "events": events})
     with engine.connect() as connection:
-        compiled = replicas._id_clash_query("rr", ["a", "b", "c"]).compile(
+        compiled = id_clash_query("rr", ["a", "b", "c"]).compile(
             dialect=connection.dialect, compile_kwargs={"render_postcompile": True})
         values = compiled.construct_params()
         if connection.dialect.name == "sqlite":

@@ -59,13 +59,11 @@ def _budget_used(engine: Engine) -> int:
         return int(connection.execute(sa.select(sa.func.coalesce(sa.func.sum(models.budget.c.used), 0))).scalar_one())
 
 
-def _fast(engine: Engine, room_id: str, event_id: str, *, gateway: str = LOCAL, epoch: int = 1) -> Any:
+def _one_statement(engine: Engine, room_id: str, event_id: str, *, gateway: str = LOCAL, epoch: int = 1) -> Any:
     """The store's one-statement append alone, in a unit that commits whatever it wrote."""
     event = rooms.PreparedEvent(event_id, "message.user", '{"id":"u1","kind":"user"}', '{"text":"hi"}', epoch)
-    store = room_store(dialect_for(engine))
     with UnitOfWork(engine) as uow:
-        outcome = store.append_one_statement(uow.connection, room_id, [event], gateway_id=gateway, now=5.0,
-                                    limits=lowered())
+        outcome = uow.rooms.append_one_statement(room_id, [event], gateway_id=gateway, now=5.0, limits=lowered())
         uow.commit()
     return outcome
 
@@ -74,15 +72,15 @@ def _fast(engine: Engine, room_id: str, event_id: str, *, gateway: str = LOCAL, 
 
 
 @pytest.mark.parametrize("case", ["stale epoch", "moved authority", "disbanded", "absent"])
-def test_the_fast_append_writes_nothing_where_it_does_not_apply(engine: Engine, case: str) -> None:
+def test_the_one_statement_append_writes_nothing_where_it_does_not_apply(engine: Engine, case: str) -> None:
     make_room(engine, "r1", gateway=LOCAL)
-    message(engine, "r1", "first")  # the budget is spread: the fast path could apply
+    message(engine, "r1", "first")  # the budget is spread: the one-statement append could apply
     if case == "disbanded":
         rooms.disband_room(engine, room_id="r1", expected_gateway_id=LOCAL, expected_epoch=1, now=2000.0)
     before = snapshot(engine)
     room_id, gateway, epoch = {"stale epoch": ("r1", LOCAL, 2), "moved authority": ("r1", B, 1),
                                "disbanded": ("r1", LOCAL, 1), "absent": ("r9", LOCAL, 1)}[case]
-    assert _fast(engine, room_id, "e1", gateway=gateway, epoch=epoch) is None
+    assert _one_statement(engine, room_id, "e1", gateway=gateway, epoch=epoch) is None
     assert snapshot(engine) == before
     expected = {"stale epoch": "stale hosted room authority", "moved authority": "stale hosted room authority",
                 "disbanded": "hosted room not found", "absent": "hosted room not found"}[case]
@@ -99,7 +97,7 @@ def test_a_repeated_id_returns_the_stored_row(engine: Engine) -> None:
     assert (again["seq"], again["idempotent"], first["idempotent"]) == (first["seq"], True, False)
     assert snapshot(engine) == before
     if room_store(dialect_for(engine)).one_statement_autocommits:  # PostgreSQL: the probe answers in the same statement
-        outcome = _fast(engine, "r1", "e1")
+        outcome = _one_statement(engine, "r1", "e1")
         assert outcome is not None and outcome[0] == [] and outcome[1]["e1"]["seq"] == first["seq"]
         assert snapshot(engine) == before
 
@@ -205,7 +203,7 @@ def test_pruning_frees_the_budget_before_refusing(engine: Engine) -> None:
 def test_every_path_keeps_the_shards_equal_to_the_rooms_bytes(engine: Engine) -> None:
     steps: list[tuple[str, Any]] = [
         ("create", lambda: make_room(engine, "r1", gateway=A)),
-        ("fast append", lambda: message(engine, "r1", "e1", gateway=A)),
+        ("one-statement append", lambda: message(engine, "r1", "e1", gateway=A)),
         ("batch", lambda: rooms.append_events(engine, "r1", [
             {"event_id": f"b{n}", "kind": "message.user", "actor": {"kind": "user", "id": "u1"}, "payload": {}}
             for n in range(3)], A, 1)),

@@ -26,11 +26,10 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine
 
 from hostedrooms import models, rooms
-from hostedrooms.dialect import dialect_for
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.rooms import pages as page_rows
 from hostedrooms.rooms.events import read_events_exact
-from hostedrooms.store import REPLAY_COLUMNS, room_store
+from hostedrooms.store import REPLAY_COLUMNS
 from hostedrooms.uow import UnitOfWork
 
 GATEWAY = "g1"
@@ -236,22 +235,21 @@ def test_the_store_reads_the_rows_of_the_plain_page(engine: Engine) -> None:
     events = [{"event_id": f"e{n}", "kind": "message.user", "actor": {"kind": "user", "id": "u1"},
                "payload": {"text": "é" * (n * 37 % 300)}} for n in range(40)]
     _write(engine, events, [])
-    store = room_store(dialect_for(engine))
     with UnitOfWork(engine, write=False) as uow:
-        connection = uow.connection
+        store = uow.rooms
         for since, limit, max_bytes in [(0, 500, 2 << 20), (0, 7, 2 << 20), (3, 500, 3000), (39, 500, 100),
                                         (0, 500, 0), (40, 500, 2 << 20), (10, 20, 2500)]:
             plain = [tuple(row[name] for name in REPLAY_COLUMNS) for row in store.event_page(
-                connection, ROOM, since=since, latest_seq=40, limit=limit, max_bytes=max_bytes)]
-            rows, total = store.replay_rows(connection, ROOM, since=since, latest_seq=40, limit=limit,
+                ROOM, since=since, latest_seq=40, limit=limit, max_bytes=max_bytes)]
+            rows, total = store.replay_rows(ROOM, since=since, latest_seq=40, limit=limit,
                                             max_bytes=max_bytes, max_event_bytes=1000)
             assert [row[:8] for row in rows] == plain
             assert total == sum(len("".join(row[i] for i in (2, 3, 4, 6)).encode()) for row in plain)
-            head, page_rows_, page_total = store.read_page(connection, ROOM, since=since, limit=limit,
+            head, page_rows_, page_total = store.read_page(ROOM, since=since, limit=limit,
                                                            max_bytes=max_bytes, max_event_bytes=1000)
-            assert head == store.room_head(connection, ROOM)
+            assert head == store.room_head(ROOM)
             assert ([row[:8] for row in page_rows_], page_total) == (plain, total)
-        assert store.read_page(connection, "absent", since=0, limit=5, max_bytes=100, max_event_bytes=10) == (
+        assert store.read_page("absent", since=0, limit=5, max_bytes=100, max_event_bytes=10) == (
             None, [], 0)
 
 
