@@ -98,7 +98,7 @@ def test_concurrent_claims_have_one_winner(engine: Engine) -> None:
 
 
 def test_gateway_byte_limit_holds_under_concurrent_writers(engine: Engine) -> None:
-    # Small per-event bounds make the shared fast path usable, so both the shared and the exclusive paths run.
+    # Small per-event bounds make the shared path usable, so both the shared and the exclusive paths run.
     probe = lowered(MAX_EVENT_JSON_BYTES=200, MAX_ACTOR_JSON_BYTES=100)
     for index in range(THREADS):
         make_room(engine, f"room-{index}")

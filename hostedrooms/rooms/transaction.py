@@ -107,8 +107,8 @@ class RoomTransaction:
     :meth:`load_event`, :meth:`load_events`, :meth:`check_capacity`, :meth:`append_locked`, :meth:`append`,
     :meth:`insert_room`, :meth:`prune_disbanded`, :meth:`gateway_event_bytes`, :meth:`lock_room_creation`,
     :meth:`check_room_slot`. Use :func:`run_room_write` to run a body with its retries, or pass
-    ``exclusive=True`` to lock every budget shard from the first check. ``fast``: :meth:`append` may try the
-    store's one-statement append first (:func:`run_room_write` sets it on a first attempt only).
+    ``exclusive=True`` to lock every budget shard from the first check. ``one_statement``: :meth:`append` may try
+    the store's one-statement append first (:func:`run_room_write` sets it on a first attempt only).
 
     :meth:`check_capacity` *reserves* the bytes it admits in the budget: whoever calls it writes exactly those
     bytes to rooms in the same transaction (or fails it). Purges release theirs in :meth:`prune_disbanded`.

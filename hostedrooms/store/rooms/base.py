@@ -468,9 +468,9 @@ class RoomStore:
 
         A batch holding a control kind never applies (the reserves apply per event); otherwise checking the
         batch's last event against the limits is checking each of them, since counts and bytes only grow. The
-        shard must have room within its allowance, spread for a gateway limit no higher than ``limits``' (so
-        the fast path refuses nothing and admits nothing the exact check would not); a control event's reserve
-        is left to the full path. A stored (or repeated) event_id the backend does not probe for surfaces as the
+        shard must have room within its allowance, spread for a gateway limit no higher than ``limits``' (so the
+        one-statement append refuses nothing and admits nothing the exact check would not); a control event's
+        reserve is left to the full path. A stored (or repeated) event_id the backend does not probe for surfaces as the
         unique constraint.
         """
         if len(events) > 1 and any(event.control for event in events):
