@@ -28,7 +28,7 @@ writers of several processes queue instead of polling (:mod:`hostedrooms.writelo
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Generic, Protocol, Self, TypeVar, overload
+from typing import Any, Generic, Self, TypeVar, overload
 
 from sqlalchemy import Connection, Engine, Executable, Result
 from sqlalchemy import exc as sa_exc
@@ -41,14 +41,10 @@ from .dialect import StoreDialect, dialect_for
 from .errors import translate
 from .statements import DIRECT_BEGUN, DirectConnection, begin_unit, end_unit
 from .store import PerBackend, ReplicaStore, RoomStore, replica_store, room_store
+from .store.bound import BoundStore
 from .wakeup import committed
 
-
-class _Bindable(Protocol):
-    def bind(self, connection: Connection) -> Self: ...
-
-
-_S = TypeVar("_S", bound=_Bindable)
+_S = TypeVar("_S", bound=BoundStore)
 
 
 class _UnitStore(Generic[_S]):
@@ -57,6 +53,7 @@ class _UnitStore(Generic[_S]):
 
     def __init__(self, stores: PerBackend[_S]) -> None:
         self._stores = stores
+        self._prototypes: dict[StoreDialect, _S] = {}
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._name = name
@@ -68,7 +65,13 @@ class _UnitStore(Generic[_S]):
     def __get__(self, uow: UnitOfWork | None, owner: type) -> Self | _S:
         if uow is None:
             return self
-        store = self._stores(uow.dialect).bind(uow.connection)
+        # BoundStore.bind, inline (it runs once per unit of work, on every append): the prototype's copy.
+        prototype = self._prototypes.get(uow.dialect)
+        if prototype is None:
+            prototype = self._prototypes[uow.dialect] = self._stores(uow.dialect)
+        store: _S = object.__new__(type(prototype))
+        store.__dict__.update(prototype.__dict__)
+        store.connection = uow.connection
         uow.__dict__[self._name] = store
         return store
 

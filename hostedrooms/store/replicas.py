@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Select, delete, exists, func, insert, literal, select, update
+from sqlalchemy import Select, delete, exists, func, insert, literal, select, update
 
 from .. import models
+from .bound import BoundStore
 from .locks import REPLICA_CREATION_LOCK_KEY
 
 if TYPE_CHECKING:
@@ -45,21 +46,11 @@ def id_clash_query(room_id: str, event_ids: Sequence[str]) -> Select[tuple[int]]
         _replica_events.c.room_id == room_id, _replica_events.c.event_id.in_(list(event_ids))).limit(1)
 
 
-class ReplicaStore:
+class ReplicaStore(BoundStore):
     """The replica rows and their logs on one backend, bound to one unit's :attr:`connection` (:meth:`bind`)."""
-
-    #: The connection of the unit of work this store is bound to (:meth:`bind`).
-    connection: Connection
 
     def __init__(self, dialect: StoreDialect) -> None:
         self.dialect = dialect
-
-    def bind(self, connection: Connection) -> Self:
-        """This store on ``connection`` (a unit of work's)."""
-        bound = object.__new__(type(self))
-        bound.dialect = self.dialect
-        bound.connection = connection
-        return bound
 
     # -- locks and reads -------------------------------------------------------------------------------------
 

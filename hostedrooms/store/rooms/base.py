@@ -31,13 +31,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import (
     BigInteger,
     BindParameter,
     ColumnElement,
-    Connection,
     Select,
     and_,
     bindparam,
@@ -54,6 +53,7 @@ from sqlalchemy.exc import IntegrityError
 from ... import models
 from ...limits import Limits
 from ...statements import HotStatement
+from ..bound import BoundStore
 from ..locks import ROOM_CREATION_LOCK_KEY
 
 if TYPE_CHECKING:  # the backend imports the lock registry (..locks), so the store names it only for the checker
@@ -193,7 +193,7 @@ def event_rows(room_id: str, first_seq: int, events: Sequence[EventLike], now: f
         for index, event in enumerate(events)]
 
 
-class RoomStore:
+class RoomStore(BoundStore):
     """The room log on one backend: rooms, their events, retired ids, the room lock and the gateway budget shards.
 
     Every method runs on :attr:`connection`, inside its unit of work's transaction; none commits. Each backend has
@@ -201,8 +201,6 @@ class RoomStore:
     connection; :meth:`bind` gives a unit its copy (``uow.rooms``), sharing them.
     """
 
-    #: The connection of the unit of work this store is bound to (:meth:`bind`).
-    connection: Connection
 
     #: Whether write transactions run concurrently, so a writer may take bytes from one budget shard without
     #: locking the others (:mod:`hostedrooms.rooms.transaction`); where writers are serialised every writer
@@ -245,14 +243,6 @@ class RoomStore:
                    .limit(bindparam("limit")).offset(bindparam("offset")))
         self._list_rooms = {False: HotStatement(listing.where(_rooms.c.disbanded_at.is_(None))),
                             True: HotStatement(listing)}
-
-    def bind(self, connection: Connection) -> Self:
-        """This store on ``connection`` (a unit of work's): a copy sharing the prototype's statements and switches
-        as they stand now."""
-        bound = object.__new__(type(self))
-        bound.__dict__.update(self.__dict__)
-        bound.connection = connection
-        return bound
 
     @contextlib.contextmanager
     def without_one_statement(self) -> Iterator[None]:
