@@ -72,6 +72,7 @@ def _killed_failover(engine: Engine, standby: Engine, where: str = "failover.cau
 
 
 def _return_pass(engine: Engine, standby: Engine, **options: Any) -> Any:
+    options.setdefault("reclaim_after", 0)
     return Replicator(EnginePageSource(standby), engine, local_gateway_id=GATEWAY_A, source_gateway_id=GATEWAY_B,
                       **options).sync_once()
 
@@ -183,13 +184,29 @@ def test_over_http_the_fenced_rooms_are_reported_with_what_to_run(engine: Engine
             return getattr(self.inner, name)
 
     source: Any = Remote(EnginePageSource(standby))
-    report = Replicator(source, engine, local_gateway_id=GATEWAY_A, source_gateway_id=GATEWAY_B).sync_once()
+    report = Replicator(source, engine, local_gateway_id=GATEWAY_A, source_gateway_id=GATEWAY_B,
+                        reclaim_after=0).sync_once()
     assert {room.room_id: room.status for room in report.rooms} == {"r-0": FENCED, "r-1": FENCED}
     assert "hostedrooms failover" in report.rooms[0].reason and "FENCED".lower() in report.summary()
     assert _holder(engine, "r-0") == (GATEWAY_B, 2)  # nothing changed
 
 
-@pytest.mark.parametrize("value", ["", 5, GATEWAY_A])
-def test_a_bad_source_gateway_is_refused(engine: Engine, standby: Engine, value: Any) -> None:
+def test_a_fresh_fence_is_left_to_its_failover(engine: Engine, standby: Engine) -> None:
+    """While the fence is younger than ``reclaim_after`` the failover may still be running: the room is reported
+    fenced and left alone; once older, it is given back."""
+    _killed_failover(engine, standby)
+    fenced_at = float(rooms.read_events(engine, room_id="r-0", since_seq=3, limit=1)["events"][0]["created_at"])
+    early = _return_pass(engine, standby, reclaim_after=300, now=lambda: fenced_at + 299)
+    assert {room.room_id: room.status for room in early.rooms} == {"r-0": FENCED, "r-1": FENCED}
+    assert "not promoted there yet" in early.rooms[0].reason and early.ok
+    assert _holder(engine, "r-0") == (GATEWAY_B, 2)
+    late = _return_pass(engine, standby, reclaim_after=300, now=lambda: fenced_at + 301)
+    assert {room.room_id: room.status for room in late.rooms} == {"r-0": RECLAIMED, "r-1": RECLAIMED}
+
+
+@pytest.mark.parametrize("options", [{"source_gateway_id": ""}, {"source_gateway_id": 5},
+                                     {"source_gateway_id": GATEWAY_A}, {"reclaim_after": -1},
+                                     {"reclaim_after": "5"}, {"reclaim_after": float("nan")}])
+def test_bad_reclaim_options_are_refused(engine: Engine, standby: Engine, options: dict[str, Any]) -> None:
     with pytest.raises(HostedRoomError):
-        Replicator(EnginePageSource(standby), engine, local_gateway_id=GATEWAY_A, source_gateway_id=value)
+        Replicator(EnginePageSource(standby), engine, local_gateway_id=GATEWAY_A, **options)

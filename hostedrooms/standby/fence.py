@@ -43,13 +43,15 @@ STORE_ERRORS = (StoreUnavailableError, StoreConfigurationError)
 @dataclass(frozen=True, slots=True)
 class Fence:
     """One room of the old authority fenced in its own store: the lineage it wrote (``gateway``, ``epoch``) and
-    the last seq it committed before the fence (``seq``), or why it could not be fenced (``refused``)."""
+    the last seq it committed before the fence (``seq``), or why it could not be fenced (``refused``); ``at``: the
+    fence's timestamp (as its writer's clock stamped it)."""
 
     room_id: str
     gateway: str
     epoch: int
     seq: int = 0
     refused: str = ""
+    at: float = 0.0
 
 
 def released_event_id(epoch: int) -> str:
@@ -88,7 +90,7 @@ def read_fence(engine: Engine, room_id: str, *, holder: str, epoch: int, silent:
               and last["authority"] == {"gateway_id": holder, "epoch": epoch}
               and isinstance(event.get("payload"), dict)
               and event["payload"].get("previous_gateway_id") == silent)
-    return Fence(room_id, silent, epoch - 1, seq=latest - 1) if fenced else None
+    return Fence(room_id, silent, epoch - 1, seq=latest - 1, at=float(event["created_at"])) if fenced else None
 
 
 def fence_authority(

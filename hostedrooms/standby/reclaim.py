@@ -13,8 +13,11 @@ promoted, as failover itself gives a room back (:func:`.fence.release_fence`):
 2. only then, this store gets ``authority.claimed`` naming this gateway again at ``epoch + 2``.
 
 A standby that promoted first wins: step 1 is refused and nothing changes here. A pass stopped between the steps
-is finished by the next pass, or by the standby's rerun (which finds its promotion refused and releases). Over an
-HTTP source the standby's store cannot be written; such rooms are reported :data:`FENCED`, with what to run.
+is finished by the next pass, or by the standby's rerun (which finds its promotion refused and releases). A fence
+younger than ``after`` seconds (by its timestamp against ``now``) is left to the failover that may still be
+running (reported :data:`FENCED`): giving it back at once would undo every failover while this replicator runs.
+Over an HTTP source the standby's store cannot be written; such rooms are reported :data:`FENCED`, with what to
+run.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ from .fence import STORE_ERRORS, Fence, block_promotion, give_back, read_fence
 from .heads import RoomHead
 from .steps import step
 
-__all__ = ["FENCED", "RECLAIMED", "RECLAIM_STEP", "Reclaim", "Reclaims"]
+__all__ = ["DEFAULT_RECLAIM_AFTER", "FENCED", "RECLAIMED", "RECLAIM_STEP", "Reclaim", "Reclaims"]
 
 #: A room this gateway's store had fenced for the source's gateway, never promoted there: held here again.
 RECLAIMED = "reclaimed"
 #: A room fenced for the source's gateway that this replicator cannot give back (an HTTP source): see ``reason``.
 FENCED = "fenced"
+#: Seconds a fence is left to the failover that wrote it before a returning authority's replicator gives it back.
+DEFAULT_RECLAIM_AFTER = 300.0
 #: The step boundary between the two writes of a reclaim (after the standby's store, before this one's).
 RECLAIM_STEP = "replicator.reclaim_blocked"
 
@@ -56,14 +61,15 @@ class Reclaims:
     """The rooms of one replicator's store fenced for its source's gateway, across passes: those the source
     promoted are remembered (by their local head) and not read again while that head stands."""
 
-    def __init__(self, *, holder: str, local: str, limits: Limits | None) -> None:
+    def __init__(self, *, holder: str, local: str, after: float, limits: Limits | None) -> None:
         self.holder = holder  # the source's gateway, as the operator named it
         self.local = local
+        self.after = after  # seconds a fence is left to its failover
         self.limits = limits
         self._taken: dict[str, int] = {}  # room -> the local epoch at which the source was found holding it
 
     def run(self, target: Engine, holder_store: Engine | None, local_rooms: Mapping[str, RoomHead],
-            now: float | None) -> list[Reclaim]:
+            now: float) -> list[Reclaim]:
         """One pass: each local room fenced for the holder and not taken over by it, reclaimed (or reported)."""
         self._taken = {room_id: epoch for room_id, epoch in self._taken.items()
                        if (head := local_rooms.get(room_id)) is not None and head.authority_epoch == epoch}
@@ -86,8 +92,12 @@ class Reclaims:
                 fences.append(fence)
         return fences
 
-    def _one(self, target: Engine, holder_store: Engine | None, fence: Fence, now: float | None) -> Reclaim | None:
+    def _one(self, target: Engine, holder_store: Engine | None, fence: Fence, now: float) -> Reclaim | None:
         where = f"fenced here for {self.holder} at epoch {fence.epoch + 1}"
+        if holder_store is not None and now - fence.at < self.after:
+            return Reclaim(fence.room_id, FENCED, fence.epoch + 1, (
+                f"{where} {max(now - fence.at, 0.0):.0f} s ago, not promoted there yet: given back if it still is "
+                f"not after {self.after:.0f} s"))
         if holder_store is None:
             return Reclaim(fence.room_id, FENCED, fence.epoch + 1, (
                 f"{where}; this replicator reads {self.holder} over HTTP and cannot give it back: run "

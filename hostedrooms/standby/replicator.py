@@ -88,7 +88,7 @@ from ..telemetry import pass_attributes, record_pass, traced
 from ..validation import INT64_MAX, MAX_EPOCH, identifier
 from .heads import ReplicaHead, RoomHead, all_replica_heads, all_room_heads
 from .proof import LocalLog, Proofs, Refused
-from .reclaim import FENCED, RECLAIMED, Reclaims
+from .reclaim import DEFAULT_RECLAIM_AFTER, FENCED, RECLAIMED, Reclaims
 from .source import (
     EnginePageSource,
     PageSource,
@@ -355,6 +355,10 @@ class Replicator:
     bytes read (default twice MAX_GATEWAY_EVENT_BYTES, a source's whole event budget, re-reads included);
     ``max_seconds_per_pass`` (default :data:`DEFAULT_MAX_SECONDS_PER_PASS`). The limits are ``limits``' (the
     module's by default), read at each pass.
+
+    ``source_gateway_id``: the gateway whose own store the source is (the operator's word; None: not said). With
+    it, each pass also gives back the local rooms that gateway's failover fenced here and never promoted, once
+    the fence is ``reclaim_after`` seconds old (:mod:`hostedrooms.standby.reclaim`; needs ``local_gateway_id``).
     """
 
     def __init__(
@@ -378,6 +382,7 @@ class Replicator:
         max_bytes_per_pass: int | None = None,
         max_seconds_per_pass: float | None = DEFAULT_MAX_SECONDS_PER_PASS,
         source_gateway_id: Any = None,
+        reclaim_after: float = DEFAULT_RECLAIM_AFTER,
     ) -> None:
         if prune_disbanded_after is not None and (
                 type(prune_disbanded_after) is not int or not 0 <= prune_disbanded_after <= 2**63 - 1):
@@ -419,10 +424,12 @@ class Replicator:
         self._lineages: dict[str, str | None] = {}
         # Demotion proofs cut short by a pass bound, by room (each resumes there).
         self._proofs = Proofs()
-        self._reclaims = self._reclaimer(source_gateway_id)
+        self._reclaims = self._reclaimer(source_gateway_id, reclaim_after)
 
-    def _reclaimer(self, source_gateway_id: Any) -> Reclaims | None:
+    def _reclaimer(self, source_gateway_id: Any, after: Any) -> Reclaims | None:
         """What gives back the rooms fenced here for ``source_gateway_id`` and never promoted (standby/reclaim)."""
+        if isinstance(after, bool) or not isinstance(after, (int, float)) or not 0 <= after < float("inf"):
+            raise HostedRoomError("reclaim_after must be a non-negative number of seconds")
         if source_gateway_id is None:
             return None
         lim = in_force(self.limits)
@@ -434,7 +441,7 @@ class Replicator:
                                   "HOSTEDROOMS_INSTALL_ID)")
         if holder == local:
             raise HostedRoomError("source_gateway_id is this gateway: name the gateway whose store the source is")
-        return Reclaims(holder=holder, local=local, limits=self.limits)
+        return Reclaims(holder=holder, local=local, after=float(after), limits=self.limits)
 
     # -- one pass ----------------------------------------------------------------------------------------------
 
