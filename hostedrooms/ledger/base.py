@@ -36,6 +36,8 @@ def _check_options(clock: object, path: object, limits: object) -> None:
         raise LedgerInputError("clock must be None or a callable returning the time in seconds", field="clock")
     if (path is not None and not isinstance(path, str | os.PathLike)) or (isinstance(path, str) and not path):
         raise LedgerInputError("path must be None or the ledger's file path", field="path")
+    if path is not None and "\x00" in os.fsdecode(os.fspath(path)):  # no file system takes one
+        raise LedgerInputError("path must not contain a NUL character", field="path")
     if limits is not None and not callable(limits):
         check_limits(limits)
 
