@@ -15,7 +15,8 @@ from factories import run_cli as _run
 from sqlalchemy import Engine
 
 import hostedrooms.limits
-from hostedrooms import UnitOfWork, cli, migrate, testing
+from hostedrooms import UnitOfWork, migrate, testing
+from hostedrooms.cli import inspect as cli
 from hostedrooms.dialect import dialect_for
 from hostedrooms.errors import InvalidInputError, SchemaMissingError
 from hostedrooms.ledger import DeliveryLedger

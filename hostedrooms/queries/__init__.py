@@ -1,0 +1,1 @@
+"""Read-only queries: what the reporting faces (the console script, status, verify) read and never write."""
