@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from standby_support import GATEWAY_A, GATEWAY_B, host
 
 from hostedrooms import replicas, rooms, verify
+from hostedrooms.cli import main
 from hostedrooms.errors import AuthorityConflictError, HostedRoomError
 from hostedrooms.records import Actor
 from hostedrooms.standby import EnginePageSource, Replicator, failover
@@ -210,3 +211,19 @@ def test_a_fresh_fence_is_left_to_its_failover(engine: Engine, standby: Engine) 
 def test_bad_reclaim_options_are_refused(engine: Engine, standby: Engine, options: dict[str, Any]) -> None:
     with pytest.raises(HostedRoomError):
         Replicator(EnginePageSource(standby), engine, local_gateway_id=GATEWAY_A, **options)
+
+
+def test_the_replicate_command_gives_back_with_source_gateway(
+        engine: Engine, standby: Engine, target: str, standby_target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hostedrooms replicate --from <B's store> --to <A's store> --gateway A --source-gateway B``: a line per room
+    given back, exit 0; without ``--source-gateway`` nothing is given back."""
+    _killed_failover(engine, standby)
+    plain = main(["replicate", "--from", standby_target, "--to", target, "--gateway", GATEWAY_A])
+    capsys.readouterr()
+    assert plain == 0 and _holder(engine, "r-0") == (GATEWAY_B, 2)
+    code = main(["replicate", "--from", standby_target, "--to", target, "--gateway", GATEWAY_A,
+                 "--source-gateway", GATEWAY_B, "--reclaim-after", "0"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "reclaimed r-0: fenced here for install:gw-b at epoch 2 and never promoted there" in out
+    assert "(2 reclaimed)" in out and _holder(engine, "r-0") == (GATEWAY_A, 3)

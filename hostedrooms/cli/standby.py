@@ -63,11 +63,12 @@ class _ReplicateDisplay:
                       f"lag {self.lag:,} events ...")
 
     def on_room(self, room: Any) -> None:
+        from ..standby.reclaim import FENCED, RECLAIMED
         from ..standby.replicator import DEMOTED, REFUSED
 
         self.rooms += 1
         self.lag += room.lag
-        if room.status in (REFUSED, DEMOTED):
+        if room.status in (REFUSED, DEMOTED, RECLAIMED, FENCED):
             self.progress.done()
             self.out.write(terminal_text(f"{room.status} {room.room_id}: {room.reason}") + "\n")
             self.out.flush()
@@ -235,6 +236,12 @@ def _replicate_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--prune-disbanded-after", type=non_negative_int, metavar="SECONDS",
                      help="remove a replica whose room was disbanded this many seconds after its disband, freeing "
                      "its replica slot (default: keep them)")
+    sub.add_argument("--source-gateway", metavar="GATEWAY",
+                     help="the gateway whose own store --from is: give back the rooms its failover fenced in this "
+                     "store and never promoted (needs --from to be that store, not its page endpoint)")
+    sub.add_argument("--reclaim-after", type=non_negative_int, metavar="SECONDS", default=300,
+                     help="with --source-gateway: leave a fence this many seconds to the failover that wrote it "
+                     "(default 300)")
     sub.add_argument("--metrics", metavar="HOST:PORT",
                      help="with --follow: serve Prometheus metrics (every room's lag, the passes' durations and "
                      "failures) at http://HOST:PORT/metrics; port 0 takes a free port (printed); needs the "
@@ -258,7 +265,8 @@ def _replicate(args: argparse.Namespace, out: TextIO) -> int:
             replicator = Replicator(source, target, local_gateway_id=args.gateway, on_page=display.on_page,
                                     on_room=display.on_room, workers=args.workers,
                                     max_pages_per_room=args.max_pages if args.follow else None,
-                                    prune_disbanded_after=args.prune_disbanded_after)
+                                    prune_disbanded_after=args.prune_disbanded_after,
+                                    source_gateway_id=args.source_gateway, reclaim_after=args.reclaim_after)
             if not args.follow:
                 report = replicator.sync_once()
                 display.progress.done()
