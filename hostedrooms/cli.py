@@ -158,14 +158,14 @@ def _log_lines(rows: Sequence[tuple[Any, ...]], as_json: bool) -> Iterator[str]:
 
 
 def _require_room(uow: UnitOfWork, room_id: str) -> None:
-    if room_store(uow.dialect).room_head(uow.connection, room_id) is None:
+    if room_store(uow.backend).room_head(uow.connection, room_id) is None:
         raise HostedRoomError(f"hosted room not found: {terminal_text(room_id)}")
 
 
 def _log_page(engine: Engine, room_id: str, since: int, limit: int) -> list[tuple[Any, ...]]:
     """Up to ``limit`` event rows of ``room_id`` after ``since`` (the store's compiled replay statement)."""
     with UnitOfWork(engine, write=False) as uow:
-        store = room_store(uow.dialect)
+        store = room_store(uow.backend)
         _require_room(uow, room_id)
         # No byte budget here (a page is --limit events): the largest the statement takes; max_event_bytes only
         # sizes the driver's fetches (a backend stepping the cursor takes max_bytes // max_event_bytes at a time).

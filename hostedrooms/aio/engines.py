@@ -44,6 +44,7 @@ from sqlalchemy import URL, Engine, event
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
+from ..backends import backend_for_url
 from ..db import (
     DEFAULT_BUSY_TIMEOUT,
     build_configured,
@@ -52,7 +53,6 @@ from ..db import (
     create_engine,
     resolve_url,
 )
-from ..dialect import dialect_for_url
 from ..errors import MisuseError
 
 __all__ = [
@@ -132,7 +132,7 @@ def create_async_engine(
             "hostedrooms.aio needs an asyncio target (a path, a URL or an AsyncEngine), not a synchronous "
             "Engine; give its URL instead")
     url = resolve_url(target)
-    built = build_configured(dialect_for_url(url).async_url(url), _sa_create_async_engine, synchronous=synchronous,
+    built = build_configured(backend_for_url(url).async_url(url), _sa_create_async_engine, synchronous=synchronous,
                              busy_timeout=busy_timeout, create=create, schema=schema, pooler=pooler,
                              listen_url=listen_url, **engine_kwargs)
     _options[built.sync_engine] = _Options(synchronous, busy_timeout, create, services, schema, pooler, listen_url)
@@ -152,7 +152,7 @@ def require_async_engine(engine: object) -> AsyncEngine:
 def sync_url(engine: AsyncEngine) -> URL:
     """The URL of ``engine``'s database with hostedrooms' synchronous driver."""
     url = engine.url
-    return dialect_for_url(url).normalise_url(url.set(drivername=url.get_backend_name()))
+    return backend_for_url(url).normalise_url(url.set(drivername=url.get_backend_name()))
 
 
 class Runner:
@@ -375,7 +375,7 @@ async def runner_for(engine: object) -> Runner:
     options = _options.get(sync_engine, _Options())
     if configure_adopted(sync_engine, synchronous=options.synchronous, busy_timeout=options.busy_timeout):
         await run_to_end(async_engine.dispose())  # pooled connections predate the hooks (cancelled: still all)
-    twin_target = dialect_for_url(async_engine.url).twin_target(async_engine.url)
+    twin_target = backend_for_url(async_engine.url).twin_target(async_engine.url)
     if options.services == "awaited" or twin_target is None:
         return _runners.setdefault(sync_engine, _Awaited(async_engine))
     threaded = _Threaded(create_engine(

@@ -22,8 +22,8 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import NullPool
 
+from ..backends import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, backend_for, backend_for_url, pooler_of
 from ..db import create_engine, engine_schema
-from ..dialect import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, dialect_for, dialect_for_url, pooler_of
 from ..validation import interval
 from ..wakeup import DEFAULT_POLL_INTERVAL, SharedWaiter, Subscription, check_waitable, driver_error, join_waiter
 from .engines import require_async_engine, runner_for
@@ -43,7 +43,7 @@ async def waiter_engine(engine: AsyncEngine) -> Engine | None:
         return runner.engine  # the twin the services run on
     sync_engine = engine.sync_engine
     if sync_engine not in _waiter_engines:
-        target = dialect_for_url(engine.url).twin_target(engine.url)
+        target = backend_for_url(engine.url).twin_target(engine.url)
         pooler = pooler_of(sync_engine)
         # NullPool: the waiter takes its one connection from a private copy of this pool; nothing else idles.
         _waiter_engines[sync_engine] = None if target is None else create_engine(
@@ -107,9 +107,9 @@ class AsyncWakeup:
         reconnect_deadline: float | None = None,
     ) -> None:
         self.engine = require_async_engine(engine)
-        dialect = dialect_for(self.engine.sync_engine)
-        if dialect.notifies:
-            dialect.listen_statement(channel)  # one of hostedrooms' channels (a programming error otherwise)
+        backend = backend_for(self.engine.sync_engine)
+        if backend.notifies:
+            backend.listen_statement(channel)  # one of hostedrooms' channels (a programming error otherwise)
         check_waitable(self.engine.sync_engine)  # a transaction pooler without listen_url: refused at once
         self.channel, self.key = channel, key
         if poll_interval is not None:
