@@ -8,16 +8,18 @@ an engine that is disposed and dropped takes its record with it. :func:`install`
 hostedrooms' connection hooks on an engine, in the order they must run; :func:`profile_of` is the one lookup of
 what an engine was configured with.
 
-Runtime objects that hold their engine (the held writer, the shared waiter, the asyncio runner and twin) stay
-keyed per Engine where they are kept (:mod:`hostedrooms.writer`, :mod:`hostedrooms.wakeup`,
-:mod:`hostedrooms.aio`): a value holding its key would keep it alive in a weak map.
+Beside it, each Engine object carries its :class:`EngineRuntime` (:func:`runtime_of`): the objects hostedrooms
+runs for that very Engine (the held writer's slot, the shared waiter, the asyncio runner, the waiter's engine, the
+compat facade's mark). They are per Engine, not per dialect, because they hold their engine (the held writer
+does): kept in a map that outlives engines they would keep the engine, and its dialect, alive; kept on the Engine
+they go with it. A derived engine (``execution_options()``) has a runtime of its own, as it had its own entries.
 """
 
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import URL, Engine
 from sqlalchemy.engine import Dialect
@@ -26,7 +28,10 @@ from sqlalchemy.engine.base import OptionEngine
 if TYPE_CHECKING:
     from .backends.base import Backend
 
-__all__ = ["EngineProfile", "EngineRecord", "Pooler", "install", "profile_of", "record_of"]
+__all__ = [
+    "EngineProfile", "EngineRecord", "EngineRuntime", "Pooler", "install", "known_runtime", "profile_of", "record_of",
+    "runtime_of",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +98,46 @@ def profile_of(engine: Engine) -> EngineProfile | None:
     """What ``engine`` was configured with by hostedrooms (None: it never was)."""
     record = _records.get(engine.dialect)
     return None if record is None else record.profile
+
+
+class EngineRuntime:
+    """The objects hostedrooms runs for one Engine object (see the module docstring); each module owns its
+    field and its rules: ``writer_slot`` (:mod:`hostedrooms.writer`), ``waiter`` and ``waiter_generation``
+    (:mod:`hostedrooms.wakeup`; a waiter of another generation belongs to the parent of a forked process),
+    ``async_options``, ``runner`` (:mod:`hostedrooms.aio.engines`), ``waiter_engine`` (:mod:`hostedrooms.aio.wakeup`;
+    valid once ``waiter_engine_known``), ``compat_generation`` (:mod:`hostedrooms.compat._engine`: the facade
+    adopted and migrated the engine in that generation of its cache)."""
+
+    __slots__ = ("async_options", "compat_generation", "runner", "waiter", "waiter_engine", "waiter_engine_known",
+                 "waiter_generation", "writer_slot")
+
+    def __init__(self) -> None:
+        self.writer_slot: Any = None
+        self.waiter: Any = None
+        self.waiter_generation = -1
+        self.async_options: Any = None
+        self.runner: Any = None
+        self.waiter_engine: Engine | None = None
+        self.waiter_engine_known = False
+        self.compat_generation = -1
+
+
+#: The Engine attribute holding its :class:`EngineRuntime`.
+_RUNTIME = "_hostedrooms_runtime"
+
+
+def runtime_of(engine: Engine) -> EngineRuntime:
+    """``engine``'s :class:`EngineRuntime`, made on first use (two threads racing get the same one)."""
+    runtime: EngineRuntime | None = vars(engine).get(_RUNTIME)
+    if runtime is None:
+        runtime = vars(engine).setdefault(_RUNTIME, EngineRuntime())
+    return runtime
+
+
+def known_runtime(engine: Engine) -> EngineRuntime | None:
+    """``engine``'s :class:`EngineRuntime` if it has one, without making it (the hot paths' lookup)."""
+    runtime: EngineRuntime | None = vars(engine).get(_RUNTIME)
+    return runtime
 
 
 def install(engine: Engine, profile: EngineProfile) -> None:

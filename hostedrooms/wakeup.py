@@ -48,7 +48,6 @@ import selectors
 import socket
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, Self
@@ -67,6 +66,7 @@ from .backends import (
     check_listen_through,
     scoped_channel,
 )
+from .engine_profile import known_runtime, runtime_of
 from .errors import translate
 from .filewatch import FileWatch, watch_writes
 from .validation import interval
@@ -415,15 +415,26 @@ class SharedWaiter:
                 subscription.fail(exc)
 
 
-_waiters: weakref.WeakKeyDictionary[Engine, SharedWaiter] = weakref.WeakKeyDictionary()
+#: Each engine's waiter is kept in its :class:`~hostedrooms.engine_profile.EngineRuntime`, with the generation it
+#: was started in: bumped in every forked child, whose parent's waiters are never used.
+_generation = 0
 _waiters_lock = threading.Lock()
+
+
+def _waiter_of(engine: Engine) -> SharedWaiter | None:
+    """``engine``'s shared waiter of this process, if one was started (it may be ending)."""
+    runtime = known_runtime(engine)
+    if runtime is None or runtime.waiter_generation != _generation:
+        return None
+    waiter: SharedWaiter | None = runtime.waiter
+    return waiter
 
 
 def committed(engine: Engine) -> None:
     """A write unit of ``engine`` committed: where waiters poll (SQLite), the engine's poller looks now, so its
     followers wake without waiting for the next period; commits of other processes are seen at the next poll. Where
     commits notify (PostgreSQL), nothing to do."""
-    waiter = _waiters.get(engine)
+    waiter = _waiter_of(engine)
     if waiter is not None and not waiter.backend.notifies:
         waiter.look_now()
 
@@ -431,8 +442,8 @@ def committed(engine: Engine) -> None:
 def _forget_waiters() -> None:
     """In a forked child: the parent's waiter threads do not exist here (nor may their connections be used), and
     the lock may have been held by a thread that does not exist either; start afresh."""
-    global _waiters, _waiters_lock
-    _waiters, _waiters_lock = weakref.WeakKeyDictionary(), threading.Lock()
+    global _generation, _waiters_lock
+    _generation, _waiters_lock = _generation + 1, threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
@@ -471,10 +482,12 @@ def join_waiter(engine: Engine | None, subscription: Subscription) -> SharedWait
         return None
     check_waitable(engine)  # a transaction pooler without listen_url: refused, never silently polled
     with _waiters_lock:
-        waiter = _waiters.get(engine)
+        waiter = _waiter_of(engine)
         if waiter is not None and waiter.add(subscription):
             return waiter
-        waiter = _waiters[engine] = SharedWaiter(engine)
+        runtime = runtime_of(engine)
+        waiter = runtime.waiter = SharedWaiter(engine)
+        runtime.waiter_generation = _generation
         waiter.add(subscription)
         waiter.start()
         return waiter
