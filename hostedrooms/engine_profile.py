@@ -3,7 +3,7 @@ adopted with, frozen) and its :class:`EngineRecord` (that profile, plus what hos
 while it runs: its pooler hooks, its PostgreSQL namespace once known).
 
 One map holds the records, keyed by the engine's SQLAlchemy ``Dialect`` object: the engines
-``execution_options()`` derives share it (and the pool), so they share the record; the map holds it weakly, so
+``execution_options()`` derives share it (and the pool), so they share the record; the key is held weakly, so
 an engine that is disposed and dropped takes its record with it. :func:`install` is the one place that installs
 hostedrooms' connection hooks on an engine, in the order they must run; :func:`profile_of` is the one lookup of
 what an engine was configured with.
@@ -45,9 +45,9 @@ class Pooler:
 
 @dataclass(frozen=True, slots=True)
 class EngineProfile:
-    """The hostedrooms configuration of an engine built or adopted by :func:`hostedrooms.create_engine` (or its
-    asyncio twin): the backend, SQLite's ``synchronous`` mode and busy timeout, the PostgreSQL ``schema=`` and
-    ``pooler=``/``listen_url=`` (None: not given)."""
+    """The hostedrooms configuration of an engine built or adopted by :func:`hostedrooms.create_engine` (or by
+    :func:`hostedrooms.aio.create_async_engine`, on its ``sync_engine``): the backend, SQLite's ``synchronous``
+    mode and busy timeout, the PostgreSQL ``schema=`` and ``pooler=``/``listen_url=`` (None: not given)."""
 
     backend: Backend
     synchronous: str
