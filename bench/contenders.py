@@ -585,7 +585,7 @@ class RawOwnStatements(RawDriver):
         from sqlalchemy import create_engine as sa_create_engine
 
         from hostedrooms import limits, models, rooms
-        from hostedrooms.dialect import ROOM_EVENTS_CHANNEL, dialect_named
+        from hostedrooms.backends import ROOM_EVENTS_CHANNEL, backend_named
         from hostedrooms.store import room_store
 
         raise_limits()
@@ -596,7 +596,7 @@ class RawOwnStatements(RawDriver):
         # The statements hostedrooms' store runs (private attributes: read here to run them without the library),
         # compiled for this backend's driver as SQLAlchemy compiles them.
         dialect = sa_create_engine("postgresql+psycopg://" if self.ctx.postgres else "sqlite://").dialect
-        store: Any = room_store(dialect_named(dialect.name))  # type: ignore[arg-type]
+        store: Any = room_store(backend_named(dialect.name))  # type: ignore[arg-type]
         columns = [column.name for column in models.events.c]
         if self.ctx.postgres:
             self.connection.autocommit = True  # the one statement commits itself
@@ -677,13 +677,13 @@ class SQLAlchemyFloor(Hostedrooms):
 
     def open(self, round_index: int) -> None:
         from hostedrooms import limits
-        from hostedrooms.dialect import dialect_for
+        from hostedrooms.backends import backend_for
         from hostedrooms.rooms import rules
         from hostedrooms.store import event_rows, room_store
 
         super().open(round_index)
         self.rules, self.event_rows = rules, event_rows
-        self.store: Any = room_store(dialect_for(self.engine))
+        self.store: Any = room_store(backend_for(self.engine))
         self.limits = limits
         self.fixed = {"fast_room_id": self.room_id, "fast_max_room_bytes": limits.MAX_ROOM_EVENT_BYTES,
                       "fast_spread_limit": limits.MAX_GATEWAY_EVENT_BYTES}

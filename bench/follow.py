@@ -26,7 +26,7 @@ def follow_idle(setup: Any) -> Any:
     """``FOLLOWERS`` idle followers of one engine for 20 s (5 s with ``--quick``): the share of a core used."""
     from bench.run import Result, _room
     from hostedrooms import rooms
-    from hostedrooms.dialect import dialect_for
+    from hostedrooms.backends import backend_for
     from hostedrooms.wakeup import DEFAULT_POLL_INTERVAL
 
     engine = setup.engine(setup.fresh("follow-idle"))
@@ -47,7 +47,7 @@ def follow_idle(setup: Any) -> Any:
     before, wall = _cpu(), time.perf_counter()
     time.sleep(span)
     used, seconds = _cpu() - before, time.perf_counter() - wall
-    how = ("LISTEN/NOTIFY" if dialect_for(engine).notifies
+    how = ("LISTEN/NOTIFY" if backend_for(engine).notifies
            else f"one data_version poller every {DEFAULT_POLL_INTERVAL * 1000:.0f} ms")
     return Result(f"follow() idle: {FOLLOWERS} followers of one engine, nothing appended", 1, FOLLOWERS, seconds,
                   note=f"{how}; {used / seconds * 100:.2f}% of one core over {seconds:.0f} s (getrusage)")
@@ -77,7 +77,7 @@ def follow_latency_process(setup: Any) -> Any:
 
     from bench.run import Result, _room
     from hostedrooms import rooms
-    from hostedrooms.dialect import dialect_for
+    from hostedrooms.backends import backend_for
     from hostedrooms.wakeup import DEFAULT_POLL_INTERVAL
 
     target = setup.fresh("follow-process")
@@ -106,7 +106,7 @@ def follow_latency_process(setup: Any) -> Any:
     child.join(30)
     seconds = time.perf_counter() - started
     latencies = [max(0.0, received[seq] - committed[seq]) for seq in sorted(committed)]
-    how = ("LISTEN/NOTIFY" if dialect_for(engine).notifies
+    how = ("LISTEN/NOTIFY" if backend_for(engine).notifies
            else f"-wal watch (Linux), backstop poll every {DEFAULT_POLL_INTERVAL * 1000:.0f} ms")
     engine.dispose()
     return Result("follow() wake-up, appender in another process: commit returned -> follower has the event", 1, n,

@@ -24,8 +24,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
 
+from .backends import Backend, backend_for
 from .db import Target, create_engine
-from .dialect import StoreDialect, dialect_for
 from .errors import HostedRoomError, InvalidInputError
 from .limits import Limits, in_force
 from .models import (
@@ -59,7 +59,7 @@ class Violation:
         return f"{self.check}: {self.subject}: {self.detail}"
 
 
-Check = Callable[[Connection, StoreDialect], Iterable[Violation]]
+Check = Callable[[Connection, Backend], Iterable[Violation]]
 
 
 def _event_stats(table: sa.Table) -> sa.Subquery:
@@ -68,7 +68,7 @@ def _event_stats(table: sa.Table) -> sa.Subquery:
             .group_by(table.c.room_id).subquery())
 
 
-def check_room_seqs(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_room_seqs(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """Every room's seqs run 1..next_seq-1 with no gap and no extra."""
     stats = _event_stats(events)
     count = sa.func.coalesce(stats.c.n, 0)
@@ -82,7 +82,7 @@ def check_room_seqs(connection: Connection, _dialect: StoreDialect) -> Iterator[
                         f"{n} events with seqs {lo}..{hi}, expected 1..{next_seq - 1} contiguous")
 
 
-def check_orphan_events(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_orphan_events(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """No event belongs to a room that does not exist."""
     query = (sa.select(events.c.room_id, sa.func.count()).where(
         ~sa.exists().where(rooms.c.room_id == events.c.room_id)).group_by(events.c.room_id))
@@ -90,9 +90,9 @@ def check_orphan_events(connection: Connection, _dialect: StoreDialect) -> Itera
         yield Violation("orphan_events", room_id, f"{n} events without a room")
 
 
-def check_event_bytes(connection: Connection, dialect: StoreDialect) -> Iterator[Violation]:
+def check_event_bytes(connection: Connection, backend: Backend) -> Iterator[Violation]:
     """Each room's ``event_bytes`` equals the UTF-8 bytes of its events' id, kind, actor and payload."""
-    size = sum((dialect.byte_length(column) for column in
+    size = sum((backend.byte_length(column) for column in
                 (events.c.event_id, events.c.kind, events.c.actor_json, events.c.payload_json)),
                start=sa.literal(0))
     sums = sa.select(events.c.room_id, sa.func.sum(size).label("total")).group_by(events.c.room_id).subquery()
@@ -104,7 +104,7 @@ def check_event_bytes(connection: Connection, dialect: StoreDialect) -> Iterator
         yield Violation("event_bytes", room_id, f"event_bytes is {stored}, events hold {actual} bytes")
 
 
-def check_event_ids_unique(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_event_ids_unique(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """An event id names at most one event per room."""
     query = (sa.select(events.c.room_id, events.c.event_id, sa.func.count())
              .group_by(events.c.room_id, events.c.event_id).having(sa.func.count() > 1))
@@ -112,7 +112,7 @@ def check_event_ids_unique(connection: Connection, _dialect: StoreDialect) -> It
         yield Violation("event_ids_unique", room_id, f"event_id {event_id!r} stored {n} times")
 
 
-def check_event_epochs(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_event_epochs(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """No event carries an epoch above its room's current authority epoch."""
     query = (sa.select(events.c.room_id, events.c.seq, events.c.authority_epoch, rooms.c.authority_epoch)
              .join(rooms, rooms.c.room_id == events.c.room_id)
@@ -121,7 +121,7 @@ def check_event_epochs(connection: Connection, _dialect: StoreDialect) -> Iterat
         yield Violation("event_epochs", room_id, f"seq {seq} at epoch {event_epoch} above the room's {room_epoch}")
 
 
-def check_disbanded_retired(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_disbanded_retired(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """Every disbanded room's id is permanently retired."""
     query = (sa.select(rooms.c.room_id).where(
         rooms.c.disbanded_at.is_not(None), ~sa.exists().where(retired_ids.c.room_id == rooms.c.room_id)))
@@ -129,7 +129,7 @@ def check_disbanded_retired(connection: Connection, _dialect: StoreDialect) -> I
         yield Violation("disbanded_retired", room_id, "disbanded room's id is not retired")
 
 
-def check_replica_logs(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_replica_logs(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """A replica holds exactly seqs 1..last_seq, and never claims more than the authority's latest_seq."""
     stats = _event_stats(replica_events)
     count = sa.func.coalesce(stats.c.n, 0)
@@ -155,7 +155,7 @@ def _scan(connection: Connection, query: sa.Select[Any]) -> Iterator[sa.RowMappi
     yield from result.mappings()
 
 
-def check_readable_events(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_readable_events(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """Every event of a room log or a replica log could be returned by a replay page and ingested by a replica:
     its id and kind pass the append rules, its actor and payload decode within MAX_JSON_DEPTH, and it fits a
     page alone (see :func:`hostedrooms.rooms.event_page_checker`). A readable event's actor and payload texts are
@@ -200,7 +200,7 @@ def _readable_json(text: Any, depth: int) -> bool:
     return True
 
 
-def check_ledger_json(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_ledger_json(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """Every unfinished delivery's body and pending outbound intent's snapshot decodes within MAX_JSON_DEPTH: the
     ledger's queues skip rows that do not (finished rows are in no queue; the reference's own legacy repair fails
     undecodable intents), so they would otherwise wait unnoticed until they expire."""
@@ -217,7 +217,7 @@ def check_ledger_json(connection: Connection, _dialect: StoreDialect) -> Iterato
             yield Violation("ledger_json", row["request_id"], f"outbound snapshot is not JSON within {depth} levels")
 
 
-def check_delivery_owners(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_delivery_owners(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """A queued id and a run id each own at most one delivery."""
     for column in (deliveries.c.queued_id, deliveries.c.run_id):
         query = (sa.select(column, sa.func.count()).where(column.is_not(None))
@@ -226,7 +226,7 @@ def check_delivery_owners(connection: Connection, _dialect: StoreDialect) -> Ite
             yield Violation("delivery_owners", str(owner), f"{column.name} owns {n} deliveries")
 
 
-def check_delivery_states(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_delivery_states(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """Deliveries are in a known state, and a committed response names the request it answered."""
     unknown = sa.select(deliveries.c.envelope_id, deliveries.c.state).where(
         deliveries.c.state.not_in(DELIVERY_STATES))
@@ -238,7 +238,7 @@ def check_delivery_states(connection: Connection, _dialect: StoreDialect) -> Ite
         yield Violation("delivery_states", envelope_id, "response committed without a request id")
 
 
-def check_budget(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_budget(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """The gateway byte budget's shards account for exactly every room's ``event_bytes`` (live and disbanded),
     and their allowances promise no more than the limit they were spread for (or the total, when above it)."""
     used, allowance, limit = connection.execute(sa.select(
@@ -252,9 +252,9 @@ def check_budget(connection: Connection, _dialect: StoreDialect) -> Iterator[Vio
                         f"budget allowances total {allowance} bytes, above the {limit} they were spread for")
 
 
-def check_storage(connection: Connection, dialect: StoreDialect) -> Iterator[Violation]:
+def check_storage(connection: Connection, backend: Backend) -> Iterator[Violation]:
     """The database engine's own integrity check (SQLite ``PRAGMA integrity_check``)."""
-    for problem in dialect.integrity_problems(connection):
+    for problem in backend.integrity_problems(connection):
         yield Violation("storage", "database", problem)
 
 
@@ -362,12 +362,12 @@ def verify(target: Target, *, progress: Callable[[str], Any] | None = None,
     engine = create_engine(target, create=False)
     try:
         with UnitOfWork(engine, write=False) as uow:
-            dialect = dialect_for(uow.connection)
+            backend = backend_for(uow.connection)
             found: list[Violation] = []
             for check in CHECKS:
                 if progress is not None:
                     progress(check.__name__.removeprefix("check_"))
-                found.extend(check(uow.connection, dialect))
+                found.extend(check(uow.connection, backend))
             if heads and progress is not None:
                 progress("expected_heads")
             for head in heads:
@@ -423,7 +423,7 @@ def repair_budget(target: Target, *, limits: Limits | None = None) -> BudgetRepa
         # Read before the lock only to tell a missing shard, which locking restores (and settles: a change too).
         shards, used, allowance = _allowances(connection)
         store.lock_budget(connection, limit)
-        problems = tuple(check_budget(connection, tx.uow.dialect))
+        problems = tuple(check_budget(connection, tx.uow.backend))
         if shards < store.budget_shards:
             problems = (*problems,
                         Violation("budget", "gateway", f"{store.budget_shards - shards} budget shard(s) missing"))

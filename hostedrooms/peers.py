@@ -21,8 +21,8 @@ from sqlalchemy import URL, ColumnElement, Engine, Select, delete, exists, func,
 from sqlalchemy import exc as sa_exc
 
 from . import models
+from .backends import Pooler, backend_for_url, pooler_of, use_pooler
 from .db import Target, engine_schema, resolve_url
-from .dialect import Pooler, dialect_for_url, pooler_of, use_pooler
 from .engines import EngineCache, EngineSource, resolve_engine
 from .errors import (
     AuthorityConflictError,
@@ -265,7 +265,7 @@ def _secret_engine(engine: Engine) -> Engine:
 def _restrict_to_owner(uow: UnitOfWork) -> None:
     """Before a link write commits: the store's files become owner-only (SQLite), or the write fails."""
     try:
-        uow.dialect.restrict_to_owner(uow.connection)
+        uow.backend.restrict_to_owner(uow.connection)
     except OSError as exc:
         raise StorageError(f"cannot make the room store owner-only: {exc.strerror or exc}") from exc
 
@@ -278,7 +278,7 @@ def list_room_link_records(engine: EngineSource) -> list[RoomLinkRecord]:
     """Every private room link record (grant included) ordered by room and member; never logged."""
     table = models.links
     with UnitOfWork(_secret_engine(_resolve(engine)), write=False) as uow:
-        bytewise = uow.dialect.bytewise
+        bytewise = uow.backend.bytewise
         stmt = select(*(table.c[column] for column in LINK_COLUMNS)).order_by(
             bytewise(table.c.room_id), bytewise(table.c.member_id))
         rows = uow.connection.execute(stmt).mappings().all()
@@ -307,12 +307,12 @@ def upsert_room_link_record(engine: EngineSource, *, record: RoomLinkRecord, max
 def _write_link(engine: EngineSource, values: dict[str, Any], cap: float) -> None:
     table = models.links
     with UnitOfWork(_secret_engine(_resolve(engine))) as uow:
-        uow.dialect.serialize(uow.connection, _LINKS_LOCK)
+        uow.backend.advisory_lock(uow.connection, _LINKS_LOCK)
         key = [table.c[column] == values[column] for column in _LINK_KEY]
         known = uow.connection.execute(select(exists().where(*key))).scalar_one()
         if not known and uow.connection.execute(select(func.count()).select_from(table)).scalar_one() >= cap:
             raise CapacityExceededError("too many stored room links", limit="max_links")
-        stmt = uow.dialect.insert(table).values(**values)
+        stmt = uow.backend.insert(table).values(**values)
         replaced = {column: stmt.excluded[column] for column in LINK_COLUMNS if column not in _LINK_KEY}
         uow.connection.execute(stmt.on_conflict_do_update(index_elements=list(_LINK_KEY), set_=replaced))
         _restrict_to_owner(uow)
@@ -370,10 +370,10 @@ def revoke_room_grant_scope(
     epoch = _lenient_epoch(claims)
     grants, reservations = models.revoked_grants, models.peer_reservations
     with UnitOfWork(_resolve(engine)) as uow:
-        uow.dialect.serialize(uow.connection, _RESERVATIONS_LOCK)
+        uow.backend.advisory_lock(uow.connection, _RESERVATIONS_LOCK)
         uow.connection.execute(delete(grants).where(grants.c.expires_at <= timestamp))
-        stmt = uow.dialect.insert(grants).values(scope_key=scope_key, expires_at=expiry, revoked_before=timestamp)
-        greatest = uow.dialect.greatest
+        stmt = uow.backend.insert(grants).values(scope_key=scope_key, expires_at=expiry, revoked_before=timestamp)
+        greatest = uow.backend.greatest
         uow.connection.execute(stmt.on_conflict_do_update(index_elements=["scope_key"], set_={
             "expires_at": greatest(grants.c.expires_at, stmt.excluded.expires_at),
             "revoked_before": greatest(grants.c.revoked_before, stmt.excluded.revoked_before)}))
@@ -432,7 +432,7 @@ def reserve_peer_room(
     table = models.peer_reservations
     conflict = AuthorityConflictError("peer room reservation authority changed")
     with UnitOfWork(_resolve(engine)) as uow:
-        uow.dialect.serialize(uow.connection, _RESERVATIONS_LOCK)
+        uow.backend.advisory_lock(uow.connection, _RESERVATIONS_LOCK)
         uow.connection.execute(delete(table).where(table.c.expires_at <= timestamp))
         live = uow.connection.execute(select(table.c.authority_gateway_id, table.c.authority_epoch).where(
             *_live_reservations(room_id, target_profile, timestamp))).all()
@@ -447,13 +447,13 @@ def reserve_peer_room(
             table.c.target_profile == target_profile)).first()
         if own is not None and _outranks(own[0], own[1], gateway_id, epoch):
             raise conflict
-        stmt = uow.dialect.insert(table).values(
+        stmt = uow.backend.insert(table).values(
             **values, expires_at=expiry, revoked_at=None, created_at=timestamp, updated_at=timestamp)
         uow.connection.execute(stmt.on_conflict_do_update(
             index_elements=["room_id", "member_id", "target_profile"], set_={
                 "authority_gateway_id": stmt.excluded.authority_gateway_id,
                 "authority_epoch": stmt.excluded.authority_epoch,
-                "expires_at": uow.dialect.greatest(table.c.expires_at, stmt.excluded.expires_at),
+                "expires_at": uow.backend.greatest(table.c.expires_at, stmt.excluded.expires_at),
                 "revoked_at": None,
                 "updated_at": stmt.excluded.updated_at}))
         uow.commit()
@@ -506,10 +506,10 @@ def upsert_remote_run_receipt(engine: EngineSource, *, record: RemoteRunRecord, 
     identity = {column: values[column] for column in models.REMOTE_RUN_IDENTITY_COLUMNS}
     table = models.remote_runs
     with UnitOfWork(_resolve(engine)) as uow:
-        inserted = uow.connection.execute(uow.dialect.insert(table).values(
+        inserted = uow.connection.execute(uow.backend.insert(table).values(
             **values, created_at=timestamp, updated_at=timestamp).on_conflict_do_nothing()).rowcount
         if inserted != 1:
-            stored = uow.connection.execute(uow.dialect.for_update(
+            stored = uow.connection.execute(uow.backend.for_update(
                 select(*(table.c[column] for column in REMOTE_RUN_COLUMNS)).where(*_identity_filter(identity)))
             ).one()
             if tuple(stored) != tuple(values.values()):
@@ -530,7 +530,7 @@ def list_remote_run_receipts(
     table = models.remote_runs
     with UnitOfWork(_resolve(engine), write=False) as uow:
         stmt = select(table).where(*(table.c[column] == value for column, value in filters.items())).order_by(
-            table.c.created_at, uow.dialect.bytewise(table.c.task_id), table.c.execution_generation)
+            table.c.created_at, uow.backend.bytewise(table.c.task_id), table.c.execution_generation)
         rows = uow.connection.execute(stmt).mappings().all()
     return [cast(RemoteRunReceipt, dict(row)) for row in rows]
 
@@ -561,11 +561,11 @@ def _probe_engine(url: URL, schema: str | None, pooler: Pooler | None = None) ->
     pooler), never-migrating engine per store (never the compat facade's engine)."""
 
     def build() -> Engine:
-        engine = dialect_for_url(url).probe_engine(url, PROBE_TIMEOUT_SECONDS)
+        engine = backend_for_url(url).probe_engine(url, PROBE_TIMEOUT_SECONDS)
         if pooler is not None:
             use_pooler(engine, pooler)
         if schema is not None:
-            dialect_for_url(url).use_schema(engine, schema)
+            backend_for_url(url).use_schema(engine, schema)
         return engine
 
     mode = pooler.mode if pooler is not None else ""
@@ -585,19 +585,19 @@ def _probe(target: Target, table_name: str, stmt: Select[Any], unavailable: str)
     :data:`PROBE_TIMEOUT_SECONDS`, raises ``RoomProbeUnavailableError(unavailable)``.
     """
     url, schema, pooler = _probe_url(target)
-    dialect = dialect_for_url(url)
-    if dialect.store_absent(url):
+    backend = backend_for_url(url)
+    if backend.store_absent(url):
         return False
     try:
         connection = _probe_engine(url, schema, pooler).connect()
     except SchemaMissingError:  # the gateway's schema does not exist: it hosts nothing
         return False
     except sa_exc.SQLAlchemyError as exc:
-        if dialect.is_missing_store(exc):
+        if backend.is_missing_store(exc):
             return False
         raise RoomProbeUnavailableError(unavailable) from exc
     try:
-        with connection, connection.begin(), dialect.probe_timeouts(connection, PROBE_TIMEOUT_SECONDS):
+        with connection, connection.begin(), backend.probe_timeouts(connection, PROBE_TIMEOUT_SECONDS):
             if not inspect(connection).has_table(table_name):
                 return False
             return connection.execute(stmt.limit(1)).first() is not None

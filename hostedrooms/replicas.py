@@ -338,7 +338,7 @@ def ingest_page(
 
 
 def _lock_replica(uow: UnitOfWork, room_id: str) -> Mapping[Any, Any] | None:
-    stmt = uow.dialect.for_update(select(*_replicas.c).where(_replicas.c.room_id == room_id))
+    stmt = uow.backend.for_update(select(*_replicas.c).where(_replicas.c.room_id == room_id))
     return uow.connection.execute(stmt).mappings().first()
 
 
@@ -350,7 +350,7 @@ def _ingest(
     row = _lock_replica(uow, room_id)
     if row is None:
         # Creating a replica: serialise creators so the cap is exact and a concurrent first page waits.
-        uow.dialect.serialize(connection, REPLICA_CREATION_LOCK_KEY)
+        uow.backend.advisory_lock(connection, REPLICA_CREATION_LOCK_KEY)
         row = _lock_replica(uow, room_id)
     if row is None:
         count = connection.execute(select(func.count()).select_from(_replicas)).scalar_one()
@@ -519,7 +519,7 @@ def prune_disbanded_replicas(
         .where(last.c.kind == "room.disbanded", last.c.created_at <= cutoff))
     with UnitOfWork(_resolve(engine)) as uow:
         # Row locks first: an ingest of one of these replicas still running finishes before they go.
-        room_ids = sorted(str(room_id) for room_id in uow.connection.execute(uow.dialect.for_update(disbanded))
+        room_ids = sorted(str(room_id) for room_id in uow.connection.execute(uow.backend.for_update(disbanded))
                           .scalars())
         if room_ids:
             uow.connection.execute(delete(_replica_events).where(_replica_events.c.room_id.in_(room_ids)))
@@ -542,7 +542,7 @@ class _LogStats:
 
 def _replica_log(uow: UnitOfWork, room_id: str) -> _LogStats:
     """Count, accounted bytes, seq range and whether a ``room.disbanded`` event is present, in one query."""
-    size = sum((uow.dialect.byte_length(column) for column in (
+    size = sum((uow.backend.byte_length(column) for column in (
         _replica_events.c.event_id, _replica_events.c.kind, _replica_events.c.actor_json,
         _replica_events.c.payload_json)), start=literal(0))
     disbanded = exists().where(_replica_events.c.room_id == room_id, _replica_events.c.kind == "room.disbanded")

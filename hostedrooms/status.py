@@ -96,12 +96,12 @@ def store_status(
     lim = in_force(limits)
     engine = resolve_engine(target)
     with UnitOfWork(engine, write=False) as uow:
-        uow.dialect.snapshot_reads(uow.connection)
+        uow.backend.snapshot_reads(uow.connection)
         schema = _schema(uow.connection)
         room_status = _rooms(uow, lim, top)
         replica_status = _replicas(uow, lim, top, timestamp)
         ledger_status = _ledger(uow.connection, lim, timestamp)
-    return {"now": timestamp, "backend": uow.dialect.name, "schema": schema, "rooms": room_status,
+    return {"now": timestamp, "backend": uow.backend.name, "schema": schema, "rooms": room_status,
             "replicas": replica_status, "ledger": ledger_status}
 
 
@@ -129,10 +129,10 @@ def _rooms(uow: UnitOfWork, lim: Limits, top: int) -> RoomsStatus:
     live_rooms, disbanded, events, disbanded_bytes, most_events, most_bytes = (int(value) for value in totals)
     # The fullest first: the larger of a room's two fractions of its limits; ties by room id in code-point order.
     events_limit, bytes_limit = float(max(1, lim.MAX_EVENTS_PER_ROOM)), float(max(1, lim.MAX_ROOM_EVENT_BYTES))
-    fullness = uow.dialect.greatest(count / literal(events_limit), rooms.c.event_bytes / literal(bytes_limit))
+    fullness = uow.backend.greatest(count / literal(events_limit), rooms.c.event_bytes / literal(bytes_limit))
     rows = connection.execute(
         select(rooms.c.room_id, count, rooms.c.event_bytes).where(live)
-        .order_by(fullness.desc(), uow.dialect.bytewise(rooms.c.room_id)).limit(top)).all() if top else []
+        .order_by(fullness.desc(), uow.backend.bytewise(rooms.c.room_id)).limit(top)).all() if top else []
     fullest: list[RoomUse] = [
         {"room_id": str(room_id), "events": _cap(int(events_used), lim.MAX_EVENTS_PER_ROOM),
          "bytes": _cap(int(bytes_used), lim.MAX_ROOM_EVENT_BYTES)} for room_id, events_used, bytes_used in rows]
@@ -140,7 +140,7 @@ def _rooms(uow: UnitOfWork, lim: Limits, top: int) -> RoomsStatus:
         "live": _cap(live_rooms, lim.MAX_ACTIVE_ROOMS),
         "disbanded": _cap(disbanded, lim.MAX_DISBANDED_ROOM_TOMBSTONES),
         "events": events,
-        "bytes": _cap(room_store(uow.dialect).gateway_bytes(connection), lim.MAX_GATEWAY_EVENT_BYTES),
+        "bytes": _cap(room_store(uow.backend).gateway_bytes(connection), lim.MAX_GATEWAY_EVENT_BYTES),
         "disbanded_bytes": disbanded_bytes,
         "most_events": _cap(most_events, lim.MAX_EVENTS_PER_ROOM),
         "most_bytes": _cap(most_bytes, lim.MAX_ROOM_EVENT_BYTES),
@@ -159,7 +159,7 @@ def _replicas(uow: UnitOfWork, lim: Limits, top: int, now: float) -> ReplicasSta
     rows = connection.execute(
         select(replicas.c.room_id, replicas.c.authority_gateway_id, replicas.c.authority_epoch, replicas.c.last_seq,
                replicas.c.latest_seq, replicas.c.event_bytes, replicas.c.updated_at)
-        .order_by(lag.desc(), uow.dialect.bytewise(replicas.c.room_id)).limit(top)).all() if top else []
+        .order_by(lag.desc(), uow.backend.bytewise(replicas.c.room_id)).limit(top)).all() if top else []
     most_behind: list[ReplicaLag] = []
     for room_id, gateway, epoch, last_seq, latest_seq, event_bytes, updated_at in rows:
         most_behind.append({

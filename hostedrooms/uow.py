@@ -10,8 +10,8 @@ Usage::
 Write units start with ``BEGIN IMMEDIATE`` on SQLite (the write lock is held from the first statement, so
 read-then-write cannot lose updates); ``write=False`` opens a deferred read transaction instead, and
 ``write=False, statement_snapshots=True`` a read whose statements need no snapshot in common (each is correct on
-its own), which on PostgreSQL runs without a transaction at all (:meth:`StoreDialect.begin_statement_reads
-<hostedrooms.dialect.StoreDialect.begin_statement_reads>`). Driver errors raised inside the block, on commit or on
+its own), which on PostgreSQL runs without a transaction at all (:meth:`Backend.begin_statement_reads
+<hostedrooms.backends.Backend.begin_statement_reads>`). Driver errors raised inside the block, on commit or on
 connect are translated here, in one place.
 
 On a SQLite file engine a write unit runs on the engine's one held writer connection when it can take it
@@ -32,8 +32,8 @@ from sqlalchemy.orm import Session
 
 from . import forkgate, writelock
 from . import writer as held
+from .backends import Backend, backend_for
 from .db import reject_async
-from .dialect import StoreDialect, dialect_for
 from .errors import translate
 from .statements import DIRECT_BEGUN, DirectConnection, begin_unit, end_unit
 from .wakeup import committed
@@ -47,7 +47,7 @@ class UnitOfWork:
         self.engine = engine
         self.write = write
         self.statement_snapshots = statement_snapshots and not write
-        self.dialect: StoreDialect = dialect_for(engine)
+        self.backend: Backend = backend_for(engine)
         self._connection: Connection | None = None
         self._session: Session | None = None
         self._committed = False
@@ -72,9 +72,9 @@ class UnitOfWork:
         try:
             connection = self._connection = self.engine.connect()
             if self.statement_snapshots:
-                self.dialect.begin_statement_reads(connection)
+                self.backend.begin_statement_reads(connection)
             elif not self.write:
-                self.dialect.defer_begin(connection)
+                self.backend.defer_begin(connection)
             connection.begin()
             begin_unit(connection)  # its hot statements take one path for the whole unit (hostedrooms.statements)
         except sa_exc.SQLAlchemyError as exc:

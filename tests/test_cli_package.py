@@ -14,7 +14,7 @@ from hostedrooms.cli.support import Command
 
 PACKAGE = Path(hostedrooms.cli.__file__).parent
 #: What the CLI may not import: the tables, the stores, the unit of work and the backend seam.
-STORE_INTERNALS = ("hostedrooms.models", "hostedrooms.store", "hostedrooms.uow", "hostedrooms.dialect",
+STORE_INTERNALS = ("hostedrooms.models", "hostedrooms.store", "hostedrooms.uow", "hostedrooms.backends",
                    "hostedrooms.statements")
 #: SQLAlchemy's statement builders.
 SQL_BUILDERS = {"select", "insert", "update", "delete", "text", "exists", "func", "literal_column", "table", "column"}

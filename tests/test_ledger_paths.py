@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from apis import use_api
 from sqlalchemy import Engine
 
-from hostedrooms.dialect import dialect_for
+from hostedrooms.backends import backend_for
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.ledger import DeliveryLedger
 from hostedrooms.ledger.store import LedgerStore, ledger_store
@@ -225,7 +225,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def _both_ways(engine: Engine, calls: list[Call], reads: list[str]) -> Iterator[tuple[Any, Any, int]]:
-    store = ledger_store(dialect_for(engine))
+    store = ledger_store(backend_for(engine))
     contexts: tuple[Callable[[], AbstractContextManager[None]], ...] = (nullcontext, store.without_fast_path)
     for context in contexts:
         reads.clear()

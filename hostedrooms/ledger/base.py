@@ -108,7 +108,7 @@ class LedgerBase:
     @staticmethod
     def _store(uow: UnitOfWork) -> LedgerStore:
         """The ledger store of ``uow``'s backend."""
-        return ledger_store(uow.dialect)
+        return ledger_store(uow.backend)
 
     def _wake(self, uow: UnitOfWork, work: str) -> None:
         """Wake the ledger's waiters (:meth:`work_wakeup`) when this transaction commits: ``work`` became due."""
@@ -126,7 +126,7 @@ class LedgerBase:
 
     def _require_crash_safe(self) -> None:
         def check(uow: UnitOfWork) -> bool:
-            return uow.dialect.is_crash_safe(uow.connection)
+            return uow.backend.is_crash_safe(uow.connection)
 
         if not self._read(check):
             raise StorageError("secure peer delivery ledger requires WAL with synchronous=FULL")

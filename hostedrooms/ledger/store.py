@@ -36,7 +36,7 @@ from sqlalchemy import (
     update,
 )
 
-from ..dialect import StoreDialect
+from ..backends import Backend
 from ..models import deliveries, outbound_intents
 from ..statements import HotStatement
 from ..wakeup import LEDGER_WORK_CHANNEL
@@ -162,9 +162,9 @@ class LedgerStore:
     #: Tests only (see :meth:`without_fast_path`).
     fast_path = True
 
-    def __init__(self, dialect: StoreDialect) -> None:
-        self.dialect = dialect
-        lock = dialect.for_update
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        lock = backend.for_update
         self._delivery = _Returning(select(D).where(_BY_ENVELOPE), D)
         self._lock_delivery = _Returning(lock(select(D).where(_BY_ENVELOPE)), D)
         self._delivery_of_run = _Returning(select(D).where(D.c.run_id == bindparam("key")), D)
@@ -185,7 +185,7 @@ class LedgerStore:
         # ON CONFLICT DO NOTHING: a concurrent prepare of the same id (PostgreSQL) returns no row and becomes a
         # replay (psycopg reports no rowcount for it).
         self._insert_outbound = _Returning(
-            dialect.insert(OUT).on_conflict_do_nothing(index_elements=["request_id"]).returning(*OUT.c), OUT,
+            backend.insert(OUT).on_conflict_do_nothing(index_elements=["request_id"]).returning(*OUT.c), OUT,
             column_keys=OUTBOUND_INSERT_COLUMNS)
         self._commit_outbound = _Returning(_COMMIT_OUTBOUND, OUT)
         self._shapes: dict[Any, _Returning] = {}
@@ -248,11 +248,11 @@ class LedgerStore:
 
     def serialize_prepares(self, connection: Connection) -> None:
         """One prepare at a time, so its capacity count cannot be raced (SQLite: BEGIN IMMEDIATE already does)."""
-        self.dialect.serialize(connection, PREPARE_LOCK_KEY)
+        self.backend.advisory_lock(connection, PREPARE_LOCK_KEY)
 
     def wake(self, connection: Connection, work: str) -> None:
         """Wake the ledger's waiters when this transaction commits: ``work`` became due."""
-        self.dialect.notify(connection, LEDGER_WORK_CHANNEL, work)
+        self.backend.notify(connection, LEDGER_WORK_CHANNEL, work)
 
     # -- deliveries
 
@@ -380,7 +380,7 @@ class LedgerStore:
     def order(self, table: Table, *first: Any) -> list[Any]:
         """``first``, then creation time, then the key in code-point order (as SQLite sorts it)."""
         key = table.c.envelope_id if table is D else table.c.request_id
-        return [*first, table.c.created_at, self.dialect.bytewise(key)]
+        return [*first, table.c.created_at, self.backend.bytewise(key)]
 
     def deliveries_where(self, *conditions: ColumnElement[bool]) -> Select[Any]:
         """The unfinished deliveries matching ``conditions``, oldest first."""
@@ -419,12 +419,12 @@ _stores: dict[str, LedgerStore] = {}
 _building = threading.Lock()
 
 
-def ledger_store(dialect: StoreDialect) -> LedgerStore:
-    """The one :class:`LedgerStore` of ``dialect``'s backend (built, with its statements, on first use)."""
-    store = _stores.get(dialect.name)
+def ledger_store(backend: Backend) -> LedgerStore:
+    """The one :class:`LedgerStore` of ``backend``'s backend (built, with its statements, on first use)."""
+    store = _stores.get(backend.name)
     if store is None:
         with _building:
-            store = _stores.get(dialect.name)
+            store = _stores.get(backend.name)
             if store is None:
-                store = _stores[dialect.name] = LedgerStore(dialect)
+                store = _stores[backend.name] = LedgerStore(backend)
     return store

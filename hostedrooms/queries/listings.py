@@ -65,7 +65,7 @@ def deliveries_listing(engine: Engine, state: str | None = None) -> Sequence[sa.
 def room_exists(engine: Engine, room_id: str) -> bool:
     """Whether the store holds room ``room_id`` (live or disbanded)."""
     with UnitOfWork(engine, write=False) as uow:
-        return room_store(uow.dialect).room_head(uow.connection, room_id) is not None
+        return room_store(uow.backend).room_head(uow.connection, room_id) is not None
 
 
 def room_log_page(engine: Engine, room_id: str, *, since: int, limit: int) -> list[tuple[Any, ...]] | None:
@@ -76,7 +76,7 @@ def room_log_page(engine: Engine, room_id: str, *, since: int, limit: int) -> li
     alone bounds the page, so memory is the caller's choice of ``limit``.
     """
     with UnitOfWork(engine, write=False) as uow:
-        store = room_store(uow.dialect)
+        store = room_store(uow.backend)
         if store.room_head(uow.connection, room_id) is None:
             return None
         rows, _ = store.replay_rows(uow.connection, room_id, since=since, latest_seq=INT64_MAX, limit=limit,

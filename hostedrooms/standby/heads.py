@@ -100,7 +100,7 @@ def _keyset_page(
     # One keyset page: the rows whose ``key`` sorts after ``after`` by code point, in that order.
     after, limit = _page_args(after, limit)
     with UnitOfWork(resolve_engine(engine), write=False) as uow:
-        order = uow.dialect.bytewise(key)
+        order = uow.backend.bytewise(key)
         stmt = select(key, *columns)
         if after is not None:
             stmt = stmt.where(order > after)
