@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 from waits import join
 
 from hostedrooms import EventConflictError, models, peers, replicas, rooms, telemetry
-from hostedrooms.ledger import DeliveryLedger
+from hostedrooms.ledger import DeliveryLedger, observe_ledger
 from hostedrooms.standby import EnginePageSource, Replicator
 
 pytest_plugins = ["standby_fixtures"]
@@ -225,7 +225,7 @@ def test_every_service_call_is_a_span_and_no_secret_is_exported(
     _rooms_workload(engine)
     _peers_workload(engine)
     ledger = _ledger_workload(engine)
-    telemetry.observe_ledger(ledger)
+    observe_ledger(ledger)
     _standby_workload(engine, standby)
     spans = captured.finished()
     names = {span.name for span in spans}
@@ -311,7 +311,7 @@ def test_append_metrics_conflicts_and_retries(engine: Engine, captured: Captured
 
 def test_the_ledger_backlog_gauge_reads_the_observed_ledger(engine: Engine, captured: Captured) -> None:
     ledger = DeliveryLedger(engine)
-    telemetry.observe_ledger(ledger)
+    observe_ledger(ledger)
     prepare(ledger, 1)
     prepare(ledger, 2)
     ledger.authorize("env-2")
@@ -408,7 +408,7 @@ def test_the_asyncio_follow_records_its_wakeup_latency(
 
 def test_no_provider_records_nothing(engine: Engine) -> None:
     # The API is installed here, and no provider is set: the per-call check finds nothing to record.
-    assert telemetry._current() is None
+    assert telemetry.providers.current() is None
     rooms.create_room(engine, room_id="r1", name="Team", members=[], authority_gateway_id=GW_A)
 
 
@@ -435,7 +435,7 @@ def test_nothing_of_opentelemetry_is_imported_without_the_api(tmp_path: Path, sq
                                    authority_gateway_id="install:gw", authority_epoch=1)
         DeliveryLedger(engine).pending_outbound()
         loaded = sorted(name for name in sys.modules if name.startswith("opentelemetry"))
-        print(json.dumps({{"seq": event["seq"], "loaded": loaded, "current": telemetry._current()}}))
+        print(json.dumps({{"seq": event["seq"], "loaded": loaded, "current": telemetry.providers.current()}}))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           check=False)

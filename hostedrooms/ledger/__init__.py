@@ -21,7 +21,8 @@ Layout: :mod:`.claims` (pure: states, claim builders, digests, validators), :mod
 file), :mod:`.store` (every statement of the ledger, one store per backend), :mod:`.rows` (decoding rows),
 :mod:`.base` (clock, file checks, one transaction per call), :mod:`.retries` (the retry/fail machine),
 :mod:`.deliveries`, :mod:`.responses`, :mod:`.outbound` and :mod:`.retention` (the service's parts, holding the
-rules), and :mod:`.service` (:class:`DeliveryLedger`, composed of them).
+rules), :mod:`.service` (:class:`DeliveryLedger`, composed of them) and :mod:`.observe` (:func:`observe_ledger`,
+the backlog gauge).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from .claims import delivery_claim as delivery_claim
 from .claims import outbound_claim as outbound_claim
 from .guard import FileIdentity as FileIdentity
 from .guard import prepare_ledger_file, secure_ledger_file
+from .observe import observe_ledger
 from .rows import OUT as OUT
 from .rows import D as D
 from .service import DeliveryLedger
@@ -65,6 +67,7 @@ __all__ = [
     "TERMINAL_DELIVERY_STATES",
     "DeliveryLedger",
     "ensure_private_directory",
+    "observe_ledger",
     "prepare_ledger_file",
     "retry_delay",
     "secure_ledger_file",

@@ -84,9 +84,10 @@ from ..replicas import (
     validate_page,
 )
 from ..rooms import rules as room_rules
-from ..telemetry import pass_attributes, record_pass, traced
+from ..telemetry import traced
 from ..validation import INT64_MAX, MAX_EPOCH, identifier
 from .heads import ReplicaHead, RoomHead, all_replica_heads, all_room_heads
+from .lag import pass_attributes, record_pass
 from .proof import LocalLog, Proofs, Refused
 from .source import (
     PageSource,
@@ -417,6 +418,11 @@ class Replicator:
         self._proofs = Proofs()
 
     # -- one pass ----------------------------------------------------------------------------------------------
+
+    @property
+    def monotonic(self) -> Callable[[], float]:
+        """The clock that times this replicator's back-off and passes (its lag seconds too)."""
+        return self._monotonic
 
     def _budget(self) -> _Budget:
         lim = in_force(self.limits)
