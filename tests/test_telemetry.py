@@ -412,6 +412,20 @@ def test_no_provider_records_nothing(engine: Engine) -> None:
     rooms.create_room(engine, room_id="r1", name="Team", members=[], authority_gateway_id=GW_A)
 
 
+def test_telemetry_imports_neither_the_standby_nor_the_ledger() -> None:
+    # The standby's lag and the ledger's backlog feed their gauges through telemetry.observe_gauge; telemetry
+    # itself knows neither package (no import, so no cycle through them).
+    script = ("import json, sys, hostedrooms.telemetry; print(json.dumps(sorted(name for name in sys.modules "
+              "if name.startswith(('hostedrooms.standby', 'hostedrooms.ledger')))))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    assert json.loads(result.stdout) == []
+
+
+def test_a_gauge_reader_feeds_only_a_gauge_of_hostedrooms() -> None:
+    with pytest.raises(ValueError, match="no hostedrooms gauge is named 'hostedrooms.nothing'"):
+        telemetry.observe_gauge("hostedrooms.nothing", list)
+
+
 def test_nothing_of_opentelemetry_is_imported_without_the_api(tmp_path: Path, sqlite_template: Path) -> None:
     path = tmp_path / "state.db"
     path.write_bytes(sqlite_template.read_bytes())
