@@ -21,12 +21,14 @@ Layout: :mod:`.claims` (pure: states, claim builders, digests, validators), :mod
 file), :mod:`.store` (every statement of the ledger, one store per backend), :mod:`.rows` (decoding rows),
 :mod:`.base` (clock, file checks, one transaction per call), :mod:`.retries` (the retry/fail machine),
 :mod:`.deliveries`, :mod:`.responses`, :mod:`.outbound` and :mod:`.retention` (the service's parts, holding the
-rules), and :mod:`.service` (:class:`DeliveryLedger`, composed of them).
+rules), :mod:`.service` (:class:`DeliveryLedger`, composed of them); :func:`observe_ledger` (the backlog gauge)
+comes from :mod:`hostedrooms.telemetry`.
 """
 
 from __future__ import annotations
 
 from ..files import ensure_private_directory
+from ..telemetry import observe_ledger
 from .base import Clock as Clock
 from .claims import ACTIONS as ACTIONS
 from .claims import (
@@ -65,6 +67,7 @@ __all__ = [
     "TERMINAL_DELIVERY_STATES",
     "DeliveryLedger",
     "ensure_private_directory",
+    "observe_ledger",
     "prepare_ledger_file",
     "retry_delay",
     "secure_ledger_file",

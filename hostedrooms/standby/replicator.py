@@ -84,9 +84,10 @@ from ..replicas import (
     validate_page,
 )
 from ..rooms import rules as room_rules
-from ..telemetry import pass_attributes, record_pass, traced
+from ..telemetry import traced
 from ..validation import INT64_MAX, MAX_EPOCH, identifier
 from .heads import ReplicaHead, RoomHead, all_replica_heads, all_room_heads
+from .lag import pass_attributes, record_pass
 from .proof import LocalLog, Proofs, Refused
 from .reclaim import DEFAULT_RECLAIM_AFTER, FENCED, RECLAIMED, Reclaims
 from .source import (
@@ -444,6 +445,11 @@ class Replicator:
         return Reclaims(holder=holder, local=local, after=float(after), limits=self.limits)
 
     # -- one pass ----------------------------------------------------------------------------------------------
+
+    @property
+    def monotonic(self) -> Callable[[], float]:
+        """The clock that times this replicator's back-off and passes (its lag seconds too)."""
+        return self._monotonic
 
     def _budget(self) -> _Budget:
         lim = in_force(self.limits)
