@@ -26,7 +26,6 @@ from typing_extensions import TypedDict
 from . import migrate
 from .engines import EngineSource, resolve_engine
 from .errors import UPGRADE_HINT, InvalidInputError, SchemaMissingError
-from .ledger.claims import NONTERMINAL_DELIVERY_STATES
 from .limits import Limits, in_force
 from .models import DELIVERY_STATES, OUTBOUND_STATES, deliveries, outbound_intents, replicas, rooms
 from .records import (
@@ -43,6 +42,7 @@ from .records import (
     StoreStatus,
 )
 from .store import room_store
+from .store.ledger import NONTERMINAL_DELIVERY_STATES
 from .uow import UnitOfWork
 from .validation import bounded_int, clock
 

@@ -23,6 +23,7 @@ writers of several processes queue instead of polling (:mod:`hostedrooms.writelo
 
 from __future__ import annotations
 
+from functools import cached_property
 from types import TracebackType
 from typing import Any, Self
 
@@ -36,6 +37,7 @@ from .db import reject_async
 from .dialect import StoreDialect, dialect_for
 from .errors import translate
 from .statements import DIRECT_BEGUN, DirectConnection, begin_unit, end_unit
+from .store.ledger import LedgerStore
 from .wakeup import committed
 
 
@@ -207,3 +209,8 @@ class UnitOfWork:
                 if self._gated:
                     self._gated = False
                     forkgate.leave()
+
+    @cached_property
+    def ledger(self) -> LedgerStore:
+        """The delivery ledger's store on this unit's connection."""
+        return LedgerStore(self.dialect, self.connection)

@@ -28,7 +28,7 @@ from hostedrooms.errors import (
     StoreUnavailableError,
     translate,
 )
-from hostedrooms.ledger.claims import PREPARE_LOCK_KEY
+from hostedrooms.store.ledger import PREPARE_LOCK_KEY
 from hostedrooms.uow import UnitOfWork
 from hostedrooms.wakeup import Wakeup
 
