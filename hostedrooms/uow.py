@@ -38,6 +38,7 @@ from .dialect import StoreDialect, dialect_for
 from .errors import translate
 from .statements import DIRECT_BEGUN, DirectConnection, begin_unit, end_unit
 from .store.ledger import LedgerStore
+from .store.peers import PeerStore
 from .wakeup import committed
 
 
@@ -209,6 +210,11 @@ class UnitOfWork:
                 if self._gated:
                     self._gated = False
                     forkgate.leave()
+
+    @cached_property
+    def peers(self) -> PeerStore:
+        """The peer routing store (links, grants, reservations, receipts) on this unit's connection."""
+        return PeerStore(self.dialect, self.connection)
 
     @cached_property
     def ledger(self) -> LedgerStore:
