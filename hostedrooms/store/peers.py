@@ -30,7 +30,14 @@ from sqlalchemy import (
 from .. import models
 from ..dialect import StoreDialect
 
-__all__ = ["LINKS_LOCK_KEY", "LINK_COLUMNS", "LINK_KEY", "REMOTE_RUN_COLUMNS", "RESERVATIONS_LOCK_KEY", "PeerStore"]
+__all__ = [
+    "LINK_COLUMNS",
+    "LINK_KEY",
+    "PEER_LINKS_LOCK_KEY",
+    "PEER_RESERVATIONS_LOCK_KEY",
+    "REMOTE_RUN_COLUMNS",
+    "PeerStore",
+]
 
 
 def _table_key(table: str) -> int:
@@ -41,8 +48,8 @@ def _table_key(table: str) -> int:
 # does on SQLite: the link cap counts every stored link, and reservation rules read other rows of the table (a
 # grant's revocation revokes its reservation, so it takes the reservations' key too). Each is the first 8 bytes
 # of the SHA-256 of "hostedrooms:" and the table's name, as a signed 64-bit integer.
-LINKS_LOCK_KEY = _table_key("hosted_room_links")
-RESERVATIONS_LOCK_KEY = _table_key("hosted_room_peer_reservations")
+PEER_LINKS_LOCK_KEY = _table_key("hosted_room_links")
+PEER_RESERVATIONS_LOCK_KEY = _table_key("hosted_room_peer_reservations")
 
 #: The columns of a room link record, in the reference's order, and the two that identify one.
 LINK_COLUMNS = (
@@ -86,7 +93,7 @@ class PeerStore:
 
     def lock_links(self) -> None:
         """Serialise link writes until the transaction ends (the cap counts every stored link)."""
-        self.dialect.serialize(self.connection, LINKS_LOCK_KEY)
+        self.dialect.serialize(self.connection, PEER_LINKS_LOCK_KEY)
 
     def restrict_to_owner(self) -> None:
         """Make the store's files owner-only (SQLite ``0600``; nothing for a server). Raises ``OSError``."""
@@ -128,7 +135,7 @@ class PeerStore:
 
     def lock_reservations(self) -> None:
         """Serialise reservation and revocation writes until the transaction ends."""
-        self.dialect.serialize(self.connection, RESERVATIONS_LOCK_KEY)
+        self.dialect.serialize(self.connection, PEER_RESERVATIONS_LOCK_KEY)
 
     def drop_expired_grant_fences(self, now: float) -> None:
         """Delete the revocation fences that expired by ``now``."""
