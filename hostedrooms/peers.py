@@ -2,7 +2,9 @@
 
 Every public function takes an :class:`~sqlalchemy.Engine` first (the probes take any database target,
 because they must never go through anything that creates or migrates a store), then the reference
-implementation's keyword arguments, and returns the reference's shapes. Each call is one transaction.
+implementation's keyword arguments, and returns the reference's shapes. Each call is one transaction. The rules
+are here; the statements and the advisory keys that serialise them are the store's (:mod:`hostedrooms.store.peers`,
+reached as ``uow.peers``).
 
 Secrets: a room link carries a private ``grant``. No message raised here contains one, a failed link write
 never chains the driver error (its bound parameters would hold the grant), and on SQLite the database
