@@ -23,6 +23,7 @@ writers of several processes queue instead of polling (:mod:`hostedrooms.writelo
 
 from __future__ import annotations
 
+from functools import cached_property
 from types import TracebackType
 from typing import Any, Self
 
@@ -36,6 +37,8 @@ from .backends import Backend, backend_for
 from .db import reject_async
 from .errors import translate
 from .statements import DIRECT_BEGUN, DirectConnection, begin_unit, end_unit
+from .store.ledger import LedgerStore
+from .store.peers import PeerStore
 from .wakeup import committed
 
 
@@ -207,3 +210,13 @@ class UnitOfWork:
                 if self._gated:
                     self._gated = False
                     forkgate.leave()
+
+    @cached_property
+    def peers(self) -> PeerStore:
+        """The peer routing store (links, grants, reservations, receipts) on this unit's connection."""
+        return PeerStore(self.backend, self.connection)
+
+    @cached_property
+    def ledger(self) -> LedgerStore:
+        """The delivery ledger's store on this unit's connection."""
+        return LedgerStore(self.backend, self.connection)

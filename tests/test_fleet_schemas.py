@@ -28,7 +28,8 @@ from hostedrooms.errors import (
     StoreUnavailableError,
     translate,
 )
-from hostedrooms.ledger.claims import PREPARE_LOCK_KEY
+from hostedrooms.store.ledger import PREPARE_LOCK_KEY
+from hostedrooms.store.peers import PEER_LINKS_LOCK_KEY, PEER_RESERVATIONS_LOCK_KEY
 from hostedrooms.uow import UnitOfWork
 from hostedrooms.wakeup import Wakeup
 
@@ -40,8 +41,8 @@ SCHEMAS = ("gw_a", "gw_b", "gw_c")
 NOT_BLOCKED = 1.0
 
 #: Every advisory key a write takes (rooms, replicas, ledger, peer links and reservations, migrations).
-WRITE_KEYS = (rooms.ROOM_CREATION_LOCK_KEY, replicas.REPLICA_CREATION_LOCK_KEY, PREPARE_LOCK_KEY, peers._LINKS_LOCK,
-              peers._RESERVATIONS_LOCK, MIGRATION_LOCK_KEY)
+WRITE_KEYS = (rooms.ROOM_CREATION_LOCK_KEY, replicas.REPLICA_CREATION_LOCK_KEY, PREPARE_LOCK_KEY,
+              PEER_LINKS_LOCK_KEY, PEER_RESERVATIONS_LOCK_KEY, MIGRATION_LOCK_KEY)
 
 
 @pytest.fixture(scope="module")

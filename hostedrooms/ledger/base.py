@@ -24,7 +24,6 @@ from ..uow import UnitOfWork
 from ..wakeup import LEDGER_WORK_CHANNEL, Wakeup
 from .claims import _integer
 from .guard import FileIdentity, prepare_ledger_file, secure_ledger_file
-from .store import LedgerStore, ledger_store
 
 Clock = Callable[[], float]
 _T = TypeVar("_T")
@@ -104,15 +103,6 @@ class LedgerBase:
         self._check_file()
         with UnitOfWork(self.engine, write=False, statement_snapshots=one_statement) as uow:
             return work(uow)
-
-    @staticmethod
-    def _store(uow: UnitOfWork) -> LedgerStore:
-        """The ledger store of ``uow``'s backend."""
-        return ledger_store(uow.backend)
-
-    def _wake(self, uow: UnitOfWork, work: str) -> None:
-        """Wake the ledger's waiters (:meth:`work_wakeup`) when this transaction commits: ``work`` became due."""
-        self._store(uow).wake(uow.connection, work)
 
     def work_wakeup(self, *, poll_interval: float | None = None, reconnect_deadline: float | None = None) -> Wakeup:
         """A context manager whose ``wait(timeout)`` returns once a ledger transition made work due (a delivery

@@ -45,4 +45,4 @@ class DeliveryLedger(Deliveries, ResponseIntents, OutboundIntents, Retention):
         state and ``("outbound", "pending")``, zeros included (one read transaction; the
         ``hostedrooms.ledger.backlog`` gauge of :func:`hostedrooms.ledger.observe_ledger`)."""
 
-        return self._read(lambda uow: self._store(uow).backlog(uow.connection))
+        return self._read(lambda uow: uow.ledger.backlog())

@@ -1,1 +1,1 @@
-"""Read-only queries: what the reporting faces (the console script, status, verify) read and never write."""
+"""The read side: read-only reporting queries outside the stores, each run on its caller's connection."""
