@@ -31,6 +31,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from .advisory_keys import REPLICA_CREATION_LOCK_KEY
 from .demotion import demote_room
 from .engines import EngineSource, resolve_engine
 from .errors import (
@@ -55,7 +56,6 @@ from .rooms import (
     system_actor_json,
 )
 from .rooms import rules as room_rules
-from .store.locks import REPLICA_CREATION_LOCK_KEY
 from .store.replicas import LogStats
 from .telemetry import traced
 from .uow import UnitOfWork
@@ -347,14 +347,17 @@ def promotion_claim(previous_gateway: str, local: str, epoch: int, reason: str, 
 def supersede_replica(
     engine: EngineSource, *, room_id: str, room_name: str, members: Any, authority_gateway_id: str,
     authority_epoch: int, latest_seq: int, now: float | None = None, limits: Limits | None = None,
+    unless_retired: bool = False,
 ) -> None:
     """Record that the replicated room has moved on to (``authority_gateway_id``, ``authority_epoch``), holding
     at least ``latest_seq`` events, so this replica cannot be promoted until it has ingested them: what a
     failover does before it gives a fenced room back (:func:`hostedrooms.standby.failover.failover`). A replica
     row is created (empty) when there is none. Refused when the local store holds this replica promoted at the
     epoch before (RoomConflictError; another room of the same id does not count: it cannot take the replica's
-    place), or the replica already records a newer epoch (ReplicaEpochRegressionError). One transaction,
-    serialised with :func:`promote_replica` on the room-creation lock.
+    place), or the replica already records a newer epoch (ReplicaEpochRegressionError), or, with
+    ``unless_retired``, when the room id is retired here (RoomConflictError: a room promoted here and disbanded
+    since leaves no claim to recognise). One transaction, serialised with :func:`promote_replica` on the
+    room-creation lock.
     """
     lim = in_force(limits)
     room_id = room_rules.validate_room_id(room_id, lim)
@@ -371,6 +374,8 @@ def supersede_replica(
         room = tx.lock_room(room_id)
         if room is not None and _promoted_from(tx, room_id, gateway, epoch - 1):
             raise RoomConflictError("the replica was promoted here at the epoch before: it cannot be superseded")
+        if unless_retired and room is None and tx.is_retired(room_id):
+            raise RoomConflictError("room_id belongs to a disbanded room")
         row = tx.uow.replicas.lock(room_id)
         if row is None:
             tx.uow.replicas.insert({

@@ -10,13 +10,13 @@ Usage::
 Write units start with ``BEGIN IMMEDIATE`` on SQLite (the write lock is held from the first statement, so
 read-then-write cannot lose updates); ``write=False`` opens a deferred read transaction instead, and
 ``write=False, statement_snapshots=True`` a read whose statements need no snapshot in common (each is correct on
-its own), which on PostgreSQL runs without a transaction at all (:meth:`StoreDialect.begin_statement_reads
-<hostedrooms.dialect.StoreDialect.begin_statement_reads>`); :meth:`UnitOfWork.one_statement` opens that kind of
+its own), which on PostgreSQL runs without a transaction at all (:meth:`Backend.begin_statement_reads
+<hostedrooms.backends.Backend.begin_statement_reads>`); :meth:`UnitOfWork.one_statement` opens that kind of
 unit for a write of one statement that commits itself (the one-statement append). Driver errors raised inside the
 block, on commit or on connect are translated here, in one place.
 
-The stores hang off the unit, bound to its connection: ``uow.rooms``, ``uow.replicas`` (built on first use, then
-the same object for the rest of the unit).
+The stores hang off the unit, bound to its connection: ``uow.rooms``, ``uow.replicas``, ``uow.peers``,
+``uow.ledger`` (built on first use, then the same object for the rest of the unit).
 
 On a SQLite file engine a write unit runs on the engine's one held writer connection when it can take it
 (:mod:`hostedrooms.writer`), otherwise on a pooled connection; both give the same transaction, results and errors.
@@ -27,6 +27,7 @@ writers of several processes queue instead of polling (:mod:`hostedrooms.writelo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar, overload
 
@@ -36,24 +37,44 @@ from sqlalchemy.orm import Session
 
 from . import forkgate, writelock
 from . import writer as held
+from .backends import Backend, backend_for
 from .db import reject_async
-from .dialect import StoreDialect, dialect_for
 from .errors import translate
 from .statements import DIRECT_BEGUN, DirectConnection, begin_unit, end_unit
 from .store import PerBackend, ReplicaStore, RoomStore, replica_store, room_store
 from .store.bound import BoundStore
+from .store.ledger import LedgerStore
+from .store.peers import PeerStore
 from .wakeup import committed
 
-_S = TypeVar("_S", bound=BoundStore)
+_S = TypeVar("_S")
+_B = TypeVar("_B", bound=BoundStore)
+
+
+class _Bound(Generic[_B]):
+    """Builds a unit's copy of a backend's store prototype, bound to the unit's connection (BoundStore.bind,
+    inline: it runs once per unit of work, on every append)."""
+
+    def __init__(self, stores: PerBackend[_B]) -> None:
+        self._stores = stores
+        self._prototypes: dict[Backend, _B] = {}
+
+    def __call__(self, uow: UnitOfWork) -> _B:
+        prototype = self._prototypes.get(uow.backend)
+        if prototype is None:
+            prototype = self._prototypes[uow.backend] = self._stores(uow.backend)
+        store: _B = object.__new__(type(prototype))
+        store.__dict__.update(prototype.__dict__)
+        store.connection = uow.connection
+        return store
 
 
 class _UnitStore(Generic[_S]):
-    """A unit's accessor for one store (``uow.rooms``): the backend's store bound to the unit's connection, built
-    on first use and then kept in the unit as a plain attribute (later uses cost an attribute read)."""
+    """A unit's accessor for one store (``uow.rooms``): the store built for the unit on first use, then kept in the
+    unit as a plain attribute (later uses cost an attribute read)."""
 
-    def __init__(self, stores: PerBackend[_S]) -> None:
-        self._stores = stores
-        self._prototypes: dict[StoreDialect, _S] = {}
+    def __init__(self, build: Callable[[UnitOfWork], _S]) -> None:
+        self._build = build
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._name = name
@@ -65,32 +86,30 @@ class _UnitStore(Generic[_S]):
     def __get__(self, uow: UnitOfWork | None, owner: type) -> Self | _S:
         if uow is None:
             return self
-        # BoundStore.bind, inline (it runs once per unit of work, on every append): the prototype's copy.
-        prototype = self._prototypes.get(uow.dialect)
-        if prototype is None:
-            prototype = self._prototypes[uow.dialect] = self._stores(uow.dialect)
-        store: _S = object.__new__(type(prototype))
-        store.__dict__.update(prototype.__dict__)
-        store.connection = uow.connection
+        store = self._build(uow)
         uow.__dict__[self._name] = store
         return store
 
 
 class UnitOfWork:
     """A context manager around one transaction on ``engine``; exposes ``connection``, ``session`` and the stores
-    bound to the connection (``rooms``, ``replicas``)."""
+    bound to the connection (``rooms``, ``replicas``, ``peers``, ``ledger``)."""
 
     #: The room store of this unit's backend, on this unit's connection.
-    rooms: _UnitStore[RoomStore] = _UnitStore(room_store)
+    rooms: _UnitStore[RoomStore] = _UnitStore(_Bound(room_store))
     #: The replica store of this unit's backend, on this unit's connection.
-    replicas: _UnitStore[ReplicaStore] = _UnitStore(replica_store)
+    replicas: _UnitStore[ReplicaStore] = _UnitStore(_Bound(replica_store))
+    #: The peer routing store (links, grants, reservations, receipts) on this unit's connection.
+    peers: _UnitStore[PeerStore] = _UnitStore(lambda uow: PeerStore(uow.backend, uow.connection))
+    #: The delivery ledger's store on this unit's connection.
+    ledger: _UnitStore[LedgerStore] = _UnitStore(lambda uow: LedgerStore(uow.backend, uow.connection))
 
     def __init__(self, engine: Engine, *, write: bool = True, statement_snapshots: bool = False) -> None:
         reject_async(engine)
         self.engine = engine
         self.write = write
         self.statement_snapshots = statement_snapshots and not write
-        self.dialect: StoreDialect = dialect_for(engine)
+        self.backend: Backend = backend_for(engine)
         self._connection: Connection | None = None
         self._session: Session | None = None
         self._committed = False
@@ -122,9 +141,9 @@ class UnitOfWork:
         try:
             connection = self._connection = self.engine.connect()
             if self.statement_snapshots:
-                self.dialect.begin_statement_reads(connection)
+                self.backend.begin_statement_reads(connection)
             elif not self.write:
-                self.dialect.defer_begin(connection)
+                self.backend.defer_begin(connection)
             connection.begin()
             begin_unit(connection)  # its hot statements take one path for the whole unit (hostedrooms.statements)
         except sa_exc.SQLAlchemyError as exc:
@@ -257,3 +276,4 @@ class UnitOfWork:
                 if self._gated:
                     self._gated = False
                     forkgate.leave()
+

@@ -19,7 +19,15 @@ from sqlalchemy import Engine
 
 import hostedrooms
 from hostedrooms import migrate, models, peers, rooms, testing
-from hostedrooms.dialect import LEDGER_WORK_CHANNEL, dialect_for
+from hostedrooms.advisory_keys import (
+    MIGRATION_LOCK_KEY,
+    PEER_LINKS_LOCK_KEY,
+    PEER_RESERVATIONS_LOCK_KEY,
+    PREPARE_LOCK_KEY,
+    REPLICA_CREATION_LOCK_KEY,
+    ROOM_CREATION_LOCK_KEY,
+)
+from hostedrooms.backends import LEDGER_WORK_CHANNEL, backend_for
 from hostedrooms.errors import (
     HostedRoomError,
     SchemaMissingError,
@@ -27,14 +35,6 @@ from hostedrooms.errors import (
     StoreReadOnlyError,
     StoreUnavailableError,
     translate,
-)
-from hostedrooms.store.locks import (
-    MIGRATION_LOCK_KEY,
-    PEER_LINKS_LOCK_KEY,
-    PEER_RESERVATIONS_LOCK_KEY,
-    PREPARE_LOCK_KEY,
-    REPLICA_CREATION_LOCK_KEY,
-    ROOM_CREATION_LOCK_KEY,
 )
 from hostedrooms.uow import UnitOfWork
 from hostedrooms.wakeup import Wakeup
@@ -127,9 +127,9 @@ def test_a_search_path_in_the_url_is_the_same_namespace(fleet: dict[str, Engine]
         make_room(by_url, "r1", "through the URL")
         assert rooms.room_state(fleet["gw_b"], room_id="r1")["name"] == "through the URL"
         with by_url.connect() as one, fleet["gw_b"].connect() as other:
-            assert dialect_for(one).namespace(one) == dialect_for(other).namespace(other) is not None
+            assert backend_for(one).namespace(one) == backend_for(other).namespace(other) is not None
         with fleet["gw_a"].connect() as third:
-            assert dialect_for(third).namespace(third) != dialect_for(one).namespace(one)
+            assert backend_for(third).namespace(third) != backend_for(one).namespace(one)
     finally:
         by_url.dispose()
 
@@ -238,7 +238,7 @@ def test_a_transaction_of_another_schema_holding_every_write_lock_does_not_delay
     holder = held.enter_context(UnitOfWork(a))
     try:
         for key in WRITE_KEYS:  # what a disband, a create_room, a ledger prepare or an upgrade holds
-            holder.dialect.serialize(holder.connection, key)
+            holder.backend.advisory_lock(holder.connection, key)
         # And every budget shard of gw_a, as its exclusive append path holds them (rows of gw_a's own table).
         assert len(holder.connection.execute(sa.select(models.budget).with_for_update()).all()) == 8
 
@@ -312,7 +312,7 @@ def test_an_idle_follower_runs_no_statement_for_other_schemas_writes(fleet: dict
     for n in range(20):  # same room id, other schema: a shared channel would wake gw_b's follower each time
         say(a, "same-id", f"a-{n}")
     with UnitOfWork(a) as uow:
-        uow.dialect.notify(uow.connection, LEDGER_WORK_CHANNEL, "delivery")
+        uow.backend.notify(uow.connection, LEDGER_WORK_CHANNEL, "delivery")
         uow.commit()
     time.sleep(1.0)
     assert statements[before:] == []
@@ -325,11 +325,11 @@ def test_ledger_work_of_another_schema_does_not_wake_a_worker(fleet: dict[str, E
     a, b = fleet["gw_a"], fleet["gw_b"]
     with Wakeup(b, LEDGER_WORK_CHANNEL) as wakeup:
         with UnitOfWork(a) as uow:
-            uow.dialect.notify(uow.connection, LEDGER_WORK_CHANNEL, "delivery")
+            uow.backend.notify(uow.connection, LEDGER_WORK_CHANNEL, "delivery")
             uow.commit()
         assert not wakeup.wait(1.0)
         with UnitOfWork(b) as uow:
-            uow.dialect.notify(uow.connection, LEDGER_WORK_CHANNEL, "delivery")
+            uow.backend.notify(uow.connection, LEDGER_WORK_CHANNEL, "delivery")
             uow.commit()
         assert wakeup.wait(10.0)
 
@@ -338,7 +338,7 @@ def test_a_migration_held_in_one_schema_does_not_delay_anothers(fleet: dict[str,
     pool = ThreadPoolExecutor(max_workers=1)
     try:
         with fleet["gw_a"].connect() as connection, connection.begin():
-            dialect_for(connection).lock_migrations(connection)  # an upgrade of gw_a in progress
+            backend_for(connection).lock_migrations(connection)  # an upgrade of gw_a in progress
             started = time.monotonic()
             pool.submit(migrate.upgrade, fleet_url, schema="gw_b").result(timeout=NOT_BLOCKED * 10)
             assert time.monotonic() - started < NOT_BLOCKED * 5  # an upgrade at head: connect, lock, read

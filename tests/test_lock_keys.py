@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import hostedrooms
+from hostedrooms import advisory_keys as locks
 from hostedrooms import dialect, ledger, peers, replicas, rooms
-from hostedrooms.dialect import namespace_of, scoped_key
-from hostedrooms.store import locks
-from hostedrooms.store.locks import LOCK_KEYS
+from hostedrooms.advisory_keys import LOCK_KEYS
+from hostedrooms.backends import namespace_of, scoped_key
 
 _INT64 = (-(2**63), 2**63 - 1)
 #: Namespaces as the backend derives them: the legacy schema (the keys as written), schemas of one database, the

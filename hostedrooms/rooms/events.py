@@ -163,13 +163,13 @@ def _read(
         store, connection = uow.rooms, uow.connection
         if exact:
             return _with_lineage(_read_plain(uow, room_id, since, page_size, page_bytes, include_disbanded),
-                                 uow.dialect.lineage(connection))
+                                 uow.backend.lineage(connection))
         # The head and the page are read consistently with each other (store.read_page).
         head, rows, row_bytes = store.read_page(
             room_id, since=since, limit=page_size, max_bytes=page_bytes,
             max_event_bytes=max_event_bytes(lim))
         # After the page: a standby promoted in between still holds every event the page read.
-        lineage = uow.dialect.lineage(connection)
+        lineage = uow.backend.lineage(connection)
         room = require_room(uow, head, room_id, include_disbanded=include_disbanded)
     latest_seq = int(room["next_seq"]) - 1
     if since > latest_seq:

@@ -40,7 +40,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from ..dialect import dialect_for
+from ..backends import backend_for
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
     AuthorityConflictError,
@@ -347,7 +347,7 @@ def run_room_write(
     transaction)."""
     bound = resolve_engine(engine)
     one_statement = not exclusive
-    store = room_store(dialect_for(bound))
+    store = room_store(backend_for(bound))
     while True:
         try:
             # Only an attempt that runs nothing but the one-statement append may run in autocommit.

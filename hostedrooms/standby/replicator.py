@@ -84,11 +84,14 @@ from ..replicas import (
     validate_page,
 )
 from ..rooms import rules as room_rules
-from ..telemetry import pass_attributes, record_pass, traced
+from ..telemetry import traced
 from ..validation import INT64_MAX, MAX_EPOCH, identifier
 from .heads import ReplicaHead, RoomHead, all_replica_heads, all_room_heads
+from .lag import pass_attributes, record_pass
 from .proof import LocalLog, Proofs, Refused
+from .reclaim import DEFAULT_RECLAIM_AFTER, FENCED, RECLAIMED, Reclaims
 from .source import (
+    EnginePageSource,
     PageSource,
     RoomInfo,
     SourceProtocolError,
@@ -162,7 +165,7 @@ class RoomReport:
     @property
     def lag(self) -> int:
         """Events the source holds that the replica does not (0 for rooms that are not replicated)."""
-        if self.status in (LOCAL, DEMOTED, GONE, SKIPPED):
+        if self.status in (LOCAL, DEMOTED, GONE, SKIPPED, RECLAIMED, FENCED):
             return 0
         return max(0, self.latest_seq - self.last_seq)
 
@@ -202,7 +205,8 @@ class PassReport:
     def summary(self) -> str:
         counts = Counter(room.status for room in self.rooms)
         parts = ", ".join(f"{counts[status]} {status}" for status in (
-            CAUGHT_UP, BEHIND, REFUSED, BACKING_OFF, DISBANDED, LOCAL, DEMOTED, GONE, SKIPPED) if counts[status])
+            CAUGHT_UP, BEHIND, REFUSED, BACKING_OFF, DISBANDED, LOCAL, DEMOTED, GONE, SKIPPED, RECLAIMED, FENCED)
+            if counts[status])
         text = (f"{_count(len(self.rooms), 'room')} ({parts or 'none'}); {_count(self.events, 'event')} in "
                 f"{_count(self.pages, 'page')}; lag {_count(self.lag, 'event')}; {self.seconds:.2f} s")
         if self.pruned:
@@ -352,6 +356,10 @@ class Replicator:
     bytes read (default twice MAX_GATEWAY_EVENT_BYTES, a source's whole event budget, re-reads included);
     ``max_seconds_per_pass`` (default :data:`DEFAULT_MAX_SECONDS_PER_PASS`). The limits are ``limits``' (the
     module's by default), read at each pass.
+
+    ``source_gateway_id``: the gateway whose own store the source is (the operator's word; None: not said). With
+    it, each pass also gives back the local rooms that gateway's failover fenced here and never promoted, once
+    the fence is ``reclaim_after`` seconds old (:mod:`hostedrooms.standby.reclaim`; needs ``local_gateway_id``).
     """
 
     def __init__(
@@ -374,6 +382,8 @@ class Replicator:
         max_pages_per_pass: int | None = None,
         max_bytes_per_pass: int | None = None,
         max_seconds_per_pass: float | None = DEFAULT_MAX_SECONDS_PER_PASS,
+        source_gateway_id: Any = None,
+        reclaim_after: float = DEFAULT_RECLAIM_AFTER,
     ) -> None:
         if prune_disbanded_after is not None and (
                 type(prune_disbanded_after) is not int or not 0 <= prune_disbanded_after <= 2**63 - 1):
@@ -415,8 +425,31 @@ class Replicator:
         self._lineages: dict[str, str | None] = {}
         # Demotion proofs cut short by a pass bound, by room (each resumes there).
         self._proofs = Proofs()
+        self._reclaims = self._reclaimer(source_gateway_id, reclaim_after)
+
+    def _reclaimer(self, source_gateway_id: Any, after: Any) -> Reclaims | None:
+        """What gives back the rooms fenced here for ``source_gateway_id`` and never promoted (standby/reclaim)."""
+        if isinstance(after, bool) or not isinstance(after, (int, float)) or not 0 <= after < float("inf"):
+            raise HostedRoomError("reclaim_after must be a non-negative number of seconds")
+        if source_gateway_id is None:
+            return None
+        lim = in_force(self.limits)
+        holder = identifier(source_gateway_id, error=HostedRoomError, label="source_gateway_id",
+                            max_chars=lim.MAX_ACTOR_ID_CHARS)
+        local = self._local_gateway()
+        if local is None:
+            raise HostedRoomError("source_gateway_id needs this gateway's identity (local_gateway_id, or "
+                                  "HOSTEDROOMS_INSTALL_ID)")
+        if holder == local:
+            raise HostedRoomError("source_gateway_id is this gateway: name the gateway whose store the source is")
+        return Reclaims(holder=holder, local=local, after=float(after), limits=self.limits)
 
     # -- one pass ----------------------------------------------------------------------------------------------
+
+    @property
+    def monotonic(self) -> Callable[[], float]:
+        """The clock that times this replicator's back-off and passes (its lag seconds too)."""
+        return self._monotonic
 
     def _budget(self) -> _Budget:
         lim = in_force(self.limits)
@@ -468,6 +501,7 @@ class Replicator:
                     del self._lineages[room_id]
                 self._proofs.keep_only(seen)
             self._prune(report)
+            self._reclaim(report, local_rooms)
         if report.bound:
             last = report.rooms[-1].room_id if report.rooms else start_after
             self._resume_after = cut[0] if cut else last
@@ -501,7 +535,23 @@ class Replicator:
             if room.room_id in pruned:
                 room.reason = "replica removed"
 
-    def _done(self, report: PassReport, cut: list[str | None], head: RoomHead,
+    def _reclaim(self, report: PassReport, local_rooms: dict[str, RoomHead]) -> None:
+        """Give back the rooms fenced here for the source's gateway that it never promoted (standby/reclaim)."""
+        if self._reclaims is None:
+            return
+        holder_store = self.source.engine if isinstance(self.source, EnginePageSource) else None
+        try:
+            done = self._reclaims.run(self.target, holder_store, local_rooms, self._now())
+        except _PASS_ERRORS as exc:
+            report.error = f"giving back fenced rooms: {exc}"
+            return
+        for outcome in done:
+            status = REFUSED if outcome.status == "refused" else outcome.status
+            holder = self._reclaims.local if outcome.status == RECLAIMED else self._reclaims.holder
+            self._done(report, [], None, (RoomReport(outcome.room_id, status, authority_gateway_id=holder,
+                                                     authority_epoch=outcome.epoch, reason=outcome.reason), False))
+
+    def _done(self, report: PassReport, cut: list[str | None], head: RoomHead | None,
               room: tuple[RoomReport | None, bool]) -> None:
         """Report a room (in listing order); the first room a bound cut short is where the next pass resumes."""
         reported, bounded = room

@@ -3,7 +3,7 @@
 A :class:`ReplicaStore` is bound to one unit of work's connection (``uow.replicas``), like the room store
 (:class:`hostedrooms.store.rooms.RoomStore`): the services hold the rules (validation, errors, the order of the
 checks) and call it inside their unit; none of its methods commits. It owns the replica row's lock, the creation
-lock (an advisory key, :mod:`hostedrooms.store.locks`), the fenced advance of an ingest, the id probes (answered from
+lock (an advisory key, :mod:`hostedrooms.advisory_keys`), the fenced advance of an ingest, the id probes (answered from
 the ``(room_id, event_id)`` index, revision ``0010_replica_event_ids``), the counts and the deletes.
 """
 
@@ -11,16 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Select, delete, exists, func, insert, literal, select, update
 
 from .. import models
+from ..advisory_keys import REPLICA_CREATION_LOCK_KEY
+from ..backends import Backend
 from .bound import BoundStore
-from .locks import REPLICA_CREATION_LOCK_KEY
-
-if TYPE_CHECKING:
-    from ..dialect import StoreDialect
 
 __all__ = ["LogStats", "ReplicaStore", "id_clash_query"]
 
@@ -49,18 +47,18 @@ def id_clash_query(room_id: str, event_ids: Sequence[str]) -> Select[tuple[int]]
 class ReplicaStore(BoundStore):
     """The replica rows and their logs on one backend, bound to one unit's :attr:`connection` (:meth:`bind`)."""
 
-    def __init__(self, dialect: StoreDialect) -> None:
-        self.dialect = dialect
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
 
     # -- locks and reads -------------------------------------------------------------------------------------
 
     def lock_creation(self) -> None:
         """Serialise replica creation until the transaction ends (an exact replica cap)."""
-        self.dialect.serialize(self.connection, REPLICA_CREATION_LOCK_KEY)
+        self.backend.advisory_lock(self.connection, REPLICA_CREATION_LOCK_KEY)
 
     def lock(self, room_id: str) -> Mapping[Any, Any] | None:
         """Every column of the replica of ``room_id``, row-locked until the transaction ends; None if absent."""
-        stmt = self.dialect.for_update(select(*_replicas.c).where(_replicas.c.room_id == room_id))
+        stmt = self.backend.for_update(select(*_replicas.c).where(_replicas.c.room_id == room_id))
         return self.connection.execute(stmt).mappings().first()
 
     def replica(self, room_id: str) -> Mapping[Any, Any] | None:
@@ -84,7 +82,7 @@ class ReplicaStore(BoundStore):
 
     def log_stats(self, room_id: str) -> LogStats:
         """Count, accounted bytes, seq range and whether a ``room.disbanded`` event is present, in one query."""
-        size = sum((self.dialect.byte_length(column) for column in (
+        size = sum((self.backend.byte_length(column) for column in (
             _replica_events.c.event_id, _replica_events.c.kind, _replica_events.c.actor_json,
             _replica_events.c.payload_json)), start=literal(0))
         disbanded = exists().where(_replica_events.c.room_id == room_id, _replica_events.c.kind == "room.disbanded")
@@ -102,7 +100,7 @@ class ReplicaStore(BoundStore):
             select(_replicas.c.room_id)
             .join(last, (last.c.room_id == _replicas.c.room_id) & (last.c.seq == _replicas.c.last_seq))
             .where(last.c.kind == "room.disbanded", last.c.created_at <= cutoff))
-        return sorted(str(room_id) for room_id in self.connection.execute(self.dialect.for_update(disbanded))
+        return sorted(str(room_id) for room_id in self.connection.execute(self.backend.for_update(disbanded))
                       .scalars())
 
     # -- writes ------------------------------------------------------------------------------------------------

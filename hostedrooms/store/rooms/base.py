@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from sqlalchemy import (
     BigInteger,
@@ -51,13 +51,11 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from ... import models
+from ...advisory_keys import ROOM_CREATION_LOCK_KEY
+from ...backends import ROOM_EVENTS_CHANNEL, Backend
 from ...limits import Limits
 from ...statements import HotStatement
 from ..bound import BoundStore
-from ..locks import ROOM_CREATION_LOCK_KEY
-
-if TYPE_CHECKING:  # the backend imports the lock registry (..locks), so the store names it only for the checker
-    from ...dialect import StoreDialect
 
 __all__ = [
     "REPLAY_COLUMNS",
@@ -215,20 +213,18 @@ class RoomStore(BoundStore):
     #: Tests only (see :meth:`without_one_statement`): False makes every append take the full path.
     one_statement_enabled = True
 
-    def __init__(self, dialect: StoreDialect) -> None:
-        from ...dialect import ROOM_EVENTS_CHANNEL  # at first use: the backend module imports ..locks
-
-        self.dialect = dialect
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
         #: The followers' wake-up channel (:mod:`hostedrooms.wakeup`).
         self.channel = ROOM_EVENTS_CHANNEL
-        self._lock_room: Select[Any] = dialect.for_update(_SELECT_ROOM)
+        self._lock_room: Select[Any] = backend.for_update(_SELECT_ROOM)
         self._gateway_total = HotStatement(GATEWAY_TOTAL)
         self._room_head = HotStatement(ROOM_HEAD)
         self._insert_event = HotStatement(insert(_events), column_keys=_EVENT_COLUMNS)
         self._take_budget = HotStatement(
             update(_budget).where(self.free_shard(int64("size"), int64("limit")))
             .values(used=_budget.c.used + int64("size")))
-        self._lock_budget = dialect.for_update(select(_budget.c.shard, _budget.c.used).order_by(_budget.c.shard))
+        self._lock_budget = backend.for_update(select(_budget.c.shard, _budget.c.used).order_by(_budget.c.shard))
         # Under every shard's lock the spread of ``used`` is free: shard 0 holds the total, each shard an equal share
         # of the free bytes (shard 0 the remainder too; a shard beyond budget_shards, none).
         first = _budget.c.shard == 0
@@ -239,7 +235,7 @@ class RoomStore(BoundStore):
             spread_limit=int64("limit")))
         # The room listing, live rooms only or all (compiled once each; limit and offset bound per call).
         listing = (select(*_rooms.c)
-                   .order_by(_rooms.c.updated_at.desc(), dialect.bytewise(_rooms.c.room_id).asc())
+                   .order_by(_rooms.c.updated_at.desc(), backend.bytewise(_rooms.c.room_id).asc())
                    .limit(bindparam("limit")).offset(bindparam("offset")))
         self._list_rooms = {False: HotStatement(listing.where(_rooms.c.disbanded_at.is_(None))),
                             True: HotStatement(listing)}
@@ -258,7 +254,7 @@ class RoomStore(BoundStore):
 
     def lock_room_creation(self) -> None:
         """Serialise room creation until the transaction ends."""
-        self.dialect.serialize(self.connection, ROOM_CREATION_LOCK_KEY)
+        self.backend.advisory_lock(self.connection, ROOM_CREATION_LOCK_KEY)
 
     def free_shard(self, size: Any, limit: Any) -> ColumnElement[bool]:
         """The WHERE clause picking the budget shard a writer adds ``size`` bytes to: one whose allowance has room
@@ -279,7 +275,7 @@ class RoomStore(BoundStore):
         rows = self.connection.execute(self._lock_budget).all()
         if {int(shard) for shard, _ in rows} >= set(range(self.budget_shards)):
             return sum(int(used) for _, used in rows)
-        stmt = self.dialect.insert(_budget).on_conflict_do_nothing(index_elements=[_budget.c.shard])
+        stmt = self.backend.insert(_budget).on_conflict_do_nothing(index_elements=[_budget.c.shard])
         self.connection.execute(stmt, [{"shard": shard, "used": 0, "allowance": 0, "spread_limit": 0}
                                   for shard in range(self.budget_shards)])
         self.connection.execute(self._lock_budget).all()
@@ -358,7 +354,7 @@ class RoomStore(BoundStore):
 
     def event_size(self) -> ColumnElement[Any]:
         """An event row's accounted bytes: the UTF-8 bytes of its id, kind, actor and payload texts."""
-        length = self.dialect.byte_length
+        length = self.backend.byte_length
         return (length(_events.c.event_id) + length(_events.c.kind) + length(_events.c.actor_json)
                 + length(_events.c.payload_json))
 
@@ -431,7 +427,7 @@ class RoomStore(BoundStore):
             return None
         rows = event_rows(room_id, first_seq, events, now)
         self.insert_events(rows)
-        self.dialect.notify(self.connection, self.channel, room_id)
+        self.backend.notify(self.connection, self.channel, room_id)
         return rows
 
     def insert_events(self, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -491,7 +487,7 @@ class RoomStore(BoundStore):
             select(_rooms.c.room_id, _rooms.c.disbanded_at.label("retired_at"))
             .where(_rooms.c.room_id.in_(list(room_ids)), _rooms.c.disbanded_at.is_not(None))).mappings().all()
         if rows:
-            stmt = self.dialect.insert(_retired).on_conflict_do_nothing(index_elements=[_retired.c.room_id])
+            stmt = self.backend.insert(_retired).on_conflict_do_nothing(index_elements=[_retired.c.room_id])
             self.connection.execute(stmt, [dict(row) for row in rows])
 
     def prunable_rooms(self, *, disbanded_before: float | None, keep: int) -> set[str]:
@@ -504,7 +500,7 @@ class RoomStore(BoundStore):
                 select(_rooms.c.room_id).where(disbanded, _rooms.c.disbanded_at <= disbanded_before)).scalars())
         found.update(self.connection.execute(
             select(_rooms.c.room_id).where(disbanded)
-            .order_by(_rooms.c.disbanded_at.desc(), self.dialect.bytewise(_rooms.c.room_id).asc())
+            .order_by(_rooms.c.disbanded_at.desc(), self.backend.bytewise(_rooms.c.room_id).asc())
             .offset(keep)).scalars())
         return found
 
@@ -512,7 +508,7 @@ class RoomStore(BoundStore):
         """(room id, accounted event bytes) of every disbanded room, the longest disbanded first."""
         rows = self.connection.execute(
             select(_rooms.c.room_id, _rooms.c.event_bytes).where(_rooms.c.disbanded_at.is_not(None))
-            .order_by(_rooms.c.disbanded_at.asc(), self.dialect.bytewise(_rooms.c.room_id).asc()))
+            .order_by(_rooms.c.disbanded_at.asc(), self.backend.bytewise(_rooms.c.room_id).asc()))
         return [(str(room_id), int(room_bytes)) for room_id, room_bytes in rows]
 
     def purge(self, room_ids: Sequence[str]) -> int:

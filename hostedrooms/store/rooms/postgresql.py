@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -36,10 +36,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DataError
 
-if TYPE_CHECKING:
-    from ...dialect import StoreDialect
-
 from ... import models
+from ...backends import Backend
 from ...statements import HotStatement
 from .base import (
     REPLAY_COLUMNS,
@@ -148,8 +146,8 @@ class PostgreSQLRoomStore(RoomStore):
     budget_shards = _SHARDS
     one_statement_autocommits = True
 
-    def __init__(self, dialect: StoreDialect) -> None:
-        super().__init__(dialect)
+    def __init__(self, backend: Backend) -> None:
+        super().__init__(backend)
         self._append_one = HotStatement(text(_APPEND_ONE).bindparams(*_int64_binds()))
         self._append_batch = HotStatement(text(_APPEND_BATCH).bindparams(*_int64_binds()))
         # PostgreSQL sends a statement's whole result at once: the running byte sum is cut in the query, so no
@@ -220,7 +218,7 @@ class PostgreSQLRoomStore(RoomStore):
     def _append_one_statement(self, room_id: str, events: Sequence[EventLike], params: dict[str, Any], now: float
     ) -> OneStatementAppend | None:
         # The followers' channel of this engine's namespace (schema).
-        params.update(self.dialect.hot_params(self.connection, self.channel))
+        params.update(self.backend.hot_params(self.connection, self.channel))
         try:
             if len(events) == 1:
                 event = events[0]

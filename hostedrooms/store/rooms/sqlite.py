@@ -12,11 +12,12 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import accumulate
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import bindparam, exists, select, update
 
 from ... import models
+from ...backends import Backend
 from ...statements import HotStatement
 from .base import (
     ONE_STATEMENT_ADVANCE,
@@ -27,9 +28,6 @@ from .base import (
     event_rows,
     int64,
 )
-
-if TYPE_CHECKING:
-    from ...dialect import StoreDialect
 
 __all__ = ["SQLiteRoomStore"]
 
@@ -44,8 +42,8 @@ class SQLiteRoomStore(RoomStore):
     concurrent_writers = False
     budget_shards = 1
 
-    def __init__(self, dialect: StoreDialect) -> None:
-        super().__init__(dialect)
+    def __init__(self, backend: Backend) -> None:
+        super().__init__(backend)
         self._advance = HotStatement(ONE_STATEMENT_ADVANCE.where(*ONE_STATEMENT_GUARDS, exists().where(
             _budget.c.shard == 0, _budget.c.used + int64("fast_size") <= _budget.c.allowance,
             _budget.c.spread_limit <= int64("fast_spread_limit"))))

@@ -3,7 +3,7 @@
 A key serialises the transactions that take it (PostgreSQL ``pg_advisory_xact_lock``; on SQLite ``BEGIN IMMEDIATE``
 already serialises every writer, and the backend takes no key). Keys are per database, so the backend scopes each
 one to the engine's namespace (its schema) before taking it; the ``public`` schema takes the key as written here,
-which is what earlier versions took (:func:`hostedrooms.dialect.scoped_key`).
+which is what earlier versions took (:func:`hostedrooms.backends.scoped_key`).
 
 A retired key is never taken again and never reused: an older gateway running beside a newer one may still take
 it. This module imports nothing of hostedrooms, so every layer may read its keys.
