@@ -1,11 +1,11 @@
-"""The ledger's fast paths and its full paths agree on every outcome, on both backends and both APIs.
+"""The ledger's one-statement attempts and its full paths agree on every outcome, on both backends and both APIs.
 
 Each workload runs twice on an emptied ledger: once as the services run it (hot statements, and the one guarded
-statement bind_owner, prepare_response, commit_outbound and prepare_outbound try before reading the row),
-once inside :meth:`LedgerStatements.without_one_statement` (every statement through ``Connection.execute``, every
-call reading its row first, as before the store existed). Both runs must return the same results, raise the same errors with
-the same messages, and leave the same rows. The scripted workload takes deliveries through every state and every
-error the ledger raises; the generated ones mix the same calls over a few ids in random order.
+statement bind_owner, prepare_response, commit_outbound and prepare_outbound try before reading the row), once
+inside :meth:`LedgerStatements.without_one_statement` (every statement through ``Connection.execute``, every call
+reading its row first, as before the store existed). Both runs must return the same results, raise the same errors
+with the same messages, and leave the same rows. The scripted workload takes deliveries through every state and
+every error the ledger raises; the generated ones mix the same calls over a few ids in random order.
 """
 
 from __future__ import annotations
