@@ -1,4 +1,4 @@
-"""The advisory lock key registry (hostedrooms/store/locks.py): every key hostedrooms takes is there, retired ones
+"""The advisory lock key registry (hostedrooms/advisory_keys.py): every key hostedrooms takes is there, retired ones
 included; no two collide, in one namespace or across namespaces once the backend scopes them; every user takes its
 key from the registry."""
 
@@ -12,7 +12,8 @@ import pytest
 
 import hostedrooms
 from hostedrooms import advisory_keys as locks
-from hostedrooms import dialect, ledger, peers, replicas, rooms
+from hostedrooms import backends, ledger, replicas, rooms
+from hostedrooms.store import peers as peer_store
 from hostedrooms.advisory_keys import LOCK_KEYS
 from hostedrooms.backends import namespace_of, scoped_key
 
@@ -54,12 +55,12 @@ def test_scoped_keys_stay_distinct_across_keys_and_namespaces(pair: tuple[str | 
 
 
 def test_every_user_takes_its_key_from_the_registry() -> None:
-    assert dialect.MIGRATION_LOCK_KEY == LOCK_KEYS["migration"].value
+    assert backends.MIGRATION_LOCK_KEY == LOCK_KEYS["migration"].value
     assert rooms.ROOM_CREATION_LOCK_KEY == LOCK_KEYS["room_creation"].value
     assert replicas.REPLICA_CREATION_LOCK_KEY == LOCK_KEYS["replica_creation"].value
     assert ledger.PREPARE_LOCK_KEY == LOCK_KEYS["ledger_prepare"].value
-    assert peers._LINKS_LOCK == LOCK_KEYS["peer_links"].value
-    assert peers._RESERVATIONS_LOCK == LOCK_KEYS["peer_reservations"].value
+    assert peer_store.PEER_LINKS_LOCK_KEY == LOCK_KEYS["peer_links"].value
+    assert peer_store.PEER_RESERVATIONS_LOCK_KEY == LOCK_KEYS["peer_reservations"].value
 
 
 def test_no_module_but_the_registry_writes_a_key_out() -> None:
@@ -68,6 +69,6 @@ def test_no_module_but_the_registry_writes_a_key_out() -> None:
     package = Path(hostedrooms.__file__).parent
     literal = re.compile(r"0x(686F7374656400|6C6564676572)[0-9A-F]{2}", re.IGNORECASE)
     offenders = [str(path.relative_to(package)) for path in sorted(package.rglob("*.py"))
-                 if path != package / "store" / "locks.py"
+                 if path != package / "advisory_keys.py"
                  and (literal.search(text := path.read_text(encoding="utf-8")) or 'b"hostedrooms:hosted_' in text)]
     assert offenders == []
