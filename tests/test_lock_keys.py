@@ -13,9 +13,9 @@ import pytest
 import hostedrooms
 from hostedrooms import advisory_keys as locks
 from hostedrooms import backends, ledger, replicas, rooms
-from hostedrooms.store import peers as peer_store
 from hostedrooms.advisory_keys import LOCK_KEYS
 from hostedrooms.backends import namespace_of, scoped_key
+from hostedrooms.store import peers as peer_store
 
 _INT64 = (-(2**63), 2**63 - 1)
 #: Namespaces as the backend derives them: the legacy schema (the keys as written), schemas of one database, the
