@@ -142,7 +142,7 @@ def _ingest(
     if page.epoch < stored_epoch:
         raise ReplicaEpochRegressionError("page authority epoch is older than the stored replica epoch")
     if row is not None and page.epoch == stored_epoch and page.gateway_id != row["authority_gateway_id"]:
-        # Two owners at one epoch is a fork; adopting either would hide it (hole 3).
+        # Two owners at one epoch is a fork; adopting either would hide it.
         raise ReplicaError("page authority owner conflicts with the stored replica at the same epoch")
     _check_overlap(uow, room_id, [event for event in page.events if event.seq <= last_seq])
     new_events = [event for event in page.events if event.seq > last_seq]
@@ -163,7 +163,7 @@ def _ingest(
             for event in new_events])
     new_last = new_events[-1].seq if new_events else last_seq
     claim = page.latest_seq if page.latest_seq is not None else new_last
-    # Never lower latest_seq: a delayed page must not make a partial replica look caught up (hole 1); unless the
+    # Never lower latest_seq: a delayed page must not make a partial replica look caught up; unless the
     # caller proves this page newer than an unsupported stored claim (see ingest_page).
     superseded = row is not None and stored_latest > last_seq and supersede_latest_seq == stored_latest
     latest_seq = max(new_last, claim) if superseded else max(stored_latest, new_last, claim)
@@ -178,7 +178,7 @@ def _ingest(
 
 
 def _check_overlap(uow: UnitOfWork, room_id: str, overlapping: Sequence[CheckedEvent]) -> None:
-    """Already-stored seqs must hold exactly the page's events (a retry); anything else is a fork (hole 3)."""
+    """Already-stored seqs must hold exactly the page's events (a retry); anything else is a fork."""
     if not overlapping:
         return
     stored = uow.replicas.events_between(room_id, overlapping[0].seq, overlapping[-1].seq)
