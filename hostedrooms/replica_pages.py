@@ -120,8 +120,9 @@ def _optional_seq(page: Mapping[Any, Any], field: str) -> int | None:
 def check_page(page: Any, room_id: str, lim: Limits) -> CheckedPage:
     """The reference's page checks, then everything the store relies on (ingest stores nothing unchecked): events
     of this room only, epochs within 1..the page's epoch, JSON-serialisable bounded actor and payload, unique
-    event ids; and a claim its own events and cursor support (a ``latest_seq`` below its last event, a ``cursor`` other than its
-    last event, or a ``has_more`` other than ``cursor < latest_seq`` is a page no authority serves)."""
+    event ids; and a claim its own events and cursor support (a ``latest_seq`` below its last event, a ``cursor``
+    other than its last event, or a ``has_more`` other than ``cursor < latest_seq`` is a page no authority
+    serves)."""
     if not isinstance(page, dict):
         raise ReplicaError("page must be an object")
     raw_events = page.get("events")
