@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import ColumnElement, Table, bindparam, case, func, update
+from sqlalchemy import ColumnElement, Table, bindparam
 
 from ..store.ledger import ERROR, LedgerStore, Row
 from ..telemetry import count_retry
@@ -25,9 +25,6 @@ from .claims import RETRY_EXPONENT_CAP, _error_text, retry_delay
 from .rows import _public_rows
 
 _log = logging.getLogger(__name__)
-#: The attempt counts a retry counts in SQL (:meth:`RetryMachine.retry_direct_statement`); a row outside them (left
-#: by hand or by the reference) takes the path that reads it first.
-_DIRECT_ATTEMPTS = 1_000_000
 #: The clock readings it takes (far from the 64-bit bounds, where the sum would overflow differently in SQL).
 _DIRECT_NOW = 2**62
 
@@ -42,8 +39,8 @@ __all__ = ["ERROR", "RetryMachine", "Retrying", "retry_machine"]
 @dataclass(frozen=True, slots=True)
 class RetryMachine(Generic[_R]):
     """One table's retry/fail transitions and queue (build with :func:`retry_machine`); ``public`` makes a row
-    its public record. Its statements are built by :meth:`retry_statement` and :meth:`fail_statement` and run by
-    the ledger's store."""
+    its public record. The ledger's store builds and runs its statements (it is a
+    :class:`~hostedrooms.store.ledger.RetrySpec`)."""
 
     name: str
     table: Table
@@ -56,30 +53,11 @@ class RetryMachine(Generic[_R]):
     fetch: Fetch
     public: Callable[[Any], _R | None]
     retryable: Retryable
-
-    def retry_statement(self) -> Any:
-        """The guarded retry: attempts, next try and last error set (``v_attempts``, ``v_retry_at``, ``v_error``)."""
-        values = {self.attempts: bindparam("v_attempts"), self.retry_at: bindparam("v_retry_at"),
-                  self.last_error: ERROR}
-        return _guarded(self.table, self.where, values)
-
-    def retry_direct_statement(self) -> Any:
-        """The guarded retry as one statement, for rows whose attempt count is between 0 and a bound: the count
-        grows by one and the next try is due :func:`retry_delay` of it after ``v_now``, the schedule written out
-        from retry_delay itself (``v_error``, ``v_now``)."""
-        counted = func.coalesce(self.table.c[self.attempts], 0)
-        attempts = counted + 1
-        delay = case(*((attempts == n, retry_delay(n)) for n in range(1, RETRY_EXPONENT_CAP)),
-                     else_=retry_delay(RETRY_EXPONENT_CAP))
-        now = bindparam("v_now", type_=self.table.c[self.retry_at].type)
-        values = {self.attempts: attempts, self.retry_at: now + delay,
-                  self.last_error: ERROR}
-        return _guarded(self.table, (*self.where, counted.between(0, _DIRECT_ATTEMPTS)), values)
-
-    def fail_statement(self) -> Any:
-        """The guarded failure (:data:`ERROR` stands for the error text)."""
-        assert self.failed is not None
-        return _guarded(self.table, self.where, self.failed)
+    #: Seconds after the n-th failed try (``schedule[n - 1]``; the last for every later try): :func:`retry_delay`.
+    schedule: tuple[int, ...] = tuple(retry_delay(n) for n in range(1, RETRY_EXPONENT_CAP + 1))
+    #: The attempt counts a retry counts in SQL (:meth:`LedgerStore.retry_directly`); a row outside them (left by
+    #: hand or by the reference) takes the path that reads it first.
+    direct_attempts: int = 1_000_000
 
     def retry(self, store: LedgerStore, key: str, *, error: str, now: int, **guard: Any) -> _R | None:
         """Count one more failed try of the row ``key`` and schedule the next; return the row.
@@ -128,10 +106,6 @@ def retry_machine(
         name=name, table=table, waiting=waiting, where=(table.c[key] == bindparam("key"), *guard, *waiting),
         retry_at=retry_at, attempts=attempts, last_error=last_error, failed=failed, fetch=fetch, public=public,
         retryable=retryable)
-
-
-def _guarded(table: Table, where: tuple[ColumnElement[bool], ...], values: Mapping[str, Any]) -> Any:
-    return update(table).where(*where).values({**values, "updated_at": bindparam("v_now")}).returning(*table.c)
 
 
 class Retrying(LedgerBase):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from sqlalchemy import (
     BindParameter,
@@ -31,6 +31,7 @@ from sqlalchemy import (
     Select,
     Table,
     bindparam,
+    case,
     delete,
     func,
     select,
@@ -75,6 +76,47 @@ EXPIRED_ERROR = "secure peer exchange expired"
 
 #: A row as the store returns it: column name -> value.
 Row = dict[str, Any]
+
+
+class RetrySpec(Protocol):
+    """What the retry statements are built from: a :class:`~hostedrooms.ledger.retries.RetryMachine`'s table, its
+    guard (``where``, binding ``:key``), the columns a retry sets, what a failure sets, and the retry schedule
+    (``schedule[n - 1]``: seconds after the n-th failed try; the last entry for every later one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def table(self) -> Table: ...
+    @property
+    def where(self) -> tuple[ColumnElement[bool], ...]: ...
+    @property
+    def retry_at(self) -> str: ...
+    @property
+    def attempts(self) -> str: ...
+    @property
+    def last_error(self) -> str: ...
+    @property
+    def failed(self) -> Mapping[str, Any] | None: ...
+    @property
+    def schedule(self) -> tuple[int, ...]: ...
+    @property
+    def direct_attempts(self) -> int: ...
+
+
+def _guarded(spec: RetrySpec, extra: tuple[ColumnElement[bool], ...], values: Mapping[str, Any]) -> Any:
+    return (update(spec.table).where(*spec.where, *extra).values({**values, "updated_at": bindparam("v_now")})
+            .returning(*spec.table.c))
+
+
+def _retry_direct(spec: RetrySpec) -> Any:
+    """The retry counting attempts in SQL, the schedule written out as a CASE."""
+    counted = func.coalesce(spec.table.c[spec.attempts], 0)
+    attempts = counted + 1
+    delay = case(*((attempts == n, spec.schedule[n - 1]) for n in range(1, len(spec.schedule))),
+                 else_=spec.schedule[-1])
+    now = bindparam("v_now", type_=spec.table.c[spec.retry_at].type)
+    values = {spec.attempts: attempts, spec.retry_at: now + delay, spec.last_error: ERROR}
+    return _guarded(spec, (counted.between(0, spec.direct_attempts),), values)
 
 
 def in_fixed_binds(column: ColumnElement[Any], values: Sequence[str], name: str) -> ColumnElement[bool]:
@@ -431,22 +473,28 @@ class LedgerStore:
 
     # -- retries (hostedrooms.ledger.retries)
 
-    def retry_waiting(self, spec: Any, params: Mapping[str, Any]) -> Row | None:
-        """A retry machine's (``spec``: a RetryMachine) guarded retry; the changed row, or None."""
-        statement = self.statements.shaped(
-            ("retry", spec.name), lambda: _HotDictStatement(spec.retry_statement(), spec.table))
+    def retry_waiting(self, spec: RetrySpec, params: Mapping[str, Any]) -> Row | None:
+        """A retry machine's guarded retry: attempts, next try and last error set (``v_attempts``, ``v_retry_at``,
+        ``v_error``); the changed row, or None."""
+        statement = self.statements.shaped(("retry", spec.name), lambda: _HotDictStatement(_guarded(spec, (), {
+            spec.attempts: bindparam("v_attempts"), spec.retry_at: bindparam("v_retry_at"),
+            spec.last_error: ERROR}), spec.table))
         return self._row(statement, params)
 
-    def retry_directly(self, spec: Any, params: Mapping[str, Any]) -> Row | None:
-        """A retry machine's retry as one statement (counting attempts in SQL); the changed row, or None."""
+    def retry_directly(self, spec: RetrySpec, params: Mapping[str, Any]) -> Row | None:
+        """A retry machine's retry as one statement, for rows whose attempt count is between 0 and
+        ``spec.direct_attempts``: the count grows by one and the next try is due ``spec.schedule``'s delay for it
+        after ``v_now`` (``v_error``, ``v_now``); the changed row, or None."""
         statement = self.statements.shaped(
-            ("retry_directly", spec.name), lambda: _HotDictStatement(spec.retry_direct_statement(), spec.table))
+            ("retry_directly", spec.name), lambda: _HotDictStatement(_retry_direct(spec), spec.table))
         return self._row(statement, params)
 
-    def fail_waiting(self, spec: Any, params: Mapping[str, Any]) -> Row | None:
-        """A retry machine's guarded failure; the changed row, or None."""
+    def fail_waiting(self, spec: RetrySpec, params: Mapping[str, Any]) -> Row | None:
+        """A retry machine's guarded failure (:data:`ERROR` stands for the error text); the changed row, or None."""
+        assert spec.failed is not None
+        failed = spec.failed
         statement = self.statements.shaped(
-            ("fail", spec.name), lambda: _HotDictStatement(spec.fail_statement(), spec.table))
+            ("fail", spec.name), lambda: _HotDictStatement(_guarded(spec, (), failed), spec.table))
         return self._row(statement, params)
 
     # -- listings and pruning
