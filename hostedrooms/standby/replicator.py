@@ -47,6 +47,7 @@ from .reports import (
 from .source import PageSource, RoomInfo, iter_rooms
 from .wake import IntervalWaker, Waker
 
+# The statuses and reports (defined in .reports) stay importable from here, where they were always documented.
 __all__ = ["BACKING_OFF", "BEHIND", "CAUGHT_UP", "DEMOTED", "DISBANDED", "GONE", "LOCAL", "REFUSED", "SKIPPED",
            "Backoff", "PageIngested", "PassReport", "Replicator", "RoomReport"]
 
