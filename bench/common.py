@@ -1,5 +1,6 @@
-"""What the benchmark workloads (bench/run.py) and the comparison contenders (bench/contenders.py) share: the
-event every contender stores, the raw-driver appender, durability read-back and CPU accounting."""
+"""What the benchmark workloads (bench/run.py) and the comparison contenders (bench/contenders/) share: the
+event every contender stores, the raw-driver appender, durability read-back and CPU accounting; and what
+bench/run.py's workload modules share: a workload's :class:`Result`, its :class:`Setup` and :func:`new_room`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -200,3 +201,70 @@ def render(rows: list[tuple[str, ...]]) -> str:
     lines += ["| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |"
               for row in rows[1:]]
     return "\n".join(lines) + "\n"
+
+
+# --- bench/run.py's workloads: what each returns, the databases it runs on ---------------------------------
+
+#: The checkout (spawned workload processes put it on sys.path to import bench and hostedrooms).
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Result:
+    workload: str
+    batch: int
+    operations: int
+    seconds: float
+    latencies: list[float] = field(default_factory=list)
+    events: int = 0
+    peak_rss_kb: int = 0
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return (self.events or self.operations) / self.seconds if self.seconds else 0.0
+
+    def percentile(self, fraction: float) -> float:
+        if not self.latencies:
+            return 0.0
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+# --- databases ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Setup:
+    url: str | None  # admin URL for PostgreSQL, None for SQLite
+    folder: str
+    synchronous: str
+    quick: bool
+
+    def fresh(self, name: str) -> str:
+        """A new, migrated database for one workload; returns its target string."""
+        from hostedrooms import migrate
+
+        if self.url is None:
+            target = os.path.join(self.folder, f"{name}-{uuid.uuid4().hex[:6]}.db")
+        else:
+            from hostedrooms.testing import create_database
+
+            target = create_database(self.url, f"bench_{name}_{uuid.uuid4().hex[:6]}")
+        migrate.upgrade(target)
+        return target
+
+    def engine(self, target: str) -> Any:
+        from hostedrooms import create_engine
+
+        return create_engine(target, synchronous=self.synchronous)
+
+    def count(self, full: int, quick: int) -> int:
+        return quick if self.quick else full
+
+
+def new_room(engine: Any, room_id: str) -> None:
+    from hostedrooms import rooms
+
+    rooms.create_room(engine, room_id=room_id, name=room_id, members=[], authority_gateway_id=GATEWAY)
+

@@ -5,7 +5,7 @@
     python bench/run.py --compare all --quick --rounds 3   # a smoke run
     python bench/run.py --compare read --contenders raw-dict-loop,es-aggregate   # hostedrooms always runs
 
-For each workload (bench/contenders.py: WORKLOADS) the contenders that can do it (CONTENDERS) each prepare their
+For each workload (bench/contenders/: WORKLOADS) the contenders that can do it (CONTENDERS) each prepare their
 own database once, in their own process. Then every round runs each contender once, in the round's order: the
 order rotates by one place each round, so every contender takes every position and slow drift of the machine
 (other load, the disk's fsync rate) falls evenly on all. Each contender runs each round in a FRESH process

@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Any
 
+from bench.common import ACTOR, GATEWAY, PAYLOAD, Result, new_room
+
 FOLLOWERS = 8
 
 
@@ -24,14 +26,13 @@ def _cpu() -> float:
 
 def follow_idle(setup: Any) -> Any:
     """``FOLLOWERS`` idle followers of one engine for 20 s (5 s with ``--quick``): the share of a core used."""
-    from bench.run import Result, _room
     from hostedrooms import rooms
-    from hostedrooms.dialect import dialect_for
+    from hostedrooms.backends import backend_for
     from hostedrooms.wakeup import DEFAULT_POLL_INTERVAL
 
     engine = setup.engine(setup.fresh("follow-idle"))
     for index in range(FOLLOWERS):
-        _room(engine, f"room-{index}")
+        new_room(engine, f"room-{index}")
     started = threading.Barrier(FOLLOWERS + 1)
 
     def follower(room_id: str) -> None:
@@ -47,7 +48,7 @@ def follow_idle(setup: Any) -> Any:
     before, wall = _cpu(), time.perf_counter()
     time.sleep(span)
     used, seconds = _cpu() - before, time.perf_counter() - wall
-    how = ("LISTEN/NOTIFY" if dialect_for(engine).notifies
+    how = ("LISTEN/NOTIFY" if backend_for(engine).notifies
            else f"one data_version poller every {DEFAULT_POLL_INTERVAL * 1000:.0f} ms")
     return Result(f"follow() idle: {FOLLOWERS} followers of one engine, nothing appended", 1, FOLLOWERS, seconds,
                   note=f"{how}; {used / seconds * 100:.2f}% of one core over {seconds:.0f} s (getrusage)")
@@ -55,7 +56,6 @@ def follow_idle(setup: Any) -> Any:
 
 def _appender(target: str, synchronous: str, n: int, committed: Any, go: Any) -> None:
     """In another process: append ``n`` events 20 ms apart, reporting each one's seq and commit time."""
-    from bench.common import ACTOR, GATEWAY, PAYLOAD
     from hostedrooms import create_engine, rooms
 
     engine = create_engine(target, synchronous=synchronous)
@@ -75,14 +75,13 @@ def follow_latency_process(setup: Any) -> Any:
     commits wake its followers at once. Monotonic clock, shared by the two processes."""
     import multiprocessing
 
-    from bench.run import Result, _room
     from hostedrooms import rooms
-    from hostedrooms.dialect import dialect_for
+    from hostedrooms.backends import backend_for
     from hostedrooms.wakeup import DEFAULT_POLL_INTERVAL
 
     target = setup.fresh("follow-process")
     engine = setup.engine(target)
-    _room(engine, "r")
+    new_room(engine, "r")
     n = setup.count(300, 40)
     context = multiprocessing.get_context("spawn")
     committed_queue, go = context.Queue(), context.Event()
@@ -106,7 +105,7 @@ def follow_latency_process(setup: Any) -> Any:
     child.join(30)
     seconds = time.perf_counter() - started
     latencies = [max(0.0, received[seq] - committed[seq]) for seq in sorted(committed)]
-    how = ("LISTEN/NOTIFY" if dialect_for(engine).notifies
+    how = ("LISTEN/NOTIFY" if backend_for(engine).notifies
            else f"-wal watch (Linux), backstop poll every {DEFAULT_POLL_INTERVAL * 1000:.0f} ms")
     engine.dispose()
     return Result("follow() wake-up, appender in another process: commit returned -> follower has the event", 1, n,

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import ACTOR, GATEWAY, KIND, PAYLOAD, Context, raise_limits, render
+from bench.common import ACTOR, GATEWAY, KIND, PAYLOAD, Context, Setup, raise_limits, render
 
 # --- helpers -----------------------------------------------------------------------------------------------------
 
@@ -260,7 +260,7 @@ def _sizes(maximum: int) -> list[int]:
 
 
 def run_scale(ctx: Context, *, max_events: int, out: Any = sys.stdout) -> int:
-    from bench import run as run_module
+    from bench.registry import run as run_workload
 
     quick = ctx.quick
     where = "PostgreSQL (fsync=on, synchronous_commit=on)" if ctx.postgres else \
@@ -286,8 +286,8 @@ def run_scale(ctx: Context, *, max_events: int, out: Any = sys.stdout) -> int:
     out.write("Replay by payload size (read_events pages of up to 500 events / 2 MB, best of 3):\n\n" + render([
         ("payload", "events", "MB stored", "pages", "MB/s", "events/s"), *rows]) + "\n")
     out.flush()
-    setup = run_module.Setup(url=ctx.url, folder=ctx.folder, synchronous=ctx.synchronous, quick=quick)
-    follow = run_module.run("follow-latency", setup)
+    setup = Setup(url=ctx.url, folder=ctx.folder, synchronous=ctx.synchronous, quick=quick)
+    follow = run_workload("follow-latency", setup)
     idle = _in_process(idle_follow_cpu, ctx, 2.0 if quick else 5.0)
     out.write(f"follow(): wake-up p50 {follow.percentile(0.5) * 1000:.2f} ms, p99 "
               f"{follow.percentile(0.99) * 1000:.2f} ms over {follow.operations} appends 20 ms apart "

@@ -9,7 +9,7 @@ the variants in turn, one by one, so that drift in the disk's and the machine's 
 falls on all of them alike; each round gives each variant's median latency (wall clock, and CPU time of the
 thread), and its ratio to ``off``:
 
-- ``off``: the service without its span wrapper (``__wrapped__``) and the telemetry module told the API is
+- ``off``: the service without its span wrapper (``__wrapped__``) and the telemetry providers told the API is
   absent (its in-service counters return at once): hostedrooms as it was before the instrumentation;
 - ``api, no SDK``: the shipped path with the OpenTelemetry API installed and no provider configured;
 - ``SDK`` (informational, when opentelemetry-sdk is installed): a TracerProvider and a MeterProvider with no
@@ -35,16 +35,17 @@ from bench.common import ACTOR, GATEWAY, PAYLOAD
 
 
 def _variants(append: Callable[..., Any]) -> list[tuple[str, Callable[..., Any], Callable[[], None]]]:
-    """(name, the append to call, what switches the telemetry module to it): switching costs two assignments."""
+    """(name, the append to call, what switches the telemetry providers to it): switching costs two assignments."""
     from hostedrooms import telemetry
+    from hostedrooms.telemetry import providers
 
-    real_api = telemetry._load_api()
+    real_api = providers._load_api()
 
     def off() -> None:
-        telemetry._override, telemetry._api = None, False
+        providers._override, providers._api = None, False
 
     def api_only() -> None:
-        telemetry._override, telemetry._api = None, real_api
+        providers._override, providers._api = None, real_api
 
     variants = [("off", append.__wrapped__, off), ("api, no SDK", append, api_only)]
     try:
@@ -53,10 +54,10 @@ def _variants(append: Callable[..., Any]) -> list[tuple[str, Callable[..., Any],
     except ImportError:
         return variants
     telemetry.configure(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
-    signals, _ = telemetry._override, telemetry.configure()
+    signals, _ = providers._override, telemetry.configure()
 
     def sdk() -> None:
-        telemetry._override, telemetry._api = signals, real_api
+        providers._override, providers._api = signals, real_api
 
     return [*variants, ("SDK (informational)", append, sdk)]
 
@@ -85,8 +86,9 @@ def _wrapper_cost(calls: int = 200_000) -> tuple[float, float]:
 
 def run_overhead(*, synchronous: str, rounds: int, per_round: int) -> int:
     from hostedrooms import create_engine, migrate, rooms, telemetry
+    from hostedrooms.telemetry import providers
 
-    if telemetry._load_api() is False:
+    if providers._load_api() is False:
         print("the OpenTelemetry API is not installed: pip install 'hostedrooms[otel]'", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="hostedrooms-otel-") as folder:
@@ -124,7 +126,7 @@ def run_overhead(*, synchronous: str, rounds: int, per_round: int) -> int:
                 wall[name].append(statistics.median(seconds_list))
                 cpu[name].append(statistics.median(cpu_list))
         telemetry.configure()
-        telemetry._api = None
+        providers._api = None
         engine.dispose()
     print(f"# telemetry overhead, {time.strftime('%Y-%m-%d')}, sqlite, synchronous={synchronous}, batch size 1, "
           f"{rounds} rounds x {per_round} appends per variant (alternating one by one), {os.cpu_count()} cores")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__ as __version__
 from .db import create_engine
 from .errors import (
     AuthorityConflictError,
@@ -47,7 +48,6 @@ from .uow import UnitOfWork
 if TYPE_CHECKING:
     from .integrity import Violation, verify
 
-__version__ = "0.1.0"
 # The library logs, and prints nothing unless the application routes its records (hostedrooms.logs).
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

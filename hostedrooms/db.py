@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -25,19 +24,16 @@ from urllib.parse import unquote
 
 from sqlalchemy import URL, Engine, make_url
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine.base import OptionEngine
 
-from .dialect import (
+from .backends import (
     POOLERS,
-    Pooler,
-    StoreDialect,
+    Backend,
+    backend_for_url,
+    backend_named,
     check_schema_name,
-    dialect_for_url,
-    dialect_named,
-    pooler_of,
     sa_create_engine,
-    use_pooler,
 )
+from .engine_profile import EngineProfile, Pooler, install, profile_of
 from .errors import (
     HostedRoomError,
     InvalidInputError,
@@ -55,9 +51,6 @@ DEFAULT_BUSY_TIMEOUT = 10.0
 MAX_BUSY_TIMEOUT = 86_400.0
 SYNCHRONOUS_MODES = frozenset({"FULL", "EXTRA", "NORMAL"})
 
-_configured: weakref.WeakSet[Engine] = weakref.WeakSet()
-#: The ``schema=`` of each engine built or adopted with one.
-_schemas: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
 _E = TypeVar("_E")
 
 
@@ -89,12 +82,12 @@ def resolve_url(target: str | os.PathLike[str] | URL) -> URL:
         return URL.create("sqlite", database=str(Path(text).expanduser().resolve()))
     else:
         url = parse_url(str(target))
-    dialect = dialect_named(url.get_backend_name())
-    if dialect is None:
+    backend = backend_named(url.get_backend_name())
+    if backend is None:
         raise HostedRoomError(
             f"unsupported database dialect {url.get_backend_name()!r} in {describe_target(url)}; "
             "use sqlite or postgresql")
-    return _own_driver(dialect, dialect.normalise_url(url))
+    return _own_driver(backend, backend.normalise_url(url))
 
 
 #: libpq's connection keywords (a keyword DSN names at least one of them).
@@ -186,15 +179,15 @@ def parse_url(text: str) -> URL:
     return url.set(username=unquote(user) or None, password=unquote(password) if has_password else None)
 
 
-def _own_driver(dialect: StoreDialect, url: URL) -> URL:
+def _own_driver(backend: Backend, url: URL) -> URL:
     """``url`` if it names hostedrooms' driver for its backend or the asyncio one (psycopg; pysqlite, aiosqlite);
     any other driver is refused, never swapped silently (``postgresql+asyncpg://`` ran on psycopg)."""
-    own = dialect.normalise_url(url.set(drivername=url.get_backend_name()))
-    if url.get_driver_name() in (own.get_driver_name(), dialect.async_driver):
+    own = backend.normalise_url(url.set(drivername=url.get_backend_name()))
+    if url.get_driver_name() in (own.get_driver_name(), backend.async_driver):
         return url
     raise StoreConfigurationError(
         f"hosted room store {describe_target(url)} names the driver {url.get_driver_name()!r}, which hostedrooms "
-        f"does not use: give {describe_target(own)} (hostedrooms.aio runs it with {dialect.async_driver})")
+        f"does not use: give {describe_target(own)} (hostedrooms.aio runs it with {backend.async_driver})")
 
 
 def create_engine(
@@ -247,7 +240,7 @@ def create_engine(
                             listen_url=listen_url, **engine_kwargs)
 
 
-def check_pooler(dialect: StoreDialect, url: URL, schema: str | None, pooler: object,
+def check_pooler(backend: Backend, url: URL, schema: str | None, pooler: object,
                  listen_url: object) -> Pooler | None:
     """What ``pooler=`` and ``listen_url=`` ask for (None: neither given); a StoreConfigurationError for a value
     hostedrooms does not offer, a backend without poolers, or ``schema=`` under transaction pooling."""
@@ -256,9 +249,9 @@ def check_pooler(dialect: StoreDialect, url: URL, schema: str | None, pooler: ob
     if pooler not in POOLERS:
         raise StoreConfigurationError(
             f"pooler must be None, 'session' or 'transaction'; got {pooler!r}")
-    if not dialect.has_poolers:
+    if not backend.has_poolers:
         raise StoreConfigurationError(
-            f"pooler= and listen_url= apply to PostgreSQL; {describe_target(url)} is a {dialect.name} database")
+            f"pooler= and listen_url= apply to PostgreSQL; {describe_target(url)} is a {backend.name} database")
     if pooler == "transaction" and schema is not None:
         raise StoreConfigurationError(
             f"schema={schema!r} cannot be kept through a transaction pooler (a search_path is session state, and "
@@ -271,24 +264,25 @@ def check_pooler(dialect: StoreDialect, url: URL, schema: str | None, pooler: ob
         listen = resolve_url(listen_url)
         if listen.get_backend_name() != url.get_backend_name():
             raise StoreConfigurationError(
-                f"listen_url {describe_target(listen)} must name the same {dialect.name} database as "
+                f"listen_url {describe_target(listen)} must name the same {backend.name} database as "
                 f"{describe_target(url)}, directly")
-        listen = dialect.normalise_url(listen.set(drivername=listen.get_backend_name()))  # the waiter is synchronous
+        listen = backend.normalise_url(listen.set(drivername=listen.get_backend_name()))  # the waiter is synchronous
     return Pooler(pooler if isinstance(pooler, str) else None, listen)
 
 
-def check_schema(dialect: StoreDialect, schema: object, url: URL) -> None:
+def check_schema(backend: Backend, schema: object, url: URL) -> None:
     """Refuse ``schema=`` where the backend has no schemas, or a name hostedrooms does not accept."""
-    if not dialect.has_schemas:
+    if not backend.has_schemas:
         raise StoreConfigurationError(
             f"schema={schema!r} needs a database server with schemas (PostgreSQL); {describe_target(url)} is a "
-            f"{dialect.name} database, which has none")
+            f"{backend.name} database, which has none")
     check_schema_name(schema)
 
 
 def engine_schema(engine: Engine) -> str | None:
     """The ``schema=`` an engine was built (or adopted) with, or None."""
-    return _schemas.get(engine)
+    profile = profile_of(engine)
+    return None if profile is None else profile.schema
 
 
 def refuse_translate_map(engine: Engine) -> None:
@@ -327,53 +321,18 @@ def build_configured(
     """``factory(url, ...)`` (SQLAlchemy's ``create_engine`` or ``create_async_engine``) with the backend's
     defaults, its connection hooks and secrets kept out of logs; installed on the synchronous Engine (an
     AsyncEngine's ``sync_engine``), where SQLAlchemy runs them for both."""
-    dialect = dialect_for_url(url)
+    backend = backend_for_url(url)
     if schema is not None:
-        check_schema(dialect, schema, url)
-    pooled = check_pooler(dialect, url, schema, pooler, listen_url)
+        check_schema(backend, schema, url)
+    pooled = check_pooler(backend, url, schema, pooler, listen_url)
     try:
-        built = dialect.build_with(factory, url, create=create, **engine_kwargs)
+        built = backend.build_with(factory, url, create=create, **engine_kwargs)
     except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ImportError) as exc:
         raise HostedRoomError(f"cannot use database {describe_target(url)}: {exc}") from exc
     engine = cast(Engine, getattr(built, "sync_engine", built))
     refuse_translate_map(engine)
-    if pooled is not None:
-        use_pooler(engine, pooled)
-    if schema is not None:  # before the other hooks: they see the schema's search_path
-        dialect.use_schema(engine, schema)
-        _schemas[engine] = schema
-    dialect.configure_engine(engine, synchronous=synchronous, busy_timeout=busy_timeout)
-    _keep_secrets_out_of_logs(engine)
-    _configured.add(engine)
+    install(engine, EngineProfile(backend, synchronous, busy_timeout, schema, pooled))
     return built
-
-
-def _never() -> bool:
-    return False
-
-
-class _RowQuietOptionEngine(OptionEngine):
-    """What ``execution_options()`` derives from an engine of ours: it never logs rows either."""
-
-    def _should_log_debug(self) -> bool:
-        return False
-
-
-_RowQuietOptionEngine._option_cls = _RowQuietOptionEngine
-
-
-def _keep_secrets_out_of_logs(engine: Engine) -> None:
-    """Rows and bound parameters of ``engine`` never reach a log or an error message, at any level.
-
-    Rows carry chat messages, lease tokens, grants and peer message bodies; SQLAlchemy logs every fetched row
-    when its engine logger is at DEBUG (``echo="debug"``, or the ``sqlalchemy.engine`` logger at DEBUG). It asks
-    the engine once per result whether to (``_should_log_debug``): answering no here costs nothing per
-    statement, and engines derived with ``execution_options()`` answer no too. Statements themselves are still
-    logged at INFO, with their parameters hidden.
-    """
-    engine.hide_parameters = True
-    engine._should_log_debug = _never  # type: ignore[method-assign]
-    engine._option_cls = _RowQuietOptionEngine
 
 
 def _adopt_engine(engine: Engine, *, synchronous: str, busy_timeout: float, schema: str | None = None,
@@ -390,37 +349,32 @@ def configure_adopted(engine: Engine, *, synchronous: str, busy_timeout: float, 
     """Install our connection hooks on a caller's Engine (an AsyncEngine's ``sync_engine``) unless it has them;
     whether it had to (the caller then disposes the pool: its connections predate the hooks). ``schema``: as
     for :func:`create_engine`; an engine already configured must have been given the same one."""
-    dialect = dialect_named(engine.dialect.name)
-    if dialect is None:
+    backend = backend_named(engine.dialect.name)
+    if backend is None:
         raise HostedRoomError(
             f"unsupported database dialect {engine.dialect.name!r} in {describe_target(engine.url)}")
     refuse_translate_map(engine)
-    pooled = check_pooler(dialect, engine.url, schema if schema is not None else _schemas.get(engine), pooler,
-                          listen_url)
-    if engine in _configured:
-        if schema is not None and _schemas.get(engine) != schema:
+    profile = profile_of(engine)
+    built_schema = None if profile is None else profile.schema
+    pooled = check_pooler(backend, engine.url, schema if schema is not None else built_schema, pooler, listen_url)
+    if profile is not None:
+        if schema is not None and built_schema != schema:
             raise StoreConfigurationError(
-                f"this engine of {describe_target(engine.url)} was built with schema={_schemas.get(engine)!r}; "
+                f"this engine of {describe_target(engine.url)} was built with schema={built_schema!r}; "
                 f"build another one for schema={schema!r}")
-        if pooled is not None and pooler_of(engine) != pooled:
+        if pooled is not None and profile.pooler != pooled:
             raise StoreConfigurationError(
                 f"this engine of {describe_target(engine.url)} was built with another pooler= or listen_url=; "
                 "build another one")
         return False
-    if pooled is not None:
-        use_pooler(engine, pooled)
     if schema is not None:
-        check_schema(dialect, schema, engine.url)
-        dialect.use_schema(engine, schema)
-        _schemas[engine] = schema
-    dialect.configure_engine(engine, synchronous=synchronous, busy_timeout=busy_timeout)
-    _keep_secrets_out_of_logs(engine)
-    _configured.add(engine)
+        check_schema(backend, schema, engine.url)
+    install(engine, EngineProfile(backend, synchronous, busy_timeout, schema, pooled))
     return True
 
 
 def sqlite_path(engine: Engine) -> Path | None:
     """The file behind a SQLite engine, or None (PostgreSQL, in-memory)."""
     reject_async(engine)
-    dialect = dialect_named(engine.dialect.name)
-    return None if dialect is None else dialect.file_path(engine.url)
+    backend = backend_named(engine.dialect.name)
+    return None if backend is None else backend.file_path(engine.url)

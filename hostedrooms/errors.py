@@ -289,7 +289,6 @@ _PG_TRANSIENT = frozenset({
     "57P05",  # idle_session_timeout
 })
 _PG_AUTHENTICATION_CLASSES = frozenset({"28"})  # invalid authorization specification / password
-_PG_MISSING = frozenset({"3D000"})  # invalid_catalog_name: no such database
 _PG_SCHEMA = frozenset({"42P01", "42703", "3F000"})  # undefined table / column, invalid schema name
 _PG_CONFIGURATION = frozenset({"42501"})  # insufficient_privilege
 _PG_READ_ONLY = frozenset({"25006"})  # read_only_sql_transaction (a hot standby: writes, LISTEN)
@@ -311,6 +310,26 @@ _SCHEMA_TEXT = ("no such table", "no such column")
 # though the pooler reports it as a protocol violation (class 08, otherwise transient).
 _POOLER_CONFIGURATION_TEXT = ("unsupported startup parameter",)
 _READ_ONLY_TEXT = ("during recovery", "read-only transaction")
+
+
+# --- the missing database: the one rule, for translate() and for probes (Backend.is_missing_store) -------------
+
+#: PostgreSQL's SQLSTATE invalid_catalog_name: the database itself does not exist.
+_MISSING_DATABASE_SQLSTATE = "3D000"
+
+
+def _says_database_missing(text: str) -> bool:
+    """libpq reports a missing database at connect time as text only (no SQLSTATE): 'database "x" does not
+    exist'."""
+    return "database" in text and "does not exist" in text
+
+
+def is_missing_database(exc: BaseException) -> bool:
+    """Whether a driver error (or SQLAlchemy's wrapper of one) says the database itself does not exist."""
+    original = getattr(exc, "orig", None) or exc
+    if getattr(original, "sqlstate", None) == _MISSING_DATABASE_SQLSTATE:
+        return True
+    return _says_database_missing(str(original))
 
 
 def _classify(exc: sa_exc.SQLAlchemyError) -> type[StorageError] | None:
@@ -336,7 +355,7 @@ def _classify_sqlstate(sqlstate: str) -> type[StorageError] | None:
         return StoreUnavailableError
     if sqlclass in _PG_AUTHENTICATION_CLASSES:
         return StoreAuthenticationError
-    if sqlstate in _PG_MISSING:
+    if sqlstate == _MISSING_DATABASE_SQLSTATE:
         return StoreMissingError
     if sqlstate in _PG_SCHEMA:
         return SchemaMissingError
@@ -363,7 +382,7 @@ def _classify_text(text: str) -> type[StorageError] | None:
         return StoreReadOnlyError
     if any(marker in text for marker in _AUTHENTICATION_TEXT) or ("role" in text and "does not exist" in text):
         return StoreAuthenticationError
-    if "database" in text and "does not exist" in text:
+    if _says_database_missing(text):
         return StoreMissingError
     if any(marker in text for marker in _HOST_TEXT) and any(marker in text for marker in _HOST_PERMANENT_TEXT):
         return StoreHostNotFoundError

@@ -24,27 +24,14 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
 
+from .backends import Backend, backend_for
 from .db import Target, create_engine
-from .dialect import StoreDialect, dialect_for
 from .errors import HostedRoomError, InvalidInputError
 from .limits import Limits, in_force
-from .models import (
-    DELIVERY_STATES,
-    budget,
-    deliveries,
-    events,
-    outbound_intents,
-    replica_events,
-    replicas,
-    retired_ids,
-    rooms,
-)
+from .queries import integrity as reads
 from .rooms import RoomTransaction, event_page_checker, run_room_write, validate_event_id, validate_room_id
 from .uow import UnitOfWork
 from .validation import json_depth_within, max_json_depth
-
-#: Rows fetched at a time by the streamed scans.
-_SCAN_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -59,111 +46,64 @@ class Violation:
         return f"{self.check}: {self.subject}: {self.detail}"
 
 
-Check = Callable[[Connection, StoreDialect], Iterable[Violation]]
+Check = Callable[[Connection, Backend], Iterable[Violation]]
 
 
-def _event_stats(table: sa.Table) -> sa.Subquery:
-    return (sa.select(table.c.room_id, sa.func.count().label("n"), sa.func.min(table.c.seq).label("lo"),
-                      sa.func.max(table.c.seq).label("hi"))
-            .group_by(table.c.room_id).subquery())
-
-
-def check_room_seqs(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_room_seqs(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """Every room's seqs run 1..next_seq-1 with no gap and no extra."""
-    stats = _event_stats(events)
-    count = sa.func.coalesce(stats.c.n, 0)
-    query = (sa.select(rooms.c.room_id, rooms.c.next_seq, count, stats.c.lo, stats.c.hi)
-             .select_from(rooms.outerjoin(stats, stats.c.room_id == rooms.c.room_id))
-             .where(sa.or_(count != rooms.c.next_seq - 1,
-                           sa.and_(count > 0, sa.or_(stats.c.lo != 1, stats.c.hi != rooms.c.next_seq - 1))))
-             .order_by(rooms.c.room_id))
-    for room_id, next_seq, n, lo, hi in connection.execute(query):
+    for room_id, next_seq, n, lo, hi in reads.room_seq_mismatches(connection):
         yield Violation("room_seqs", room_id,
                         f"{n} events with seqs {lo}..{hi}, expected 1..{next_seq - 1} contiguous")
 
 
-def check_orphan_events(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_orphan_events(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """No event belongs to a room that does not exist."""
-    query = (sa.select(events.c.room_id, sa.func.count()).where(
-        ~sa.exists().where(rooms.c.room_id == events.c.room_id)).group_by(events.c.room_id))
-    for room_id, n in connection.execute(query):
+    for room_id, n in reads.orphan_events(connection):
         yield Violation("orphan_events", room_id, f"{n} events without a room")
 
 
-def check_event_bytes(connection: Connection, dialect: StoreDialect) -> Iterator[Violation]:
+def check_event_bytes(connection: Connection, backend: Backend) -> Iterator[Violation]:
     """Each room's ``event_bytes`` equals the UTF-8 bytes of its events' id, kind, actor and payload."""
-    size = sum((dialect.byte_length(column) for column in
-                (events.c.event_id, events.c.kind, events.c.actor_json, events.c.payload_json)),
-               start=sa.literal(0))
-    sums = sa.select(events.c.room_id, sa.func.sum(size).label("total")).group_by(events.c.room_id).subquery()
-    total = sa.func.coalesce(sums.c.total, 0)
-    query = (sa.select(rooms.c.room_id, rooms.c.event_bytes, total)
-             .select_from(rooms.outerjoin(sums, sums.c.room_id == rooms.c.room_id))
-             .where(rooms.c.event_bytes != total).order_by(rooms.c.room_id))
-    for room_id, stored, actual in connection.execute(query):
+    for room_id, stored, actual in reads.event_bytes_mismatches(connection, backend):
         yield Violation("event_bytes", room_id, f"event_bytes is {stored}, events hold {actual} bytes")
 
 
-def check_event_ids_unique(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_event_ids_unique(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """An event id names at most one event per room."""
-    query = (sa.select(events.c.room_id, events.c.event_id, sa.func.count())
-             .group_by(events.c.room_id, events.c.event_id).having(sa.func.count() > 1))
-    for room_id, event_id, n in connection.execute(query):
+    for room_id, event_id, n in reads.duplicate_event_ids(connection):
         yield Violation("event_ids_unique", room_id, f"event_id {event_id!r} stored {n} times")
 
 
-def check_event_epochs(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_event_epochs(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """No event carries an epoch above its room's current authority epoch."""
-    query = (sa.select(events.c.room_id, events.c.seq, events.c.authority_epoch, rooms.c.authority_epoch)
-             .join(rooms, rooms.c.room_id == events.c.room_id)
-             .where(events.c.authority_epoch > rooms.c.authority_epoch).order_by(events.c.room_id, events.c.seq))
-    for room_id, seq, event_epoch, room_epoch in connection.execute(query):
+    for room_id, seq, event_epoch, room_epoch in reads.events_above_room_epoch(connection):
         yield Violation("event_epochs", room_id, f"seq {seq} at epoch {event_epoch} above the room's {room_epoch}")
 
 
-def check_disbanded_retired(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_disbanded_retired(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """Every disbanded room's id is permanently retired."""
-    query = (sa.select(rooms.c.room_id).where(
-        rooms.c.disbanded_at.is_not(None), ~sa.exists().where(retired_ids.c.room_id == rooms.c.room_id)))
-    for (room_id,) in connection.execute(query):
+    for (room_id,) in reads.disbanded_rooms_not_retired(connection):
         yield Violation("disbanded_retired", room_id, "disbanded room's id is not retired")
 
 
-def check_replica_logs(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_replica_logs(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """A replica holds exactly seqs 1..last_seq, and never claims more than the authority's latest_seq."""
-    stats = _event_stats(replica_events)
-    count = sa.func.coalesce(stats.c.n, 0)
-    query = (sa.select(replicas.c.room_id, replicas.c.last_seq, replicas.c.latest_seq, count, stats.c.lo,
-                       stats.c.hi)
-             .select_from(replicas.outerjoin(stats, stats.c.room_id == replicas.c.room_id))
-             .where(sa.or_(count != replicas.c.last_seq, replicas.c.latest_seq < replicas.c.last_seq,
-                           sa.and_(count > 0, sa.or_(stats.c.lo != 1, stats.c.hi != replicas.c.last_seq))))
-             .order_by(replicas.c.room_id))
-    for room_id, last_seq, latest_seq, n, lo, hi in connection.execute(query):
+    for room_id, last_seq, latest_seq, n, lo, hi in reads.replica_log_mismatches(connection):
         yield Violation("replica_log", room_id,
                         f"last_seq {last_seq} (latest_seq {latest_seq}) but {n} events with seqs {lo}..{hi}")
-    orphans = (sa.select(replica_events.c.room_id, sa.func.count())
-               .where(~sa.exists().where(replicas.c.room_id == replica_events.c.room_id))
-               .group_by(replica_events.c.room_id))
-    for room_id, n in connection.execute(orphans):
+    for room_id, n in reads.orphan_replica_events(connection):
         yield Violation("replica_log", room_id, f"{n} replica events without a replica")
 
 
-def _scan(connection: Connection, query: sa.Select[Any]) -> Iterator[sa.RowMapping]:
-    """The rows of ``query``, streamed (a server-side cursor where the driver has one)."""
-    result = connection.execution_options(stream_results=True, yield_per=_SCAN_BATCH).execute(query)
-    yield from result.mappings()
-
-
-def check_readable_events(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_readable_events(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """Every event of a room log or a replica log could be returned by a replay page and ingested by a replica:
     its id and kind pass the append rules, its actor and payload decode within MAX_JSON_DEPTH, and it fits a
     page alone (see :func:`hostedrooms.rooms.event_page_checker`). A readable event's actor and payload texts are
     also canonical JSON (``canonical_events``, ``canonical_replica_events``; one scan for both checks)."""
     problem_of = event_page_checker()
-    for table, name in ((events, "readable_events"), (replica_events, "readable_replica_events")):
+    for replica, name in ((False, "readable_events"), (True, "readable_replica_events")):
         canonical = name.replace("readable", "canonical")
-        for row in _scan(connection, sa.select(table).order_by(table.c.room_id, table.c.seq)):
+        for row in reads.scan_events(connection, replica=replica):
             problem = problem_of(row)
             if problem is not None:
                 yield Violation(name, row["room_id"], f"seq {row['seq']}: {problem}")
@@ -200,51 +140,38 @@ def _readable_json(text: Any, depth: int) -> bool:
     return True
 
 
-def check_ledger_json(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_ledger_json(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """Every unfinished delivery's body and pending outbound intent's snapshot decodes within MAX_JSON_DEPTH: the
     ledger's queues skip rows that do not (finished rows are in no queue; the reference's own legacy repair fails
     undecodable intents), so they would otherwise wait unnoticed until they expire."""
     depth = max_json_depth()
-    query = (sa.select(deliveries.c.envelope_id, deliveries.c.body_json)
-             .where(deliveries.c.state.not_in(("completed", "failed"))).order_by(deliveries.c.envelope_id))
-    for row in _scan(connection, query):
+    for row in reads.scan_unfinished_delivery_bodies(connection):
         if not _readable_json(row["body_json"], depth):
             yield Violation("ledger_json", row["envelope_id"], f"delivery body is not JSON within {depth} levels")
-    query = (sa.select(outbound_intents.c.request_id, outbound_intents.c.snapshot_json)
-             .where(outbound_intents.c.state == "pending").order_by(outbound_intents.c.request_id))
-    for row in _scan(connection, query):
+    for row in reads.scan_pending_outbound_snapshots(connection):
         if not _readable_json(row["snapshot_json"], depth):
             yield Violation("ledger_json", row["request_id"], f"outbound snapshot is not JSON within {depth} levels")
 
 
-def check_delivery_owners(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_delivery_owners(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """A queued id and a run id each own at most one delivery."""
-    for column in (deliveries.c.queued_id, deliveries.c.run_id):
-        query = (sa.select(column, sa.func.count()).where(column.is_not(None))
-                 .group_by(column).having(sa.func.count() > 1))
-        for owner, n in connection.execute(query):
-            yield Violation("delivery_owners", str(owner), f"{column.name} owns {n} deliveries")
+    for column, owner, n in reads.delivery_owner_counts(connection):
+        yield Violation("delivery_owners", str(owner), f"{column} owns {n} deliveries")
 
 
-def check_delivery_states(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_delivery_states(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """Deliveries are in a known state, and a committed response names the request it answered."""
-    unknown = sa.select(deliveries.c.envelope_id, deliveries.c.state).where(
-        deliveries.c.state.not_in(DELIVERY_STATES))
-    for envelope_id, state in connection.execute(unknown):
+    for envelope_id, state in reads.unknown_delivery_states(connection):
         yield Violation("delivery_states", envelope_id, f"unknown state {state!r}")
-    committed = sa.select(deliveries.c.envelope_id).where(
-        deliveries.c.response_committed == 1, deliveries.c.response_request_id.is_(None))
-    for (envelope_id,) in connection.execute(committed):
+    for (envelope_id,) in reads.committed_responses_without_request(connection):
         yield Violation("delivery_states", envelope_id, "response committed without a request id")
 
 
-def check_budget(connection: Connection, _dialect: StoreDialect) -> Iterator[Violation]:
+def check_budget(connection: Connection, _backend: Backend) -> Iterator[Violation]:
     """The gateway byte budget's shards account for exactly every room's ``event_bytes`` (live and disbanded),
     and their allowances promise no more than the limit they were spread for (or the total, when above it)."""
-    used, allowance, limit = connection.execute(sa.select(
-        sa.func.coalesce(sa.func.sum(budget.c.used), 0), sa.func.coalesce(sa.func.sum(budget.c.allowance), 0),
-        sa.func.coalesce(sa.func.max(budget.c.spread_limit), 0))).one()
-    total = connection.execute(sa.select(sa.func.coalesce(sa.func.sum(rooms.c.event_bytes), 0))).scalar_one()
+    used, allowance, limit = reads.budget_totals(connection)
+    total = reads.room_bytes_total(connection)
     if int(used) != int(total):
         yield Violation("budget", "gateway", f"budget shards account for {used} bytes, rooms hold {total}")
     if int(allowance) > max(int(limit), int(used)):
@@ -252,9 +179,9 @@ def check_budget(connection: Connection, _dialect: StoreDialect) -> Iterator[Vio
                         f"budget allowances total {allowance} bytes, above the {limit} they were spread for")
 
 
-def check_storage(connection: Connection, dialect: StoreDialect) -> Iterator[Violation]:
+def check_storage(connection: Connection, backend: Backend) -> Iterator[Violation]:
     """The database engine's own integrity check (SQLite ``PRAGMA integrity_check``)."""
-    for problem in dialect.integrity_problems(connection):
+    for problem in backend.integrity_problems(connection):
         yield Violation("storage", "database", problem)
 
 
@@ -313,13 +240,7 @@ class ExpectedHead:
 def check_expected_head(connection: Connection, head: ExpectedHead) -> Iterator[Violation]:
     """The event ``head`` names is in the store (its rooms, else its replicas), the same event."""
     subject = f"{head.room_id} seq {head.seq}"
-    row = None
-    for table in (events, replica_events):
-        row = connection.execute(sa.select(table.c.event_id, table.c.kind, table.c.actor_json,
-                                           table.c.authority_epoch, table.c.payload_json).where(
-            table.c.room_id == head.room_id, table.c.seq == head.seq)).first()
-        if row is not None:
-            break
+    row = reads.event_at(connection, head.room_id, head.seq)
     if row is None:
         yield Violation("expected_head", subject, f"event {head.event_id!r} is gone: the store holds no such seq "
                         "(a failover onto a standby that lacked it?)")
@@ -362,12 +283,12 @@ def verify(target: Target, *, progress: Callable[[str], Any] | None = None,
     engine = create_engine(target, create=False)
     try:
         with UnitOfWork(engine, write=False) as uow:
-            dialect = dialect_for(uow.connection)
+            backend = backend_for(uow.connection)
             found: list[Violation] = []
             for check in CHECKS:
                 if progress is not None:
                     progress(check.__name__.removeprefix("check_"))
-                found.extend(check(uow.connection, dialect))
+                found.extend(check(uow.connection, backend))
             if heads and progress is not None:
                 progress("expected_heads")
             for head in heads:
@@ -397,14 +318,6 @@ class BudgetRepair:
         return bool(self.problems)
 
 
-def _allowances(connection: Connection) -> tuple[int, int, int]:
-    """The shards: how many, their ``used`` sum and their ``allowance`` sum."""
-    count, used, allowance = connection.execute(sa.select(
-        sa.func.count(), sa.func.coalesce(sa.func.sum(budget.c.used), 0),
-        sa.func.coalesce(sa.func.sum(budget.c.allowance), 0))).one()
-    return int(count), int(used), int(allowance)
-
-
 def repair_budget(target: Target, *, limits: Limits | None = None) -> BudgetRepair:
     """Re-derive the gateway budget's shards from the rooms when ``check_budget`` finds them wrong (a shard edited
     by hand, a bug); a clean budget is left as it is.
@@ -421,18 +334,18 @@ def repair_budget(target: Target, *, limits: Limits | None = None) -> BudgetRepa
     def repair(tx: RoomTransaction) -> BudgetRepair:
         connection, store = tx.uow.connection, tx.store
         # Read before the lock only to tell a missing shard, which locking restores (and settles: a change too).
-        shards, used, allowance = _allowances(connection)
+        shards, used, allowance = reads.budget_shards(connection)
         store.lock_budget(connection, limit)
-        problems = tuple(check_budget(connection, tx.uow.dialect))
+        problems = tuple(check_budget(connection, tx.uow.backend))
         if shards < store.budget_shards:
             problems = (*problems,
                         Violation("budget", "gateway", f"{store.budget_shards - shards} budget shard(s) missing"))
         else:  # every shard held: the shards as they are
-            _, used, allowance = _allowances(connection)
+            _, used, allowance = reads.budget_shards(connection)
         rooms_bytes = store.gateway_bytes(connection)
         if problems:
             store.settle_budget(connection, rooms_bytes, limit)
-        return BudgetRepair(problems, used, rooms_bytes, allowance, _allowances(connection)[2], limit)
+        return BudgetRepair(problems, used, rooms_bytes, allowance, reads.budget_shards(connection)[2], limit)
 
     try:
         return run_room_write(engine, limits, repair, exclusive=True)

@@ -4,7 +4,7 @@ PostgreSQL's streaming replication copies a primary's history to a standby; prom
 timeline. With asynchronous replication the promoted standby may lack commits the old primary acknowledged,
 and its next appends then reuse their seqs for other events: the log stays contiguous and ``verify`` clean, but a
 reader that had read the lost events would silently read different ones at the same seqs. Every store
-therefore has a lineage (:meth:`hostedrooms.dialect.StoreDialect.lineage`): ``postgresql:SYSTEM_ID:TIMELINE``
+therefore has a lineage (:meth:`hostedrooms.backends.Backend.lineage`): ``postgresql:SYSTEM_ID:TIMELINE``
 on PostgreSQL (it changes with every promotion and point-in-time restore), the constant ``sqlite`` on SQLite (a
 file is never promoted). ``read_events`` pages carry it (``lineage``), and so do ``follow()``'s cursor, the
 standby :class:`~hostedrooms.standby.Replicator`'s state and the HTTP page source.

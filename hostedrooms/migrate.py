@@ -29,8 +29,8 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
 from . import writelock
+from .backends import backend_for, creating_schemas
 from .db import DATABASE_URL_ENV, Target, create_engine, engine_schema, resolve_url
-from .dialect import creating_schemas, dialect_for
 from .errors import (
     HostedRoomError,
     InvalidInputError,
@@ -382,7 +382,7 @@ def _configure(context: EnvironmentContext, connection: Connection) -> None:
         version_table=VERSION_TABLE,
         include_name=include_name,
         include_object=_created_on(connection.dialect.name),
-        render_as_batch=dialect_for(connection).render_as_batch,
+        render_as_batch=backend_for(connection).render_as_batch,
         # SQLite DDL is transactional once we control BEGIN; one transaction makes a failed upgrade a no-op.
         transactional_ddl=True,
         transaction_per_migration=False,
@@ -398,9 +398,9 @@ def _run_on(context: EnvironmentContext, connection: Connection) -> None:
     turn = None if connection.in_transaction() else writelock.take(connection.engine)
     try:
         with context.begin_transaction():
-            dialect = dialect_for(connection)
-            dialect.lock_migrations(connection)  # the namespace's own lock: other schemas migrate meanwhile
-            dialect.check_search_path(connection)  # tables and version table in current_schema() alone
+            backend = backend_for(connection)
+            backend.lock_migrations(connection)  # the namespace's own lock: other schemas migrate meanwhile
+            backend.check_search_path(connection)  # tables and version table in current_schema() alone
             context.run_migrations()
     finally:
         if turn is not None:

@@ -2,7 +2,9 @@
 
 Every public function takes an :class:`~sqlalchemy.Engine` first (the probes take any database target,
 because they must never go through anything that creates or migrates a store), then the reference
-implementation's keyword arguments, and returns the reference's shapes. Each call is one transaction.
+implementation's keyword arguments, and returns the reference's shapes. Each call is one transaction. The rules
+are here; the statements and the advisory keys that serialise them are the store's (:mod:`hostedrooms.store.peers`,
+reached as ``uow.peers``).
 
 Secrets: a room link carries a private ``grant``. No message raised here contains one, a failed link write
 never chains the driver error (its bound parameters would hold the grant), and on SQLite the database
@@ -14,15 +16,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from sqlalchemy import URL, ColumnElement, Engine, Select, delete, exists, func, inspect, select, update
+from sqlalchemy import URL, Engine
 from sqlalchemy import exc as sa_exc
 
 from . import models
+from .backends import Pooler, backend_for_url, pooler_of, use_pooler
 from .db import Target, engine_schema, resolve_url
-from .dialect import Pooler, dialect_for_url, pooler_of, use_pooler
 from .engines import EngineCache, EngineSource, resolve_engine
 from .errors import (
     AuthorityConflictError,
@@ -36,6 +38,7 @@ from .errors import (
 )
 from .limits import Limits, in_force
 from .records import RemoteRunIdentity, RemoteRunReceipt, RemoteRunRecord, RoomLinkRecord
+from .store.peers import LINK_COLUMNS, REMOTE_RUN_COLUMNS, PeerStore
 from .telemetry import no_engine, traced
 from .uow import UnitOfWork
 from .validation import INT64_MAX, clock, compact_json, identifier, storable_string, storable_text
@@ -65,29 +68,15 @@ __all__ = [
 ]
 
 
-#: The columns of a room link record, in the reference's order.
-LINK_COLUMNS = (
-    "room_id", "member_id", "target_url", "target_profile", "grant", "catalog_json", "cancellation_scope_id",
-    "trace_id", "transport_security", "status", "updated_at")
-_LINK_KEY = ("room_id", "member_id")
-
 #: The seven claim fields whose values identify one revocable grant scope.
 GRANT_SCOPE_FIELDS = (
     "room_id", "home_install_id", "authority_gateway_id", "authority_epoch", "member_id", "target_install_id",
     "target_profile")
 
 _RECEIPT_INT_COLUMNS = frozenset({"authority_epoch", "execution_generation"})
-#: The caller-supplied columns of a remote-run receipt: the 9-column identity, then the run it is bound to.
-REMOTE_RUN_COLUMNS = (*models.REMOTE_RUN_IDENTITY_COLUMNS, "run_id", "session_id")
 
 #: How long a probe may wait for a lock (or a statement) before it answers "unavailable".
 PROBE_TIMEOUT_SECONDS = 0.2
-
-# Advisory keys (PostgreSQL) that serialise the read-then-write units below, as BEGIN IMMEDIATE does on
-# SQLite: the link cap counts every stored link, and reservation rules read other rows of the table.
-_LINKS_LOCK = int.from_bytes(hashlib.sha256(b"hostedrooms:hosted_room_links").digest()[:8], "big", signed=True)
-_RESERVATIONS_LOCK = int.from_bytes(
-    hashlib.sha256(b"hostedrooms:hosted_room_peer_reservations").digest()[:8], "big", signed=True)
 
 
 def _resolve(engine: EngineSource) -> Engine:
@@ -265,7 +254,7 @@ def _secret_engine(engine: Engine) -> Engine:
 def _restrict_to_owner(uow: UnitOfWork) -> None:
     """Before a link write commits: the store's files become owner-only (SQLite), or the write fails."""
     try:
-        uow.dialect.restrict_to_owner(uow.connection)
+        uow.peers.restrict_to_owner()
     except OSError as exc:
         raise StorageError(f"cannot make the room store owner-only: {exc.strerror or exc}") from exc
 
@@ -276,12 +265,8 @@ def _restrict_to_owner(uow: UnitOfWork) -> None:
 @traced("list_room_link_records")
 def list_room_link_records(engine: EngineSource) -> list[RoomLinkRecord]:
     """Every private room link record (grant included) ordered by room and member; never logged."""
-    table = models.links
     with UnitOfWork(_secret_engine(_resolve(engine)), write=False) as uow:
-        bytewise = uow.dialect.bytewise
-        stmt = select(*(table.c[column] for column in LINK_COLUMNS)).order_by(
-            bytewise(table.c.room_id), bytewise(table.c.member_id))
-        rows = uow.connection.execute(stmt).mappings().all()
+        rows = uow.peers.links()
     return [cast(RoomLinkRecord, dict(row)) for row in rows]
 
 
@@ -305,16 +290,12 @@ def upsert_room_link_record(engine: EngineSource, *, record: RoomLinkRecord, max
 
 
 def _write_link(engine: EngineSource, values: dict[str, Any], cap: float) -> None:
-    table = models.links
     with UnitOfWork(_secret_engine(_resolve(engine))) as uow:
-        uow.dialect.serialize(uow.connection, _LINKS_LOCK)
-        key = [table.c[column] == values[column] for column in _LINK_KEY]
-        known = uow.connection.execute(select(exists().where(*key))).scalar_one()
-        if not known and uow.connection.execute(select(func.count()).select_from(table)).scalar_one() >= cap:
+        store = uow.peers
+        store.lock_links()
+        if not store.link_exists(values) and store.link_count() >= cap:
             raise CapacityExceededError("too many stored room links", limit="max_links")
-        stmt = uow.dialect.insert(table).values(**values)
-        replaced = {column: stmt.excluded[column] for column in LINK_COLUMNS if column not in _LINK_KEY}
-        uow.connection.execute(stmt.on_conflict_do_update(index_elements=list(_LINK_KEY), set_=replaced))
+        store.upsert_link(values)
         _restrict_to_owner(uow)
         uow.commit()
 
@@ -328,11 +309,8 @@ def update_room_link_status(
     member_id = _text(member_id, "member_id")
     status = _text(status, "status")
     timestamp = clock(now)
-    table = models.links
-    stmt = (update(table).where(table.c.room_id == room_id, table.c.member_id == member_id)
-            .values(status=status, updated_at=timestamp))
     with UnitOfWork(_resolve(engine)) as uow:
-        changed = uow.connection.execute(stmt).rowcount == 1
+        changed = uow.peers.set_link_status(room_id, member_id, status, timestamp)
         _restrict_to_owner(uow)
         uow.commit()
     return changed
@@ -343,7 +321,7 @@ def delete_room_link_records(engine: EngineSource, *, room_id: str) -> int:
     """Delete a room's persisted peer routes (after their target grants are revoked); return how many."""
     room_id = _text(room_id, "room_id")
     with UnitOfWork(_resolve(engine)) as uow:
-        deleted = int(uow.connection.execute(delete(models.links).where(models.links.c.room_id == room_id)).rowcount)
+        deleted = uow.peers.delete_links(room_id)
         uow.commit()
     return deleted
 
@@ -368,18 +346,12 @@ def revoke_room_grant_scope(
         return
     scope = _claim_values(claims, ("room_id", "member_id", "target_profile", "authority_gateway_id"))
     epoch = _lenient_epoch(claims)
-    grants, reservations = models.revoked_grants, models.peer_reservations
     with UnitOfWork(_resolve(engine)) as uow:
-        uow.dialect.serialize(uow.connection, _RESERVATIONS_LOCK)
-        uow.connection.execute(delete(grants).where(grants.c.expires_at <= timestamp))
-        stmt = uow.dialect.insert(grants).values(scope_key=scope_key, expires_at=expiry, revoked_before=timestamp)
-        greatest = uow.dialect.greatest
-        uow.connection.execute(stmt.on_conflict_do_update(index_elements=["scope_key"], set_={
-            "expires_at": greatest(grants.c.expires_at, stmt.excluded.expires_at),
-            "revoked_before": greatest(grants.c.revoked_before, stmt.excluded.revoked_before)}))
-        uow.connection.execute(update(reservations).where(
-            *(reservations.c[column] == value for column, value in scope.items()),
-            reservations.c.authority_epoch == epoch).values(revoked_at=timestamp, updated_at=timestamp))
+        store = uow.peers
+        store.lock_reservations()
+        store.drop_expired_grant_fences(timestamp)
+        store.raise_grant_fence(scope_key, expiry, timestamp)
+        store.revoke_scope_reservations(scope, epoch, timestamp)
         uow.commit()
 
 
@@ -389,20 +361,12 @@ def room_grant_is_revoked(engine: EngineSource, *, claims: Mapping[str, Any], no
     timestamp = clock(now)
     scope_key = room_grant_scope_key(claims)
     issued_at = _seconds(claims.get("issued_at") or 0, "issued_at")
-    grants = models.revoked_grants
-    stmt = select(grants.c.revoked_before).where(grants.c.scope_key == scope_key, grants.c.expires_at > timestamp)
     with UnitOfWork(_resolve(engine), write=False) as uow:
-        revoked_before = uow.connection.execute(stmt).scalar_one_or_none()
+        revoked_before = uow.peers.grant_fence(scope_key, timestamp)
     return revoked_before is not None and issued_at <= float(revoked_before)
 
 
 # --- peer reservations -------------------------------------------------------------------------------
-
-
-def _live_reservations(room_id: str, target_profile: str, timestamp: float) -> list[ColumnElement[bool]]:
-    table = models.peer_reservations
-    return [table.c.room_id == room_id, table.c.target_profile == target_profile, table.c.expires_at > timestamp,
-            table.c.revoked_at.is_(None)]
 
 
 def _outranks(row_gateway: str, row_epoch: int, gateway_id: str, epoch: int) -> bool:
@@ -429,39 +393,21 @@ def reserve_peer_room(
     values = _reservation_claims(claims, in_force(limits))
     room_id, target_profile = values["room_id"], values["target_profile"]
     gateway_id, epoch = values["authority_gateway_id"], values["authority_epoch"]
-    table = models.peer_reservations
     conflict = AuthorityConflictError("peer room reservation authority changed")
     with UnitOfWork(_resolve(engine)) as uow:
-        uow.dialect.serialize(uow.connection, _RESERVATIONS_LOCK)
-        uow.connection.execute(delete(table).where(table.c.expires_at <= timestamp))
-        live = uow.connection.execute(select(table.c.authority_gateway_id, table.c.authority_epoch).where(
-            *_live_reservations(room_id, target_profile, timestamp))).all()
+        store = uow.peers
+        store.lock_reservations()
+        store.drop_expired_reservations(timestamp)
+        live = store.live_reservation_holders(room_id, target_profile, timestamp)
         if any(_outranks(row[0], row[1], gateway_id, epoch) for row in live):
             raise conflict
-        uow.connection.execute(update(table).where(
-            table.c.room_id == room_id, table.c.target_profile == target_profile, table.c.authority_epoch < epoch,
-            table.c.revoked_at.is_(None)).values(revoked_at=timestamp, updated_at=timestamp))
+        store.revoke_older_reservations(room_id, target_profile, epoch, timestamp)
         # The claim's own row counts even when revoked: a revoked newer-epoch row still wins.
-        own = uow.connection.execute(select(table.c.authority_gateway_id, table.c.authority_epoch).where(
-            table.c.room_id == room_id, table.c.member_id == values["member_id"],
-            table.c.target_profile == target_profile)).first()
+        own = store.reservation_holder(room_id, values["member_id"], target_profile)
         if own is not None and _outranks(own[0], own[1], gateway_id, epoch):
             raise conflict
-        stmt = uow.dialect.insert(table).values(
-            **values, expires_at=expiry, revoked_at=None, created_at=timestamp, updated_at=timestamp)
-        uow.connection.execute(stmt.on_conflict_do_update(
-            index_elements=["room_id", "member_id", "target_profile"], set_={
-                "authority_gateway_id": stmt.excluded.authority_gateway_id,
-                "authority_epoch": stmt.excluded.authority_epoch,
-                "expires_at": uow.dialect.greatest(table.c.expires_at, stmt.excluded.expires_at),
-                "revoked_at": None,
-                "updated_at": stmt.excluded.updated_at}))
+        store.upsert_reservation(values, expiry, timestamp)
         uow.commit()
-
-
-def _exists(engine: EngineSource, stmt: Select[Any]) -> bool:
-    with UnitOfWork(_resolve(engine), write=False) as uow:
-        return uow.connection.execute(stmt.limit(1)).first() is not None
 
 
 @traced("peer_room_is_reserved")
@@ -471,7 +417,8 @@ def peer_room_is_reserved(
     """Whether a live (unexpired, unrevoked) reservation of the room/profile fences Desktop prompts."""
     room_id, target_profile = _room_and_profile(room_id, target_profile, in_force(limits))
     timestamp = clock(now)
-    return _exists(engine, select(1).where(*_live_reservations(room_id, target_profile, timestamp)))
+    with UnitOfWork(_resolve(engine), write=False) as uow:
+        return uow.peers.reservation_is_live(room_id, target_profile, timestamp)
 
 
 @traced("peer_room_grant_is_current")
@@ -481,17 +428,11 @@ def peer_room_grant_is_current(
     """Whether a grant's claims match the target's current live reservation exactly."""
     timestamp = clock(now)
     values = _reservation_claims(claims, in_force(limits))
-    table = models.peer_reservations
-    return _exists(engine, select(1).where(
-        *(table.c[column] == value for column, value in values.items()),
-        table.c.expires_at > timestamp, table.c.revoked_at.is_(None)))
+    with UnitOfWork(_resolve(engine), write=False) as uow:
+        return uow.peers.live_reservation_matches(values, timestamp)
 
 
 # --- remote-run receipts -----------------------------------------------------------------------------
-
-
-def _identity_filter(identity: Mapping[str, Any]) -> list[ColumnElement[bool]]:
-    return [models.remote_runs.c[column] == value for column, value in identity.items()]
 
 
 @traced("upsert_remote_run_receipt")
@@ -504,17 +445,12 @@ def upsert_remote_run_receipt(engine: EngineSource, *, record: RemoteRunRecord, 
     timestamp = clock(now)
     values = _receipt_values(record, REMOTE_RUN_COLUMNS)
     identity = {column: values[column] for column in models.REMOTE_RUN_IDENTITY_COLUMNS}
-    table = models.remote_runs
     with UnitOfWork(_resolve(engine)) as uow:
-        inserted = uow.connection.execute(uow.dialect.insert(table).values(
-            **values, created_at=timestamp, updated_at=timestamp).on_conflict_do_nothing()).rowcount
-        if inserted != 1:
-            stored = uow.connection.execute(uow.dialect.for_update(
-                select(*(table.c[column] for column in REMOTE_RUN_COLUMNS)).where(*_identity_filter(identity)))
-            ).one()
-            if tuple(stored) != tuple(values.values()):
+        store = uow.peers
+        if not store.insert_receipt(values, timestamp):
+            if store.locked_receipt(identity) != tuple(values.values()):
                 raise RoomConflictError("remote run receipt conflicts with its logical task")
-            uow.connection.execute(update(table).where(*_identity_filter(identity)).values(updated_at=timestamp))
+            store.touch_receipt(identity, timestamp)
         uow.commit()
 
 
@@ -527,11 +463,8 @@ def list_remote_run_receipts(
     (``created_at``, ``task_id``, ``execution_generation``)."""
     candidates = (("room_id", room_id), ("target_profile", target_profile), ("session_id", session_id))
     filters = {column: _text(value, column) for column, value in candidates if value is not None}
-    table = models.remote_runs
     with UnitOfWork(_resolve(engine), write=False) as uow:
-        stmt = select(table).where(*(table.c[column] == value for column, value in filters.items())).order_by(
-            table.c.created_at, uow.dialect.bytewise(table.c.task_id), table.c.execution_generation)
-        rows = uow.connection.execute(stmt).mappings().all()
+        rows = uow.peers.receipts(filters)
     return [cast(RemoteRunReceipt, dict(row)) for row in rows]
 
 
@@ -540,7 +473,7 @@ def remote_run_receipt(engine: EngineSource, *, record: RemoteRunIdentity) -> Re
     """The durable receipt of one exact task attempt (its 9-column identity), or None."""
     identity = _receipt_identity(record)
     with UnitOfWork(_resolve(engine), write=False) as uow:
-        row = uow.connection.execute(select(models.remote_runs).where(*_identity_filter(identity))).mappings().first()
+        row = uow.peers.receipt(identity)
     return cast(RemoteRunReceipt, dict(row)) if row is not None else None
 
 
@@ -561,11 +494,11 @@ def _probe_engine(url: URL, schema: str | None, pooler: Pooler | None = None) ->
     pooler), never-migrating engine per store (never the compat facade's engine)."""
 
     def build() -> Engine:
-        engine = dialect_for_url(url).probe_engine(url, PROBE_TIMEOUT_SECONDS)
+        engine = backend_for_url(url).probe_engine(url, PROBE_TIMEOUT_SECONDS)
         if pooler is not None:
             use_pooler(engine, pooler)
         if schema is not None:
-            dialect_for_url(url).use_schema(engine, schema)
+            backend_for_url(url).use_schema(engine, schema)
         return engine
 
     mode = pooler.mode if pooler is not None else ""
@@ -578,29 +511,27 @@ def forget_probe_engines() -> None:
     _probe_engines.clear()
 
 
-def _probe(target: Target, table_name: str, stmt: Select[Any], unavailable: str) -> bool:
-    """Answer ``stmt`` finds a row, without creating, migrating or waiting on the store.
+def _probe(target: Target, ask: Callable[[PeerStore], bool], unavailable: str) -> bool:
+    """``ask``'s answer on a store of the target's probe connection, without creating, migrating or waiting on it.
 
     A missing store or table answers False. Any store failure, including a lock held past
     :data:`PROBE_TIMEOUT_SECONDS`, raises ``RoomProbeUnavailableError(unavailable)``.
     """
     url, schema, pooler = _probe_url(target)
-    dialect = dialect_for_url(url)
-    if dialect.store_absent(url):
+    backend = backend_for_url(url)
+    if backend.store_absent(url):
         return False
     try:
         connection = _probe_engine(url, schema, pooler).connect()
     except SchemaMissingError:  # the gateway's schema does not exist: it hosts nothing
         return False
     except sa_exc.SQLAlchemyError as exc:
-        if dialect.is_missing_store(exc):
+        if backend.is_missing_store(exc):
             return False
         raise RoomProbeUnavailableError(unavailable) from exc
     try:
-        with connection, connection.begin(), dialect.probe_timeouts(connection, PROBE_TIMEOUT_SECONDS):
-            if not inspect(connection).has_table(table_name):
-                return False
-            return connection.execute(stmt.limit(1)).first() is not None
+        with connection, connection.begin(), backend.probe_timeouts(connection, PROBE_TIMEOUT_SECONDS):
+            return ask(PeerStore(backend, connection))
     except sa_exc.SQLAlchemyError as exc:
         raise RoomProbeUnavailableError(unavailable) from exc
 
@@ -613,9 +544,8 @@ def probe_hosted_room(target: Target, *, room_id: str, limits: Limits | None = N
     prompt-admission path this fails fast under contention with ``RoomProbeUnavailableError``.
     """
     room_id = _room_id(room_id, in_force(limits))
-    rooms = models.rooms
-    stmt = select(1).where(rooms.c.room_id == room_id, rooms.c.disbanded_at.is_(None))
-    return _probe(target, rooms.name, stmt, "hosted room ownership is temporarily unavailable")
+    return _probe(target, lambda store: store.probe_live_room(room_id),
+                  "hosted room ownership is temporarily unavailable")
 
 
 @traced("probe_peer_room_reservation", engine=no_engine)
@@ -625,5 +555,5 @@ def probe_peer_room_reservation(
     """Whether a live peer reservation fences the room/profile; never creates, migrates or blocks."""
     room_id, target_profile = _room_and_profile(room_id, target_profile, in_force(limits))
     timestamp = clock(now)
-    stmt = select(1).where(*_live_reservations(room_id, target_profile, timestamp))
-    return _probe(target, models.peer_reservations.name, stmt, "peer room ownership is temporarily unavailable")
+    return _probe(target, lambda store: store.probe_live_reservation(room_id, target_profile, timestamp),
+                  "peer room ownership is temporarily unavailable")

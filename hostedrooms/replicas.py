@@ -338,7 +338,7 @@ def ingest_page(
 
 
 def _lock_replica(uow: UnitOfWork, room_id: str) -> Mapping[Any, Any] | None:
-    stmt = uow.dialect.for_update(select(*_replicas.c).where(_replicas.c.room_id == room_id))
+    stmt = uow.backend.for_update(select(*_replicas.c).where(_replicas.c.room_id == room_id))
     return uow.connection.execute(stmt).mappings().first()
 
 
@@ -350,7 +350,7 @@ def _ingest(
     row = _lock_replica(uow, room_id)
     if row is None:
         # Creating a replica: serialise creators so the cap is exact and a concurrent first page waits.
-        uow.dialect.serialize(connection, REPLICA_CREATION_LOCK_KEY)
+        uow.backend.advisory_lock(connection, REPLICA_CREATION_LOCK_KEY)
         row = _lock_replica(uow, room_id)
     if row is None:
         count = connection.execute(select(func.count()).select_from(_replicas)).scalar_one()
@@ -519,7 +519,7 @@ def prune_disbanded_replicas(
         .where(last.c.kind == "room.disbanded", last.c.created_at <= cutoff))
     with UnitOfWork(_resolve(engine)) as uow:
         # Row locks first: an ingest of one of these replicas still running finishes before they go.
-        room_ids = sorted(str(room_id) for room_id in uow.connection.execute(uow.dialect.for_update(disbanded))
+        room_ids = sorted(str(room_id) for room_id in uow.connection.execute(uow.backend.for_update(disbanded))
                           .scalars())
         if room_ids:
             uow.connection.execute(delete(_replica_events).where(_replica_events.c.room_id.in_(room_ids)))
@@ -542,7 +542,7 @@ class _LogStats:
 
 def _replica_log(uow: UnitOfWork, room_id: str) -> _LogStats:
     """Count, accounted bytes, seq range and whether a ``room.disbanded`` event is present, in one query."""
-    size = sum((uow.dialect.byte_length(column) for column in (
+    size = sum((uow.backend.byte_length(column) for column in (
         _replica_events.c.event_id, _replica_events.c.kind, _replica_events.c.actor_json,
         _replica_events.c.payload_json)), start=literal(0))
     disbanded = exists().where(_replica_events.c.room_id == room_id, _replica_events.c.kind == "room.disbanded")
@@ -616,14 +616,17 @@ def promotion_claim(previous_gateway: str, local: str, epoch: int, reason: str, 
 def supersede_replica(
     engine: EngineSource, *, room_id: str, room_name: str, members: Any, authority_gateway_id: str,
     authority_epoch: int, latest_seq: int, now: float | None = None, limits: Limits | None = None,
+    unless_retired: bool = False,
 ) -> None:
     """Record that the replicated room has moved on to (``authority_gateway_id``, ``authority_epoch``), holding
     at least ``latest_seq`` events, so this replica cannot be promoted until it has ingested them: what a
     failover does before it gives a fenced room back (:func:`hostedrooms.standby.failover.failover`). A replica
     row is created (empty) when there is none. Refused when the local store holds this replica promoted at the
     epoch before (RoomConflictError; another room of the same id does not count: it cannot take the replica's
-    place), or the replica already records a newer epoch (ReplicaEpochRegressionError). One transaction,
-    serialised with :func:`promote_replica` on the room-creation lock.
+    place), or the replica already records a newer epoch (ReplicaEpochRegressionError), or, with
+    ``unless_retired``, when the room id is retired here (RoomConflictError: a room promoted here and disbanded
+    since leaves no claim to recognise). One transaction, serialised with :func:`promote_replica` on the
+    room-creation lock.
     """
     lim = in_force(limits)
     room_id = room_rules.validate_room_id(room_id, lim)
@@ -640,6 +643,8 @@ def supersede_replica(
         room = tx.lock_room(room_id)
         if room is not None and _promoted_from(tx, room_id, gateway, epoch - 1):
             raise RoomConflictError("the replica was promoted here at the epoch before: it cannot be superseded")
+        if unless_retired and room is None and tx.is_retired(room_id):
+            raise RoomConflictError("room_id belongs to a disbanded room")
         row = _lock_replica(tx.uow, room_id)
         if row is None:
             tx.uow.connection.execute(insert(_replicas).values(

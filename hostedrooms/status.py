@@ -16,19 +16,19 @@ source that appended since is not seen here (the replicator's report, or the sou
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from sqlalchemy import Connection, case, func, literal, select
+from sqlalchemy import Connection
 from typing_extensions import TypedDict
 
 from . import migrate
 from .engines import EngineSource, resolve_engine
 from .errors import UPGRADE_HINT, InvalidInputError, SchemaMissingError
-from .ledger.claims import NONTERMINAL_DELIVERY_STATES
 from .limits import Limits, in_force
-from .models import DELIVERY_STATES, OUTBOUND_STATES, deliveries, outbound_intents, replicas, rooms
+from .models import DELIVERY_STATES, OUTBOUND_STATES
+from .queries import status as reads
 from .records import (
     Backlog,
     CapUse,
@@ -43,6 +43,7 @@ from .records import (
     StoreStatus,
 )
 from .store import room_store
+from .store.ledger import NONTERMINAL_DELIVERY_STATES
 from .uow import UnitOfWork
 from .validation import bounded_int, clock
 
@@ -96,12 +97,12 @@ def store_status(
     lim = in_force(limits)
     engine = resolve_engine(target)
     with UnitOfWork(engine, write=False) as uow:
-        uow.dialect.snapshot_reads(uow.connection)
+        uow.backend.snapshot_reads(uow.connection)
         schema = _schema(uow.connection)
         room_status = _rooms(uow, lim, top)
         replica_status = _replicas(uow, lim, top, timestamp)
         ledger_status = _ledger(uow.connection, lim, timestamp)
-    return {"now": timestamp, "backend": uow.dialect.name, "schema": schema, "rooms": room_status,
+    return {"now": timestamp, "backend": uow.backend.name, "schema": schema, "rooms": room_status,
             "replicas": replica_status, "ledger": ledger_status}
 
 
@@ -113,26 +114,11 @@ def _schema(connection: Connection) -> SchemaStatus:
     return {"revision": revision, "head": head, "at_head": revision == head}
 
 
-def _total(expr: Any) -> Any:
-    return func.coalesce(func.sum(expr), 0)
-
-
 def _rooms(uow: UnitOfWork, lim: Limits, top: int) -> RoomsStatus:
     connection = uow.connection
-    live = rooms.c.disbanded_at.is_(None)
-    count = rooms.c.next_seq - 1
-    totals = connection.execute(select(
-        _total(case((live, 1), else_=0)), _total(case((live, 0), else_=1)), _total(count),
-        _total(case((live, 0), else_=rooms.c.event_bytes)),
-        func.coalesce(func.max(case((live, count))), 0), func.coalesce(func.max(case((live, rooms.c.event_bytes))), 0),
-    )).one()
-    live_rooms, disbanded, events, disbanded_bytes, most_events, most_bytes = (int(value) for value in totals)
-    # The fullest first: the larger of a room's two fractions of its limits; ties by room id in code-point order.
+    live_rooms, disbanded, events, disbanded_bytes, most_events, most_bytes = reads.room_totals(connection)
     events_limit, bytes_limit = float(max(1, lim.MAX_EVENTS_PER_ROOM)), float(max(1, lim.MAX_ROOM_EVENT_BYTES))
-    fullness = uow.dialect.greatest(count / literal(events_limit), rooms.c.event_bytes / literal(bytes_limit))
-    rows = connection.execute(
-        select(rooms.c.room_id, count, rooms.c.event_bytes).where(live)
-        .order_by(fullness.desc(), uow.dialect.bytewise(rooms.c.room_id)).limit(top)).all() if top else []
+    rows = reads.fullest_rooms(connection, uow.backend, events_limit, bytes_limit, top) if top else []
     fullest: list[RoomUse] = [
         {"room_id": str(room_id), "events": _cap(int(events_used), lim.MAX_EVENTS_PER_ROOM),
          "bytes": _cap(int(bytes_used), lim.MAX_ROOM_EVENT_BYTES)} for room_id, events_used, bytes_used in rows]
@@ -140,7 +126,7 @@ def _rooms(uow: UnitOfWork, lim: Limits, top: int) -> RoomsStatus:
         "live": _cap(live_rooms, lim.MAX_ACTIVE_ROOMS),
         "disbanded": _cap(disbanded, lim.MAX_DISBANDED_ROOM_TOMBSTONES),
         "events": events,
-        "bytes": _cap(room_store(uow.dialect).gateway_bytes(connection), lim.MAX_GATEWAY_EVENT_BYTES),
+        "bytes": _cap(room_store(uow.backend).gateway_bytes(connection), lim.MAX_GATEWAY_EVENT_BYTES),
         "disbanded_bytes": disbanded_bytes,
         "most_events": _cap(most_events, lim.MAX_EVENTS_PER_ROOM),
         "most_bytes": _cap(most_bytes, lim.MAX_ROOM_EVENT_BYTES),
@@ -149,17 +135,8 @@ def _rooms(uow: UnitOfWork, lim: Limits, top: int) -> RoomsStatus:
 
 
 def _replicas(uow: UnitOfWork, lim: Limits, top: int, now: float) -> ReplicasStatus:
-    connection = uow.connection
-    lag = replicas.c.latest_seq - replicas.c.last_seq
-    behind = lag > 0
-    count, behind_count, lag_total, max_lag, largest = (int(value) for value in connection.execute(select(
-        func.count(), _total(case((behind, 1), else_=0)), _total(case((behind, lag), else_=0)),
-        func.coalesce(func.max(case((behind, lag), else_=0)), 0), func.coalesce(func.max(replicas.c.event_bytes), 0),
-    ).select_from(replicas)).one())
-    rows = connection.execute(
-        select(replicas.c.room_id, replicas.c.authority_gateway_id, replicas.c.authority_epoch, replicas.c.last_seq,
-               replicas.c.latest_seq, replicas.c.event_bytes, replicas.c.updated_at)
-        .order_by(lag.desc(), uow.dialect.bytewise(replicas.c.room_id)).limit(top)).all() if top else []
+    count, behind_count, lag_total, max_lag, largest = reads.replica_totals(uow.connection)
+    rows = reads.most_behind_replicas(uow.connection, uow.backend, top) if top else []
     most_behind: list[ReplicaLag] = []
     for room_id, gateway, epoch, last_seq, latest_seq, event_bytes, updated_at in rows:
         most_behind.append({
@@ -171,9 +148,7 @@ def _replicas(uow: UnitOfWork, lim: Limits, top: int, now: float) -> ReplicasSta
             "max_lag": max_lag, "largest": _cap(largest, lim.MAX_REPLICA_EVENT_BYTES), "most_behind": most_behind}
 
 
-def _by_state(connection: Connection, table: Any, states: Sequence[str], now: float) -> dict[str, Backlog]:
-    found = {str(state): (int(count), oldest) for state, count, oldest in connection.execute(
-        select(table.c.state, func.count(), func.min(table.c.created_at)).group_by(table.c.state)).all()}
+def _by_state(found: Mapping[str, tuple[int, Any]], states: tuple[str, ...], now: float) -> dict[str, Backlog]:
     by_state: dict[str, Backlog] = {}
     for state in states:
         count, oldest = found.get(state, (0, None))
@@ -182,19 +157,16 @@ def _by_state(connection: Connection, table: Any, states: Sequence[str], now: fl
 
 
 def _ledger(connection: Connection, lim: Limits, now: float) -> LedgerStatus:
-    delivery_states = _by_state(connection, deliveries, DELIVERY_STATES, now)
-    outbound_states = _by_state(connection, outbound_intents, OUTBOUND_STATES, now)
+    delivery_states = _by_state(reads.delivery_states(connection), DELIVERY_STATES, now)
+    outbound_states = _by_state(reads.outbound_states(connection), OUTBOUND_STATES, now)
     waiting = [delivery_states[state] for state in NONTERMINAL_DELIVERY_STATES] + [outbound_states["pending"]]
     ages = [item["oldest_age"] for item in waiting if item["oldest_age"] is not None]
     in_flight = sum(delivery_states[state]["count"] for state in NONTERMINAL_DELIVERY_STATES)
-    responses = int(connection.execute(select(func.count()).select_from(deliveries).where(
-        deliveries.c.state.in_(("authorized", "queued", "running")), deliveries.c.response_request_id.is_not(None),
-        deliveries.c.response_committed == 0)).scalar_one())
     return {
         "deliveries": cast(DeliveryBacklog, delivery_states),
         "outbound": cast(OutboundBacklog, outbound_states),
         "in_flight": _cap(in_flight, lim.MAX_NONTERMINAL_DELIVERIES),
-        "responses_pending": responses,
+        "responses_pending": reads.responses_pending(connection),
         "backlog": {"count": sum(item["count"] for item in waiting), "oldest_age": max(ages) if ages else None},
     }
 

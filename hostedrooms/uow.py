@@ -10,8 +10,8 @@ Usage::
 Write units start with ``BEGIN IMMEDIATE`` on SQLite (the write lock is held from the first statement, so
 read-then-write cannot lose updates); ``write=False`` opens a deferred read transaction instead, and
 ``write=False, statement_snapshots=True`` a read whose statements need no snapshot in common (each is correct on
-its own), which on PostgreSQL runs without a transaction at all (:meth:`StoreDialect.begin_statement_reads
-<hostedrooms.dialect.StoreDialect.begin_statement_reads>`). Driver errors raised inside the block, on commit or on
+its own), which on PostgreSQL runs without a transaction at all (:meth:`Backend.begin_statement_reads
+<hostedrooms.backends.Backend.begin_statement_reads>`). Driver errors raised inside the block, on commit or on
 connect are translated here, in one place.
 
 On a SQLite file engine a write unit runs on the engine's one held writer connection when it can take it
@@ -23,6 +23,7 @@ writers of several processes queue instead of polling (:mod:`hostedrooms.writelo
 
 from __future__ import annotations
 
+from functools import cached_property
 from types import TracebackType
 from typing import Any, Self
 
@@ -32,10 +33,12 @@ from sqlalchemy.orm import Session
 
 from . import forkgate, writelock
 from . import writer as held
+from .backends import Backend, backend_for
 from .db import reject_async
-from .dialect import StoreDialect, dialect_for
 from .errors import translate
 from .statements import DIRECT_BEGUN, DirectConnection, begin_unit, end_unit
+from .store.ledger import LedgerStore
+from .store.peers import PeerStore
 from .wakeup import committed
 
 
@@ -47,7 +50,7 @@ class UnitOfWork:
         self.engine = engine
         self.write = write
         self.statement_snapshots = statement_snapshots and not write
-        self.dialect: StoreDialect = dialect_for(engine)
+        self.backend: Backend = backend_for(engine)
         self._connection: Connection | None = None
         self._session: Session | None = None
         self._committed = False
@@ -72,9 +75,9 @@ class UnitOfWork:
         try:
             connection = self._connection = self.engine.connect()
             if self.statement_snapshots:
-                self.dialect.begin_statement_reads(connection)
+                self.backend.begin_statement_reads(connection)
             elif not self.write:
-                self.dialect.defer_begin(connection)
+                self.backend.defer_begin(connection)
             connection.begin()
             begin_unit(connection)  # its hot statements take one path for the whole unit (hostedrooms.statements)
         except sa_exc.SQLAlchemyError as exc:
@@ -207,3 +210,13 @@ class UnitOfWork:
                 if self._gated:
                     self._gated = False
                     forkgate.leave()
+
+    @cached_property
+    def peers(self) -> PeerStore:
+        """The peer routing store (links, grants, reservations, receipts) on this unit's connection."""
+        return PeerStore(self.backend, self.connection)
+
+    @cached_property
+    def ledger(self) -> LedgerStore:
+        """The delivery ledger's store on this unit's connection."""
+        return LedgerStore(self.backend, self.connection)

@@ -48,7 +48,6 @@ import selectors
 import socket
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, Self
@@ -59,14 +58,15 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import NullPool, Pool, PoolProxiedConnection, SingletonThreadPool, StaticPool
 
 from . import forkgate
-from .dialect import (
+from .backends import (
     LEDGER_WORK_CHANNEL,
     ROOM_EVENTS_CHANNEL,
-    StoreDialect,
+    Backend,
+    backend_for,
     check_listen_through,
-    dialect_for,
     scoped_channel,
 )
+from .engine_profile import known_runtime, runtime_of
 from .errors import translate
 from .filewatch import FileWatch, watch_writes
 from .validation import interval
@@ -138,8 +138,8 @@ class SharedWaiter:
     Get it through :func:`join_waiter`; it ends by itself once it has no subscription left."""
 
     def __init__(self, engine: Engine) -> None:
-        self.dialect: StoreDialect = dialect_for(engine)
-        self._sa_dialect, self._url = engine.dialect, engine.url  # the engine's namespace: its channels' names
+        self.backend: Backend = backend_for(engine)
+        self._dialect, self._url = engine.dialect, engine.url  # the engine's namespace: its channels' names
         self._pool: Pool = _waiting_pool(engine)
         self._cond = threading.Condition()
         self._subscriptions: dict[str, dict[str | None, set[Subscription]]] = {}
@@ -246,7 +246,7 @@ class SharedWaiter:
         with forkgate.inside_driver():
             raw = self._pool.connect()
         try:
-            if self.dialect.notifies:
+            if self.backend.notifies:
                 self._listen(raw, resumed)
             else:
                 self._poll(raw, resumed)
@@ -287,7 +287,7 @@ class SharedWaiter:
             driver.rollback()
             driver.autocommit = True
             # Channels are named per namespace (schema): this engine's only, never another schema's writes.
-            namespace = self.dialect.raw_namespace(self._sa_dialect, driver, self._url)
+            namespace = self.backend.raw_namespace(self._dialect, driver, self._url)
         names: dict[str, str] = {}  # the namespace's channel name -> hostedrooms' channel
         with selectors.DefaultSelector() as selector:  # not select(): a process may have descriptors past 1024
             selector.register(driver.fileno(), selectors.EVENT_READ)
@@ -300,7 +300,7 @@ class SharedWaiter:
                 with forkgate.inside_driver():
                     for channel in new:
                         names[scoped_channel(namespace, channel)] = channel
-                        driver.execute(self.dialect.listen_statement(channel, namespace))
+                        driver.execute(self.backend.listen_statement(channel, namespace))
                     # those read meanwhile, and any received
                     received = [(notification.channel, notification.payload)
                                 for notification in driver.notifies(timeout=0)]
@@ -324,8 +324,8 @@ class SharedWaiter:
     def _poll(self, raw: PoolProxiedConnection, resumed: bool) -> None:
         connection = raw.dbapi_connection
         with forkgate.inside_driver():
-            version = self.dialect.change_counter(connection)
-        commit_file = self.dialect.commit_file(self._url)  # it exists now: this connection has read the database
+            version = self.backend.change_counter(connection)
+        commit_file = self.backend.commit_file(self._url)  # it exists now: this connection has read the database
         watch = watch_writes(commit_file) if commit_file is not None else None
         self._now_effective(None)
         if resumed:  # commits while no connection polled may have been missed: everyone looks
@@ -347,7 +347,7 @@ class SharedWaiter:
                         if not self._still_wanted():
                             return
                     with forkgate.inside_driver():
-                        current = self.dialect.change_counter(connection)
+                        current = self.backend.change_counter(connection)
                     if current != version:
                         version = current
                         self._dispatch(None, None)
@@ -415,24 +415,35 @@ class SharedWaiter:
                 subscription.fail(exc)
 
 
-_waiters: weakref.WeakKeyDictionary[Engine, SharedWaiter] = weakref.WeakKeyDictionary()
+#: Each engine's waiter is kept in its :class:`~hostedrooms.engine_profile.EngineRuntime`, with the generation it
+#: was started in: bumped in every forked child, whose parent's waiters are never used.
+_generation = 0
 _waiters_lock = threading.Lock()
+
+
+def _waiter_of(engine: Engine) -> SharedWaiter | None:
+    """``engine``'s shared waiter of this process, if one was started (it may be ending)."""
+    runtime = known_runtime(engine)
+    if runtime is None or runtime.waiter_generation != _generation:
+        return None
+    waiter: SharedWaiter | None = runtime.waiter
+    return waiter
 
 
 def committed(engine: Engine) -> None:
     """A write unit of ``engine`` committed: where waiters poll (SQLite), the engine's poller looks now, so its
     followers wake without waiting for the next period; commits of other processes are seen at the next poll. Where
     commits notify (PostgreSQL), nothing to do."""
-    waiter = _waiters.get(engine)
-    if waiter is not None and not waiter.dialect.notifies:
+    waiter = _waiter_of(engine)
+    if waiter is not None and not waiter.backend.notifies:
         waiter.look_now()
 
 
 def _forget_waiters() -> None:
     """In a forked child: the parent's waiter threads do not exist here (nor may their connections be used), and
     the lock may have been held by a thread that does not exist either; start afresh."""
-    global _waiters, _waiters_lock
-    _waiters, _waiters_lock = weakref.WeakKeyDictionary(), threading.Lock()
+    global _generation, _waiters_lock
+    _generation, _waiters_lock = _generation + 1, threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
@@ -443,7 +454,7 @@ def _waiting_pool(engine: Engine) -> Pool:
     """Where the waiter's one connection comes from: a private copy of ``engine``'s pool (the same connect hooks,
     none of the services' slots), or, given ``listen_url`` (a transaction pooler would lose the ``LISTEN``), a
     plain pool of that direct connection."""
-    listen_url = check_listen_through(engine) if dialect_for(engine).notifies else None
+    listen_url = check_listen_through(engine) if backend_for(engine).notifies else None
     if listen_url is None:
         return engine.pool.recreate()
     return _sa_create_engine(listen_url, poolclass=NullPool).pool
@@ -452,7 +463,7 @@ def _waiting_pool(engine: Engine) -> Pool:
 def check_waitable(engine: Engine) -> None:
     """Refuse (StoreConfigurationError) waits on ``engine`` whose notifications a transaction pooler would lose:
     ``pooler="transaction"`` without ``listen_url``."""
-    if dialect_for(engine).notifies:
+    if backend_for(engine).notifies:
         check_listen_through(engine)
 
 
@@ -471,10 +482,12 @@ def join_waiter(engine: Engine | None, subscription: Subscription) -> SharedWait
         return None
     check_waitable(engine)  # a transaction pooler without listen_url: refused, never silently polled
     with _waiters_lock:
-        waiter = _waiters.get(engine)
+        waiter = _waiter_of(engine)
         if waiter is not None and waiter.add(subscription):
             return waiter
-        waiter = _waiters[engine] = SharedWaiter(engine)
+        runtime = runtime_of(engine)
+        waiter = runtime.waiter = SharedWaiter(engine)
+        runtime.waiter_generation = _generation
         waiter.add(subscription)
         waiter.start()
         return waiter
@@ -523,9 +536,9 @@ class Wakeup:
         if poll_interval is not None:
             interval(poll_interval, "poll_interval")  # the poller thread would fail on it later
         self.engine = engine
-        self.dialect: StoreDialect = dialect_for(engine)
-        if self.dialect.notifies:
-            self.dialect.listen_statement(channel)  # one of hostedrooms' channels (a programming error otherwise)
+        self.backend: Backend = backend_for(engine)
+        if self.backend.notifies:
+            self.backend.listen_statement(channel)  # one of hostedrooms' channels (a programming error otherwise)
             check_waitable(engine)  # a transaction pooler without listen_url: refused here, at once
         self.channel, self.key = channel, key
         self.poll_interval = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval

@@ -35,12 +35,11 @@ from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import Pool, QueuePool
 
+from .engine_profile import known_runtime, runtime_of
 from .statements import DIRECT_BEGUN, DirectConnection, listened, statements_logged
 
-__all__ = ["HeldWriter", "allow", "take", "without_held_writers"]
+__all__ = ["HeldWriter", "allow", "current_writer", "take", "without_held_writers"]
 
-#: The engine attribute holding its :class:`_Slot` (engines built or adopted by hostedrooms for SQLite files).
-_ATTRIBUTE = "_hostedrooms_held_writer"
 #: Tests only (:func:`without_held_writers`): False makes every write unit take a pooled connection.
 _enabled = True
 #: Bumped in every forked child: writers of an older generation belong to the parent.
@@ -142,7 +141,9 @@ def _close(connection: DirectConnection) -> None:
 
 
 class _Slot:
-    """An engine's current writer (None until the first write unit; replaced after a dispose or a fork)."""
+    """An engine's current writer (None until the first write unit; replaced after a dispose or a fork); kept in
+    the engine's :class:`~hostedrooms.engine_profile.EngineRuntime` (engines built or adopted by hostedrooms for
+    SQLite files)."""
 
     def __init__(self, wait: float) -> None:
         self.wait = wait
@@ -155,10 +156,12 @@ _slots_lock = threading.Lock()
 def allow(engine: Engine, busy_timeout: float) -> None:
     """Let ``engine`` (just configured for a SQLite file by hostedrooms) hold a writer where it can (see the module
     docstring); its ``dispose()`` then closes the writer's connection too."""
-    if engine.dialect.is_async or type(engine.pool) is not QueuePool or _ATTRIBUTE in vars(engine):
+    if engine.dialect.is_async or type(engine.pool) is not QueuePool:
         return
-    slot = _Slot(busy_timeout)
-    setattr(engine, _ATTRIBUTE, slot)
+    runtime = runtime_of(engine)
+    if runtime.writer_slot is not None:
+        return
+    slot = runtime.writer_slot = _Slot(busy_timeout)
     original: Callable[..., None] = engine.dispose
 
     def dispose(close: bool = True) -> None:
@@ -176,13 +179,21 @@ def allow(engine: Engine, busy_timeout: float) -> None:
 
 def take(engine: Engine) -> HeldWriter | None:
     """``engine``'s held writer, locked for the calling thread's write unit; None: take a pooled connection."""
-    slot: _Slot | None = vars(engine).get(_ATTRIBUTE)
+    runtime = known_runtime(engine)
+    slot: _Slot | None = None if runtime is None else runtime.writer_slot
     if slot is None or not _enabled:
         return None
     writer = slot.writer
     if writer is None or writer.generation != _generation:
         writer = _current(engine, slot)
     return writer if writer.take() else None
+
+
+def current_writer(engine: Engine) -> HeldWriter | None:
+    """The writer ``engine`` holds now (None: none opened yet, or none allowed); for tests and diagnostics."""
+    runtime = known_runtime(engine)
+    slot: _Slot | None = None if runtime is None else runtime.writer_slot
+    return None if slot is None else slot.writer
 
 
 def _current(engine: Engine, slot: _Slot) -> HeldWriter:

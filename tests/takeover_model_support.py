@@ -188,9 +188,11 @@ def empty(engine: Engine) -> None:
 # --- the CLI's operations on this topology --------------------------------------------------------------------------
 
 
-def replicate(source: Engine, target: Engine, gateway: str, limits: Limits | None) -> PassReport:
-    """``hostedrooms replicate --from SOURCE --to TARGET --gateway GATEWAY``: one pass, a new replicator."""
-    return Replicator(EnginePageSource(source), target, local_gateway_id=gateway, limits=limits).sync_once()
+def replicate(source: Engine, target: Engine, gateway: str, limits: Limits | None, source_gateway: str) -> PassReport:
+    """``hostedrooms replicate --from SOURCE --to TARGET --gateway GATEWAY --source-gateway SOURCE_GATEWAY``: one
+    pass, a new replicator (which also gives back rooms the source's gateway fenced here and never promoted)."""
+    return Replicator(EnginePageSource(source), target, local_gateway_id=gateway, limits=limits,
+                      source_gateway_id=source_gateway, reclaim_after=0).sync_once()
 
 
 def take_over(target: Engine, gateway: str, from_gateway: str, limits: Limits | None,

@@ -227,12 +227,12 @@ def test_threads_and_awaited_calls_give_the_same_results(engine: Engine) -> None
 
 
 def test_disposing_the_async_engine_disposes_its_twin(engine: Engine) -> None:
-    from hostedrooms.aio.engines import _runners
+    from hostedrooms.aio.engines import runner_of
 
     async def body() -> tuple[int, int]:
         async_engine = aio.create_async_engine(engine.url)
         await aio.rooms.list_rooms(async_engine)
-        twin = _runners[async_engine.sync_engine].engine
+        twin = runner_of(async_engine.sync_engine).engine
         before = twin.pool.checkedin()
         await async_engine.dispose()
         return before, twin.pool.checkedin()

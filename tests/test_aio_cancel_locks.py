@@ -37,7 +37,7 @@ from factories import idle_in_transaction, make_room
 from sqlalchemy import Engine
 
 from hostedrooms import aio, models, verify
-from hostedrooms.aio.engines import _runners
+from hostedrooms.aio.engines import runner_of
 
 GATEWAY = "install:gw-a"
 CANCELLATIONS = 60
@@ -152,7 +152,7 @@ async def _cancel_many(
     span = time.monotonic() - started  # the moments of the cancellations spread over a call's duration
     outcomes: Counter[str] = Counter()
     path = engine.url.database if engine.dialect.name == "sqlite" else None
-    runner = _runners[async_engine.sync_engine]
+    runner = runner_of(async_engine.sync_engine)
     for n in range(count):
         outcomes[await cancel(call(n), rng, span)] += 1
         if path is not None:

@@ -25,7 +25,7 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import create_async_engine as sa_create_async_engine
 
 from hostedrooms import aio, models, verify
-from hostedrooms.aio.engines import _runners
+from hostedrooms.aio.engines import runner_of
 from hostedrooms.ledger import DeliveryLedger
 
 GATEWAY = "install:gw-a"
@@ -83,7 +83,7 @@ def _cancelled_each_way(
                     await CancelAt(call(async_engine, k), k)
                 except asyncio.CancelledError:
                     cancelled = True
-                runner = _runners[async_engine.sync_engine]
+                runner = runner_of(async_engine.sync_engine)
                 assert async_engine.sync_engine.pool.checkedout() == 0, f"cancelled at {k}: a connection is out"
                 assert runner.engine.pool.checkedout() == 0, f"cancelled at {k}: a connection is out"
                 assert idle_in_transaction(engine) == 0, f"cancelled at {k}: a session is idle in a transaction"
@@ -284,7 +284,7 @@ def test_a_call_cancelled_while_its_worker_thread_runs_ends_its_transaction_firs
                 await task
             except asyncio.CancelledError:
                 cancelled = True
-            return cancelled, _runners[async_engine.sync_engine].engine.pool.checkedout()
+            return cancelled, runner_of(async_engine.sync_engine).engine.pool.checkedout()
         finally:
             await async_engine.dispose()
 

@@ -242,7 +242,8 @@ def test_every_bad_constructor_argument_raises_a_documented_error(
 
 @pytest.mark.parametrize(("name", "keyword"), CONSTRUCTOR_CASES, ids=[f"{n}-{k}" for n, k in CONSTRUCTOR_CASES])
 def test_the_canonical_bad_constructor_values(store: Engine, name: str, keyword: str) -> None:
-    for value in CANONICAL:
+    # a NUL and an over-long name: what the random run once found for a ledger's path
+    for value in [*CANONICAL, "\x00", "a\x00b", "x" * 10_000]:
         check_call(CONSTRUCTORS[name], store, keyword, value)
 
 

@@ -1,4 +1,4 @@
-"""The benchmark's floor contenders (bench/contenders.py) do exactly the work hostedrooms' append does.
+"""The benchmark's floor contenders (bench/contenders/) do exactly the work hostedrooms' append does.
 
 The README reads issue #16's targets against these floors: hostedrooms' own append statements through the raw
 driver; its validation and statements on a bare SQLAlchemy Connection, with and without the validation, and on

@@ -22,7 +22,8 @@ from factories import outbound, run_cli
 from sqlalchemy import Engine
 
 import hostedrooms
-from hostedrooms import aio, dialect, models, peers, rooms
+from hostedrooms import aio, models, peers, rooms
+from hostedrooms.backends import postgresql as pg_backend
 from hostedrooms.errors import StoreConfigurationError
 from hostedrooms.ledger import DeliveryLedger
 
@@ -297,7 +298,7 @@ YUGABYTE = "PostgreSQL 11.2-YB-2.18.3.0-b0 on x86_64-pc-linux-gnu, compiled by c
 def test_unsupported_engines_are_refused_at_connect(
         monkeypatch: pytest.MonkeyPatch, pg_worker_url: str, version: str, citus: bool, named: str,
         missing: str) -> None:
-    monkeypatch.setattr(dialect, "_server_identity", lambda _cursor: (version, citus))
+    monkeypatch.setattr(pg_backend, "_server_identity", lambda _cursor: (version, citus))
     engine = hostedrooms.create_engine(pg_worker_url)
     try:
         for _ in range(2):  # and again at the next connection: never let through after a first refusal
@@ -318,7 +319,7 @@ def test_unsupported_engines_are_refused_at_connect(
 
 
 def test_postgresql_itself_is_not_refused(pg_worker_url: str) -> None:
-    identity = dialect._server_identity
+    identity = pg_backend._server_identity
     seen: list[tuple[str, bool]] = []
 
     def recording(cursor: Any) -> tuple[str, bool]:
@@ -326,7 +327,7 @@ def test_postgresql_itself_is_not_refused(pg_worker_url: str) -> None:
         return seen[-1]
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(dialect, "_server_identity", recording)
+        patch.setattr(pg_backend, "_server_identity", recording)
         engine = hostedrooms.create_engine(pg_worker_url)
         try:
             rooms.list_rooms(engine)

@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 
 import hostedrooms
 from hostedrooms import migrate, models, peers, replicas, rooms, testing
-from hostedrooms.dialect import LEDGER_WORK_CHANNEL, MIGRATION_LOCK_KEY, dialect_for
+from hostedrooms.backends import LEDGER_WORK_CHANNEL, MIGRATION_LOCK_KEY, backend_for
 from hostedrooms.errors import (
     HostedRoomError,
     SchemaMissingError,
@@ -28,7 +28,8 @@ from hostedrooms.errors import (
     StoreUnavailableError,
     translate,
 )
-from hostedrooms.ledger.claims import PREPARE_LOCK_KEY
+from hostedrooms.store.ledger import PREPARE_LOCK_KEY
+from hostedrooms.store.peers import PEER_LINKS_LOCK_KEY, PEER_RESERVATIONS_LOCK_KEY
 from hostedrooms.uow import UnitOfWork
 from hostedrooms.wakeup import Wakeup
 
@@ -40,8 +41,8 @@ SCHEMAS = ("gw_a", "gw_b", "gw_c")
 NOT_BLOCKED = 1.0
 
 #: Every advisory key a write takes (rooms, replicas, ledger, peer links and reservations, migrations).
-WRITE_KEYS = (rooms.ROOM_CREATION_LOCK_KEY, replicas.REPLICA_CREATION_LOCK_KEY, PREPARE_LOCK_KEY, peers._LINKS_LOCK,
-              peers._RESERVATIONS_LOCK, MIGRATION_LOCK_KEY)
+WRITE_KEYS = (rooms.ROOM_CREATION_LOCK_KEY, replicas.REPLICA_CREATION_LOCK_KEY, PREPARE_LOCK_KEY,
+              PEER_LINKS_LOCK_KEY, PEER_RESERVATIONS_LOCK_KEY, MIGRATION_LOCK_KEY)
 
 
 @pytest.fixture(scope="module")
@@ -120,9 +121,9 @@ def test_a_search_path_in_the_url_is_the_same_namespace(fleet: dict[str, Engine]
         make_room(by_url, "r1", "through the URL")
         assert rooms.room_state(fleet["gw_b"], room_id="r1")["name"] == "through the URL"
         with by_url.connect() as one, fleet["gw_b"].connect() as other:
-            assert dialect_for(one).namespace(one) == dialect_for(other).namespace(other) is not None
+            assert backend_for(one).namespace(one) == backend_for(other).namespace(other) is not None
         with fleet["gw_a"].connect() as third:
-            assert dialect_for(third).namespace(third) != dialect_for(one).namespace(one)
+            assert backend_for(third).namespace(third) != backend_for(one).namespace(one)
     finally:
         by_url.dispose()
 
@@ -231,7 +232,7 @@ def test_a_transaction_of_another_schema_holding_every_write_lock_does_not_delay
     holder = held.enter_context(UnitOfWork(a))
     try:
         for key in WRITE_KEYS:  # what a disband, a create_room, a ledger prepare or an upgrade holds
-            holder.dialect.serialize(holder.connection, key)
+            holder.backend.advisory_lock(holder.connection, key)
         # And every budget shard of gw_a, as its exclusive append path holds them (rows of gw_a's own table).
         assert len(holder.connection.execute(sa.select(models.budget).with_for_update()).all()) == 8
 
@@ -305,7 +306,7 @@ def test_an_idle_follower_runs_no_statement_for_other_schemas_writes(fleet: dict
     for n in range(20):  # same room id, other schema: a shared channel would wake gw_b's follower each time
         say(a, "same-id", f"a-{n}")
     with UnitOfWork(a) as uow:
-        uow.dialect.notify(uow.connection, LEDGER_WORK_CHANNEL, "delivery")
+        uow.backend.notify(uow.connection, LEDGER_WORK_CHANNEL, "delivery")
         uow.commit()
     time.sleep(1.0)
     assert statements[before:] == []
@@ -318,11 +319,11 @@ def test_ledger_work_of_another_schema_does_not_wake_a_worker(fleet: dict[str, E
     a, b = fleet["gw_a"], fleet["gw_b"]
     with Wakeup(b, LEDGER_WORK_CHANNEL) as wakeup:
         with UnitOfWork(a) as uow:
-            uow.dialect.notify(uow.connection, LEDGER_WORK_CHANNEL, "delivery")
+            uow.backend.notify(uow.connection, LEDGER_WORK_CHANNEL, "delivery")
             uow.commit()
         assert not wakeup.wait(1.0)
         with UnitOfWork(b) as uow:
-            uow.dialect.notify(uow.connection, LEDGER_WORK_CHANNEL, "delivery")
+            uow.backend.notify(uow.connection, LEDGER_WORK_CHANNEL, "delivery")
             uow.commit()
         assert wakeup.wait(10.0)
 
@@ -331,7 +332,7 @@ def test_a_migration_held_in_one_schema_does_not_delay_anothers(fleet: dict[str,
     pool = ThreadPoolExecutor(max_workers=1)
     try:
         with fleet["gw_a"].connect() as connection, connection.begin():
-            dialect_for(connection).lock_migrations(connection)  # an upgrade of gw_a in progress
+            backend_for(connection).lock_migrations(connection)  # an upgrade of gw_a in progress
             started = time.monotonic()
             pool.submit(migrate.upgrade, fleet_url, schema="gw_b").result(timeout=NOT_BLOCKED * 10)
             assert time.monotonic() - started < NOT_BLOCKED * 5  # an upgrade at head: connect, lock, read

@@ -130,9 +130,9 @@ def _nothing_open(engine: Engine, api: Any) -> None:
     session of the database idle in a transaction or still listening."""
     engines = [engine] + ([twin.sync_engine for _, twin in api._twins.values()] if api.name == "async" else [])
     if api.name == "async":
-        from hostedrooms.aio.engines import _runners
+        from hostedrooms.aio.engines import runner_of
 
-        engines += [runner.engine for key, runner in _runners.items() if key in engines]
+        engines += [runner.engine for runner in map(runner_of, engines) if runner is not None]
     assert [pooled.pool.checkedout() for pooled in engines] == [0] * len(engines)
     if engine.dialect.name == "postgresql":  # a discarded connection's session ends once its server sees it closed
         deadline = time.monotonic() + 10
@@ -276,9 +276,9 @@ def test_cancelling_an_async_follower_leaves_nothing_open(engine: Engine, api: A
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        from hostedrooms.aio.engines import _runners
+        from hostedrooms.aio.engines import runner_of
 
-        runner = _runners[async_engine.sync_engine]
+        runner = runner_of(async_engine.sync_engine)
         checked_out = [async_engine.sync_engine.pool.checkedout(), runner.engine.pool.checkedout()]
         await async_engine.dispose()
         return seen, checked_out

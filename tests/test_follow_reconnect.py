@@ -22,7 +22,7 @@ from test_follow_shared_waiter import event_of, two_rooms, wait_until, waiter_th
 from waits import join
 
 from hostedrooms import aio, create_engine, rooms, wakeup
-from hostedrooms.dialect import SQLiteDialect
+from hostedrooms.backends import SQLiteBackend
 from hostedrooms.errors import StoreUnavailableError
 from hostedrooms.ledger import DeliveryLedger
 
@@ -212,15 +212,15 @@ def test_a_failing_poller_connection_is_opened_again(engine: Engine, monkeypatch
     """The poller's reads failing (twice) end no follower: the waiter polls on a new connection and wakes them."""
     two_rooms(engine)
     failures = [sqlite3.OperationalError("disk I/O error")] * 2
-    original = SQLiteDialect.change_counter
+    original = SQLiteBackend.change_counter
 
-    def change_counter(self: SQLiteDialect, dbapi_connection: Any) -> int:
+    def change_counter(self: SQLiteBackend, dbapi_connection: Any) -> int:
         if armed.is_set() and failures:
             raise failures.pop()
         return original(self, dbapi_connection)
 
     armed = threading.Event()
-    monkeypatch.setattr(SQLiteDialect, "change_counter", change_counter)
+    monkeypatch.setattr(SQLiteBackend, "change_counter", change_counter)
     followers = [SyncFollower(engine, 1, 3, **WAITING) for _ in range(2)]
     wait_until(lambda: waiter_threads() == 1, "the shared waiter")
     time.sleep(0.2)  # the followers in their wait

@@ -30,6 +30,7 @@ from waits import wait_child
 
 import hostedrooms
 from hostedrooms import create_engine, models, rooms, testing, verify, writer
+from hostedrooms.engine_profile import known_runtime
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.uow import UnitOfWork
 
@@ -89,7 +90,9 @@ def _seqs(engine: Engine, room_id: str = "r1") -> list[int]:
 
 
 def _writer_of(engine: Engine) -> Any:
-    return vars(engine)["_hostedrooms_held_writer"].writer
+    runtime = known_runtime(engine)
+    assert runtime is not None and runtime.writer_slot is not None  # hostedrooms allowed this engine a writer
+    return runtime.writer_slot.writer
 
 
 # --- the same outcomes ---------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Each workload runs twice on an emptied ledger: once as the services run it (hot statements, and the one guarded
 statement bind_owner, prepare_response, commit_outbound and prepare_outbound try before reading the row), once
-inside :meth:`LedgerStore.without_fast_path` (every statement through ``Connection.execute``, every call reading
+inside :meth:`LedgerStatements.without_fast_path` (every statement through ``Connection.execute``, every call reading
 its row first, as before the store existed). Both runs must return the same results, raise the same errors with
 the same messages, and leave the same rows. The scripted workload takes deliveries through every state and every
 error the ledger raises; the generated ones mix the same calls over a few ids in random order.
@@ -22,11 +22,11 @@ import sqlalchemy as sa
 from apis import use_api
 from sqlalchemy import Engine
 
-from hostedrooms.dialect import dialect_for
+from hostedrooms.backends import backend_for
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.ledger import DeliveryLedger
-from hostedrooms.ledger.store import LedgerStore, ledger_store
 from hostedrooms.models import deliveries, outbound_intents
+from hostedrooms.store.ledger import LedgerStore, ledger_statements
 
 _api = use_api("DeliveryLedger")  # the tests on a database run on both APIs
 
@@ -225,8 +225,8 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def _both_ways(engine: Engine, calls: list[Call], reads: list[str]) -> Iterator[tuple[Any, Any, int]]:
-    store = ledger_store(dialect_for(engine))
-    contexts: tuple[Callable[[], AbstractContextManager[None]], ...] = (nullcontext, store.without_fast_path)
+    statements = ledger_statements(backend_for(engine))
+    contexts: tuple[Callable[[], AbstractContextManager[None]], ...] = (nullcontext, statements.without_fast_path)
     for context in contexts:
         reads.clear()
         with context():

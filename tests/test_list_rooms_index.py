@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy import Engine
 
 from hostedrooms import models, rooms
-from hostedrooms.dialect import _DIALECTS
+from hostedrooms.backends import backend_for
 from hostedrooms.store import room_store
 
 GATEWAY = "g1"
@@ -76,7 +76,7 @@ def test_pages_on_many_rooms_are_the_same_with_and_without_the_index(engine: Eng
 def test_the_first_page_is_read_from_the_listing_index(engine: Engine) -> None:
     _seed(engine, 1500)
     for include_disbanded in (False, True):
-        statement = room_store(_DIALECTS[engine.dialect.name])._list_rooms[include_disbanded].statement
+        statement = room_store(backend_for(engine))._list_rooms[include_disbanded].statement
         with engine.connect() as connection:
             compiled = statement.compile(dialect=connection.dialect)
             values = compiled.construct_params({"limit": 20, "offset": 0})

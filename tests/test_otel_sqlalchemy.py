@@ -159,8 +159,7 @@ def test_every_call_family_with_the_engine_instrumented(engine: Engine, standby:
 
 
 def _held_writer_is_used(engine: Engine) -> bool:
-    slot = vars(engine).get(writer._ATTRIBUTE)
-    return slot is not None and slot.writer is not None
+    return writer.current_writer(engine) is not None
 
 
 def _replicas_workload(engine: Engine, standby: Engine) -> None:

@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 from sqlalchemy.dialects.postgresql import asyncpg
 
 from hostedrooms import replicas, rooms
-from hostedrooms.dialect import dialect_named
+from hostedrooms.backends import backend_named
 from hostedrooms.errors import ReplicaError
 from hostedrooms.store import room_store
 
@@ -97,7 +97,7 @@ def test_a_postgresql_batch_probes_each_id_in_the_unique_index(engine: Engine) -
     rooms.create_room(engine, room_id="r1", name="R", members=[], authority_gateway_id=A)
     for start in range(0, 2000, 100):
         rooms.append_events(engine, "r1", _batch(start, 100), authority_gateway_id=A, authority_epoch=1)
-    store = room_store(dialect_named("postgresql"))
+    store = room_store(backend_named("postgresql"))
     with engine.connect() as connection:
         # Statistics as autovacuum keeps them (a test database's may be left from other tests' tables).
         connection.exec_driver_sql("ANALYZE hosted_room_events")
@@ -134,7 +134,7 @@ def test_the_probes_keep_the_unique_index_under_statistics_older_than_the_room(e
             connection.exec_driver_sql("ANALYZE hosted_room_events")
         rooms.create_room(engine, room_id="r1", name="R", members=[], authority_gateway_id=A)
         seconds = [_timed_batch(engine, start) for start in range(0, 3000, 100)]
-        store = room_store(dialect_named("postgresql"))
+        store = room_store(backend_named("postgresql"))
         with engine.connect() as connection:
             plans = [*_probe_plans(connection, store._append_batch.statement, _BATCH_VALUES),
                      *_probe_plans(connection, store._append_one.statement, _ONE_VALUES)]

@@ -12,7 +12,8 @@ import sqlalchemy as sa
 from factories import run_cli
 from sqlalchemy import Engine
 
-from hostedrooms import cli, models, rooms
+from hostedrooms import models, rooms
+from hostedrooms.cli import inspect as cli
 from hostedrooms.display import terminal_text
 
 GATEWAY = "g1"

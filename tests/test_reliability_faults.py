@@ -20,7 +20,7 @@ from sqlalchemy import Engine, event
 
 import hostedrooms
 from hostedrooms import peers, rooms
-from hostedrooms.dialect import dialect_for
+from hostedrooms.backends import backend_for
 from hostedrooms.errors import HostedRoomError, StoreUnavailableError
 from hostedrooms.ledger import DeliveryLedger
 from hostedrooms.store import room_store
@@ -233,7 +233,7 @@ def test_a_failed_commit_leaves_the_store_untouched(engine: Engine, case: Case) 
     before = snapshot(engine)
     # PostgreSQL's one-statement append commits with its statement (autocommit): no COMMIT to fail there, so the
     # append takes the full path, whose COMMIT this checks (a failed statement is the test above).
-    with injected(engine) as injector, room_store(dialect_for(engine)).without_fast_path():
+    with injected(engine) as injector, room_store(backend_for(engine)).without_fast_path():
         injector.fail_commit = True
         with pytest.raises(StoreUnavailableError, match="injected fault"):
             case.operation(engine, state)

@@ -19,8 +19,8 @@ from sqlalchemy import Engine
 
 from hostedrooms import integrity, migrate, models, replicas, rooms
 from hostedrooms import rooms as sync_rooms
+from hostedrooms.backends import backend_for
 from hostedrooms.db import create_engine
-from hostedrooms.dialect import dialect_for
 from hostedrooms.errors import CapacityExceededError, HostedRoomError
 from hostedrooms.store import room_store
 from hostedrooms.uow import UnitOfWork
@@ -51,7 +51,7 @@ def sync_message(engine: Engine, room_id: str, event_id: str, text: str = "hi", 
 
 def _budget_problems(engine: Engine) -> list[str]:
     with engine.connect() as connection:
-        return [str(v) for v in integrity.check_budget(connection, dialect_for(connection))]
+        return [str(v) for v in integrity.check_budget(connection, backend_for(connection))]
 
 
 def _budget_used(engine: Engine) -> int:
@@ -62,7 +62,7 @@ def _budget_used(engine: Engine) -> int:
 def _fast(engine: Engine, room_id: str, event_id: str, *, gateway: str = LOCAL, epoch: int = 1) -> Any:
     """The store's one-statement append alone, in a unit that commits whatever it wrote."""
     event = rooms.PreparedEvent(event_id, "message.user", '{"id":"u1","kind":"user"}', '{"text":"hi"}', epoch)
-    store = room_store(dialect_for(engine))
+    store = room_store(backend_for(engine))
     with UnitOfWork(engine) as uow:
         outcome = store.append_fast(uow.connection, room_id, [event], gateway_id=gateway, now=5.0,
                                     limits=lowered())
@@ -98,7 +98,7 @@ def test_a_repeated_id_returns_the_stored_row(engine: Engine) -> None:
     again = message(engine, "r1", "e1")
     assert (again["seq"], again["idempotent"], first["idempotent"]) == (first["seq"], True, False)
     assert snapshot(engine) == before
-    if room_store(dialect_for(engine)).autocommit_fast:  # PostgreSQL: the probe answers in the same statement
+    if room_store(backend_for(engine)).autocommit_fast:  # PostgreSQL: the probe answers in the same statement
         outcome = _fast(engine, "r1", "e1")
         assert outcome is not None and outcome[0] == [] and outcome[1]["e1"]["seq"] == first["seq"]
         assert snapshot(engine) == before
@@ -282,7 +282,7 @@ def test_the_migration_fills_the_shards_of_a_populated_database(empty_target: st
         total = sum(len(text.encode()) for text in ("e1", "message.user", "{}", "{}", "e2", "message.user", "{}",
                                                     '{"x":1}', "e1", "message.user", "{}", '"é"'))
         assert sum(shard["used"] for shard in shards) == total
-        assert len(shards) == room_store(dialect_for(engine)).budget_shards
+        assert len(shards) == room_store(backend_for(engine)).budget_shards
         assert ("idx_hosted_room_events_cursor" in indexes) == (backend == "sqlite")
         assert _budget_problems(engine) == []
         message(engine, "a", "after", gateway="g")  # the first append spreads the budget, then writes

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine
 
 from hostedrooms import models, rooms
-from hostedrooms.dialect import dialect_for
+from hostedrooms.backends import backend_for
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.rooms import rows as page_rows
 from hostedrooms.rooms.events import read_events_exact
@@ -236,7 +236,7 @@ def test_the_store_reads_the_rows_of_the_plain_page(engine: Engine) -> None:
     events = [{"event_id": f"e{n}", "kind": "message.user", "actor": {"kind": "user", "id": "u1"},
                "payload": {"text": "é" * (n * 37 % 300)}} for n in range(40)]
     _write(engine, events, [])
-    store = room_store(dialect_for(engine))
+    store = room_store(backend_for(engine))
     with UnitOfWork(engine, write=False) as uow:
         connection = uow.connection
         for since, limit, max_bytes in [(0, 500, 2 << 20), (0, 7, 2 << 20), (3, 500, 3000), (39, 500, 100),

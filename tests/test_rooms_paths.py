@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine
 
 from hostedrooms import models, rooms
-from hostedrooms.dialect import dialect_for
+from hostedrooms.backends import backend_for
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.store import RoomStore, room_store
 
@@ -136,7 +136,7 @@ def _both_ways(
 @pytest.fixture
 def counted(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How often the one-statement append applied and declined while the test ran."""
-    store = room_store(dialect_for(engine))
+    store = room_store(backend_for(engine))
     counts = {"applied": 0, "declined": 0}
     original = store.append_fast
 
@@ -152,7 +152,7 @@ def counted(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 def test_fast_and_full_appends_agree_on_generated_sequences(
     engine: Engine, counted: dict[str, int], api: Any
 ) -> None:
-    store = room_store(dialect_for(engine))
+    store = room_store(backend_for(engine))
 
     # The asyncio API runs the same store code: fewer examples show it gives the same outcomes.
     @settings(max_examples=100 if api.name == "sync" else 25, deadline=None, database=None,
@@ -171,7 +171,7 @@ def test_fast_and_full_appends_agree_on_generated_sequences(
 
 
 def test_without_fast_path_really_takes_the_full_path(engine: Engine, counted: dict[str, int]) -> None:
-    store = room_store(dialect_for(engine))
+    store = room_store(backend_for(engine))
     operations = [("append", "r1", ("g1", 1), _item("message.user", "user", "e1", "a"))]
     (fast, _), (full, _) = _both_ways(engine, store, operations, None)
     assert counted == {"applied": 1, "declined": 0}
@@ -197,7 +197,7 @@ def test_without_fast_path_really_takes_the_full_path(engine: Engine, counted: d
 def test_fast_and_full_agree_on_precedence_cases(
     engine: Engine, operations: list[tuple[Any, ...]], lim: Any, expected: Any
 ) -> None:
-    store = room_store(dialect_for(engine))
+    store = room_store(backend_for(engine))
     (fast, fast_rows), (full, full_rows) = _both_ways(engine, store, operations, lim)
     assert fast == full and fast_rows == full_rows
     last = fast[-1]

@@ -30,8 +30,8 @@ import pytest
 from sqlalchemy import Engine
 from standby_support import GATEWAY_A, GATEWAY_B, host, replica_log, room_log
 
-from hostedrooms import cli_standby as cli
 from hostedrooms.cli import main
+from hostedrooms.cli import standby as cli
 from hostedrooms.errors import InvalidInputError
 from hostedrooms.standby import (
     EnginePageSource,

@@ -15,7 +15,7 @@ from standby_support import GATEWAY_A, GATEWAY_B, host, say
 
 from hostedrooms import rooms
 from hostedrooms.cli import main
-from hostedrooms.cli_standby import _stop_on_signals
+from hostedrooms.cli.standby import _stop_on_signals
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.standby import EnginePageSource, PageServer
 

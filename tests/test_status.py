@@ -15,8 +15,9 @@ from factories import run_cli as _run
 from sqlalchemy import Engine
 
 import hostedrooms.limits
-from hostedrooms import UnitOfWork, cli, migrate, testing
-from hostedrooms.dialect import dialect_for
+from hostedrooms import UnitOfWork, migrate, testing
+from hostedrooms.backends import backend_for
+from hostedrooms.cli import inspect as cli
 from hostedrooms.errors import InvalidInputError, SchemaMissingError
 from hostedrooms.ledger import DeliveryLedger
 from hostedrooms.models import replicas, rooms
@@ -345,7 +346,7 @@ def test_the_status_reads_one_snapshot(engine: Engine, backend: str, monkeypatch
         return int(uow.execute(sa.select(sa.func.count()).select_from(rooms)).scalar_one())
 
     with UnitOfWork(engine, write=False) as reader:
-        reader.dialect.snapshot_reads(reader.connection)
+        reader.backend.snapshot_reads(reader.connection)
         assert count(reader) == 0
         with UnitOfWork(engine) as writer:
             writer.execute(sa.insert(rooms).values(_room("late", 0, 0)))
@@ -354,7 +355,7 @@ def test_the_status_reads_one_snapshot(engine: Engine, backend: str, monkeypatch
         if backend == "postgresql":  # and read-only (SQLite's read transaction is one already)
             with pytest.raises(sa.exc.DBAPIError, match="read-only transaction"):
                 reader.execute(sa.delete(rooms))
-    dialect, calls = dialect_for(engine), []
+    dialect, calls = backend_for(engine), []
     snapshot = dialect.snapshot_reads
     monkeypatch.setattr(dialect, "snapshot_reads", lambda connection: calls.append(snapshot(connection)))
     assert store_status(engine, now=NOW)["rooms"]["live"]["used"] == 1 and len(calls) == 1

@@ -150,9 +150,9 @@ def test_deadlock_is_transient(pg_engine: Engine) -> None:
     def worker(index: int, first: int, second: int) -> None:
         try:
             with UnitOfWork(engine) as uow:
-                uow.dialect.serialize(uow.connection, first)
+                uow.backend.advisory_lock(uow.connection, first)
                 both_hold_one.wait()
-                uow.dialect.serialize(uow.connection, second)  # each waits for the other: PostgreSQL aborts one
+                uow.backend.advisory_lock(uow.connection, second)  # each waits for the other: PostgreSQL aborts one
                 uow.commit()
         except BaseException as exc:  # recorded for the assertion below
             outcomes[index] = exc

@@ -24,11 +24,13 @@ Invariants, in terms of the stores (a room is told apart from another room with 
   least one store that may write it;
 * at most one running gateway's store may write each room (forks aside);
 * after a failover completes (or its rerun), with no other operation paused or killed half-way, every room has a
-  store that may write it;
+  store that may write it; and so after a stopped authority's return, when only failovers from it were killed
+  half-way (its replicators, told whose store each source is, give back the rooms fenced and never promoted);
 * ``hostedrooms.integrity.verify`` is clean on every store.
 
 Plain tests below replay the two interleavings issue #34 reports (a demotion losing a write; the fence stranding
-a room a standby then does not promote).
+a room a standby then does not promote). Every replicator pass in the model is run as the docs tell operators to
+run it between gateways' stores, with ``--source-gateway`` (``source_gateway_id``).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ from hostedrooms.db import create_engine
 from hostedrooms.errors import AuthorityConflictError, HostedRoomError
 from hostedrooms.limits import Limits
 from hostedrooms.records import Actor
+from hostedrooms.standby.reclaim import RECLAIM_STEP
 from hostedrooms.standby.steps import step_hook
 
 pytest_plugins = ["standby_fixtures"]
@@ -129,7 +132,7 @@ class Op:
 
     def steps(self) -> tuple[str, ...]:
         if self.kind != "failover":
-            return (PROVED,)
+            return (PROVED, RECLAIM_STEP)
         return FAILOVER_STEPS if self.fenced else FAILOVER_STEPS[3:]
 
 
@@ -280,10 +283,10 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             target, limits = engines[op.gateway], self.limits[op.gateway]
             gateway = GATEWAYS[op.gateway]
             if op.kind == "replicate":
-                return lambda: replicate(engines[op.source], target, gateway, limits)
+                return lambda: replicate(engines[op.source], target, gateway, limits, GATEWAYS[op.source])
             if op.kind == "return":
                 self.status[op.gateway] = "returning"
-                return lambda: [replicate(engines[source], target, gateway, limits)
+                return lambda: [replicate(engines[source], target, gateway, limits, GATEWAYS[source])
                                 for source in self.names if source != op.gateway]
             if op.fenced:
                 return lambda: take_over(target, gateway, GATEWAYS[op.source], limits, engines[op.source])
@@ -292,7 +295,7 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             self.unfenced_by[op.source] = op.gateway
 
             def unfenced() -> Any:
-                last = replicate(engines[op.source], target, gateway, limits)
+                last = replicate(engines[op.source], target, gateway, limits, GATEWAYS[op.source])
                 if not last.ok:  # the standby does not hold all of it: the operator does not fail over
                     return last
                 return take_over(target, gateway, GATEWAYS[op.source], limits, None)
@@ -302,10 +305,18 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
         def _finished(self, op: Op, result: Any) -> None:
             if op.kind == "replicate":
                 assert result.error == "", result.error
+                if self.paused is None and self.pending and all(
+                        (pending.gateway, pending.source) == (op.source, op.gateway) for pending in self.pending):
+                    # the old authority's pass from the standby that was killed half-way gave back what it fenced
+                    # and never promoted
+                    self._one_writer_each(f"after {op}")
             elif op.kind == "return":
                 assert all(report.error == "" for report in result), [report.error for report in result]
                 self.status[op.gateway] = "up"
                 self.unfenced_by.pop(op.gateway, None)
+                if self.paused is None and all(pending.source == op.gateway for pending in self.pending):
+                    # its replicators gave back whatever a failover from it fenced and left unpromoted
+                    self._one_writer_each(f"after {op}")
             else:
                 catch_up = getattr(result, "catch_up", None)
                 if catch_up is not None and catch_up.error:
@@ -500,13 +511,13 @@ def test_a_write_committed_after_the_demotion_proof_is_not_lost(stores: dict[str
     in a log no one may write any more."""
     a, b = stores["A"], stores["B"]
     _host(a, "r0", 2)
-    assert replicate(a, b, GATEWAYS["B"], None).ok
+    assert replicate(a, b, GATEWAYS["B"], None, GATEWAYS["A"]).ok
     assert take_over(b, GATEWAYS["B"], GATEWAYS["A"], None, None).ok  # A was stopped: no fence
     _say(b, "r0", "b-after-takeover", "B", 2)
     conductor = Conductor()
     with step_hook(conductor):
         returning = Paused(conductor, "A's replicator from B", PROVED,
-                           lambda: replicate(b, a, GATEWAYS["A"], None))
+                           lambda: replicate(b, a, GATEWAYS["A"], None, GATEWAYS["B"]))
         assert returning.start(), "A's replicator never reached its demotion"
         _say(a, "r0", "a-between-proof-and-demotion", "A", 1)  # A's store still holds r0 for A: acknowledged
         returning.resume()
@@ -525,7 +536,7 @@ def test_a_failover_leaves_every_room_with_a_writer(stores: dict[str, Engine], o
     for room_id in ("r0", "r1"):
         _host(a, room_id, 2)
     limits = _limits(1) if obstacle == "capacity" else None
-    assert replicate(a, b, GATEWAYS["B"], limits).ok
+    assert replicate(a, b, GATEWAYS["B"], limits, GATEWAYS["A"]).ok
     if obstacle == "same-id":
         rooms.create_room(b, room_id="r0", name="B-r0", members=MEMBERS, authority_gateway_id=GATEWAYS["B"])
     report = take_over(b, GATEWAYS["B"], GATEWAYS["A"], limits, a)
@@ -546,7 +557,7 @@ def test_a_room_taken_locally_after_the_plan_keeps_a_writer(stores: dict[str, En
     room r0 of its own: r0 of A must keep a gateway that may write it (not fenced, or given back)."""
     a, b = stores["A"], stores["B"]
     _host(a, "r0", 1)
-    assert replicate(a, b, GATEWAYS["B"], None).ok
+    assert replicate(a, b, GATEWAYS["B"], None, GATEWAYS["A"]).ok
     conductor = Conductor()
     with step_hook(conductor):
         running = Paused(conductor, "failover on B", "failover.planned",
@@ -565,13 +576,13 @@ def test_a_standby_that_followed_the_fenced_store_does_not_fork_the_room(stores:
     gateway that may write it (C's pass from B finds that its replica is not B's log, or B's return demotes)."""
     a, b, c = stores["A"], stores["B"], stores["C"]
     _host(a, "r0", 1)
-    assert replicate(a, c, GATEWAYS["C"], None).ok
+    assert replicate(a, c, GATEWAYS["C"], None, GATEWAYS["A"]).ok
     assert take_over(b, GATEWAYS["B"], GATEWAYS["A"], None, a).ok
-    replicate(a, c, GATEWAYS["C"], None)  # C still follows A
-    if replicate(b, c, GATEWAYS["C"], None).ok:  # B was stopped: C's last pass from it, then its failover
+    replicate(a, c, GATEWAYS["C"], None, GATEWAYS["A"])  # C still follows A
+    if replicate(b, c, GATEWAYS["C"], None, GATEWAYS["B"]).ok:  # B stopped: C's last pass from it, then its failover
         take_over(c, GATEWAYS["C"], GATEWAYS["B"], None, None)
-    for source in (a, c):  # B returns
-        replicate(source, b, GATEWAYS["B"], None)
+    for source, name in ((a, "A"), (c, "C")):  # B returns
+        replicate(source, b, GATEWAYS["B"], None, GATEWAYS[name])
     assert _writers(stores) == {("r0", "A-r0"): ["B"]} or _writers(stores) == {("r0", "A-r0"): ["C"]}, \
         _writers(stores)
 

@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 from waits import join
 
 from hostedrooms import EventConflictError, models, peers, replicas, rooms, telemetry
-from hostedrooms.ledger import DeliveryLedger
+from hostedrooms.ledger import DeliveryLedger, observe_ledger
 from hostedrooms.standby import EnginePageSource, Replicator
 
 pytest_plugins = ["standby_fixtures"]
@@ -225,7 +225,7 @@ def test_every_service_call_is_a_span_and_no_secret_is_exported(
     _rooms_workload(engine)
     _peers_workload(engine)
     ledger = _ledger_workload(engine)
-    telemetry.observe_ledger(ledger)
+    observe_ledger(ledger)
     _standby_workload(engine, standby)
     spans = captured.finished()
     names = {span.name for span in spans}
@@ -311,7 +311,7 @@ def test_append_metrics_conflicts_and_retries(engine: Engine, captured: Captured
 
 def test_the_ledger_backlog_gauge_reads_the_observed_ledger(engine: Engine, captured: Captured) -> None:
     ledger = DeliveryLedger(engine)
-    telemetry.observe_ledger(ledger)
+    observe_ledger(ledger)
     prepare(ledger, 1)
     prepare(ledger, 2)
     ledger.authorize("env-2")
@@ -408,8 +408,22 @@ def test_the_asyncio_follow_records_its_wakeup_latency(
 
 def test_no_provider_records_nothing(engine: Engine) -> None:
     # The API is installed here, and no provider is set: the per-call check finds nothing to record.
-    assert telemetry._current() is None
+    assert telemetry.providers.current() is None
     rooms.create_room(engine, room_id="r1", name="Team", members=[], authority_gateway_id=GW_A)
+
+
+def test_telemetry_imports_neither_the_standby_nor_the_ledger() -> None:
+    # The standby's lag and the ledger's backlog feed their gauges through telemetry.observe_gauge; telemetry
+    # itself knows neither package (no import, so no cycle through them).
+    script = ("import json, sys, hostedrooms.telemetry; print(json.dumps(sorted(name for name in sys.modules "
+              "if name.startswith(('hostedrooms.standby', 'hostedrooms.ledger')))))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    assert json.loads(result.stdout) == []
+
+
+def test_a_gauge_reader_feeds_only_a_gauge_of_hostedrooms() -> None:
+    with pytest.raises(ValueError, match="no hostedrooms gauge is named 'hostedrooms.nothing'"):
+        telemetry.observe_gauge("hostedrooms.nothing", list)
 
 
 def test_nothing_of_opentelemetry_is_imported_without_the_api(tmp_path: Path, sqlite_template: Path) -> None:
@@ -435,7 +449,7 @@ def test_nothing_of_opentelemetry_is_imported_without_the_api(tmp_path: Path, sq
                                    authority_gateway_id="install:gw", authority_epoch=1)
         DeliveryLedger(engine).pending_outbound()
         loaded = sorted(name for name in sys.modules if name.startswith("opentelemetry"))
-        print(json.dumps({{"seq": event["seq"], "loaded": loaded, "current": telemetry._current()}}))
+        print(json.dumps({{"seq": event["seq"], "loaded": loaded, "current": telemetry.providers.current()}}))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           check=False)
@@ -473,3 +487,11 @@ def test_global_providers_set_after_the_first_call_are_used(tmp_path: Path, sqli
                           check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"spans": ["create_room"], "metrics": ["db.client.operation.duration"]}
+
+
+def test_observe_ledger_is_where_the_docs_name_it() -> None:
+    """``hostedrooms.telemetry.observe_ledger`` (docs/observability.md) and the ledger package's are one function."""
+    import hostedrooms.ledger
+    import hostedrooms.telemetry
+
+    assert hostedrooms.telemetry.observe_ledger is hostedrooms.ledger.observe_ledger

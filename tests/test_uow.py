@@ -87,16 +87,16 @@ def test_driver_errors_are_translated(engine: sa.Engine) -> None:
 
 
 def _increment_worker(target: str, iterations: int) -> None:
-    from hostedrooms.dialect import dialect_for
+    from hostedrooms.backends import backend_for
 
     engine = create_engine(target)
     for _ in range(iterations):
         with UnitOfWork(engine) as uow:
-            select = uow.dialect.for_update(sa.select(rooms.c.revision).where(rooms.c.room_id == "r1"))
+            select = uow.backend.for_update(sa.select(rooms.c.revision).where(rooms.c.room_id == "r1"))
             value = uow.execute(select).scalar_one()  # read ...
             uow.execute(sa.update(rooms).where(rooms.c.room_id == "r1").values(revision=value + 1))  # ... then write
             uow.commit()
-    assert dialect_for(engine) is not None
+    assert backend_for(engine) is not None
     engine.dispose()
 
 

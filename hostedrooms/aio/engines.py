@@ -44,6 +44,7 @@ from sqlalchemy import URL, Engine, event
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
+from ..backends import backend_for_url
 from ..db import (
     DEFAULT_BUSY_TIMEOUT,
     build_configured,
@@ -52,7 +53,7 @@ from ..db import (
     create_engine,
     resolve_url,
 )
-from ..dialect import dialect_for_url
+from ..engine_profile import EngineRuntime, known_runtime, runtime_of
 from ..errors import MisuseError
 
 __all__ = [
@@ -83,9 +84,8 @@ class _Options:
     listen_url: str | URL | None = None
 
 
-#: What create_async_engine was told, per engine (adopted engines get the defaults).
-_options: weakref.WeakKeyDictionary[Engine, _Options] = weakref.WeakKeyDictionary()
-_runners: weakref.WeakKeyDictionary[Engine, Runner] = weakref.WeakKeyDictionary()
+# What create_async_engine was told (adopted engines get the defaults) and the runner built from it are kept in
+# the ``sync_engine``'s EngineRuntime (``async_options``, ``runner``).
 
 
 def _sa_create_async_engine(*args: Any, **kwargs: Any) -> AsyncEngine:
@@ -125,17 +125,19 @@ def create_async_engine(
     if isinstance(target, AsyncEngine):
         configure_adopted(target.sync_engine, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema,
                           pooler=pooler, listen_url=listen_url)
-        _options[target.sync_engine] = _Options(synchronous, busy_timeout, True, services, schema, pooler, listen_url)
+        runtime_of(target.sync_engine).async_options = _Options(
+            synchronous, busy_timeout, True, services, schema, pooler, listen_url)
         return target
     if isinstance(target, Engine):
         raise MisuseError(
             "hostedrooms.aio needs an asyncio target (a path, a URL or an AsyncEngine), not a synchronous "
             "Engine; give its URL instead")
     url = resolve_url(target)
-    built = build_configured(dialect_for_url(url).async_url(url), _sa_create_async_engine, synchronous=synchronous,
+    built = build_configured(backend_for_url(url).async_url(url), _sa_create_async_engine, synchronous=synchronous,
                              busy_timeout=busy_timeout, create=create, schema=schema, pooler=pooler,
                              listen_url=listen_url, **engine_kwargs)
-    _options[built.sync_engine] = _Options(synchronous, busy_timeout, create, services, schema, pooler, listen_url)
+    runtime_of(built.sync_engine).async_options = _Options(
+        synchronous, busy_timeout, create, services, schema, pooler, listen_url)
     return built
 
 
@@ -152,7 +154,7 @@ def require_async_engine(engine: object) -> AsyncEngine:
 def sync_url(engine: AsyncEngine) -> URL:
     """The URL of ``engine``'s database with hostedrooms' synchronous driver."""
     url = engine.url
-    return dialect_for_url(url).normalise_url(url.set(drivername=url.get_backend_name()))
+    return backend_for_url(url).normalise_url(url.set(drivername=url.get_backend_name()))
 
 
 class Runner:
@@ -184,7 +186,7 @@ class _Awaited(Runner):
     worker thread."""
 
     def __init__(self, engine: AsyncEngine) -> None:
-        # Weak: the runners are values of a weak mapping keyed by this very engine.
+        # Weak: the runner is kept in this very engine's runtime.
         self._engine = weakref.ref(engine.sync_engine)
 
     @property
@@ -369,22 +371,51 @@ async def runner_for(engine: object) -> Runner:
     """The :class:`Runner` of an AsyncEngine (built on first use; an adopted engine gets hostedrooms' hooks)."""
     async_engine = require_async_engine(engine)
     sync_engine = async_engine.sync_engine
-    runner = _runners.get(sync_engine)
+    runtime = runtime_of(sync_engine)
+    runner: Runner | None = runtime.runner
     if runner is not None:
         return runner
-    options = _options.get(sync_engine, _Options())
+    options: _Options = runtime.async_options or _Options()
     if configure_adopted(sync_engine, synchronous=options.synchronous, busy_timeout=options.busy_timeout):
         await run_to_end(async_engine.dispose())  # pooled connections predate the hooks (cancelled: still all)
-    twin_target = dialect_for_url(async_engine.url).twin_target(async_engine.url)
+    twin_target = backend_for_url(async_engine.url).twin_target(async_engine.url)
     if options.services == "awaited" or twin_target is None:
-        return _runners.setdefault(sync_engine, _Awaited(async_engine))
+        return _keep_runner(runtime, _Awaited(async_engine))
     threaded = _Threaded(create_engine(
         twin_target, synchronous=options.synchronous, busy_timeout=options.busy_timeout, create=options.create,
         schema=options.schema, pooler=options.pooler, listen_url=options.listen_url, pool_size=THREAD_WORKERS,
         max_overflow=THREAD_WORKERS))  # the overflow: callers' own threads
-    runner = _runners.setdefault(sync_engine, threaded)
+    runner = _keep_runner(runtime, threaded)
     if runner is threaded:
         event.listen(sync_engine, "engine_disposed", lambda _engine: threaded.dispose())
     else:  # another task built one first, while this one awaited the dispose above
         threaded.dispose()
+    return runner
+
+
+_runners_lock = threading.Lock()
+
+
+def _forked() -> None:
+    global _runners_lock
+    _runners_lock = threading.Lock()  # it may have been held by a thread that does not exist here
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_forked)
+
+
+def _keep_runner(runtime: EngineRuntime, runner: Runner) -> Runner:
+    """``runner`` as the engine's runner unless another task kept one first (then that one)."""
+    with _runners_lock:
+        if runtime.runner is None:
+            runtime.runner = runner
+        kept: Runner = runtime.runner
+    return kept
+
+
+def runner_of(sync_engine: Engine) -> Runner | None:
+    """The runner built for the AsyncEngine whose ``sync_engine`` this is, if any (tests and diagnostics)."""
+    runtime = known_runtime(sync_engine)
+    runner: Runner | None = None if runtime is None else runtime.runner
     return runner

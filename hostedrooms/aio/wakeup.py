@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import Self
@@ -22,17 +21,17 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import NullPool
 
+from ..backends import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, backend_for, backend_for_url, pooler_of
 from ..db import create_engine, engine_schema
-from ..dialect import LEDGER_WORK_CHANNEL, ROOM_EVENTS_CHANNEL, dialect_for, dialect_for_url, pooler_of
+from ..engine_profile import runtime_of
 from ..validation import interval
 from ..wakeup import DEFAULT_POLL_INTERVAL, SharedWaiter, Subscription, check_waitable, driver_error, join_waiter
 from .engines import require_async_engine, runner_for
 
 __all__ = ["AsyncWakeup", "ledger_wakeup"]
 
-#: Per AsyncEngine whose services are awaited: the synchronous engine its shared waiter connects through (None
-#: where no second connection sees the same database).
-_waiter_engines: weakref.WeakKeyDictionary[Engine, Engine | None] = weakref.WeakKeyDictionary()
+# Per AsyncEngine whose services are awaited: the synchronous engine its shared waiter connects through (None
+# where no second connection sees the same database), kept in its sync_engine's EngineRuntime (``waiter_engine``).
 
 
 async def waiter_engine(engine: AsyncEngine) -> Engine | None:
@@ -42,14 +41,16 @@ async def waiter_engine(engine: AsyncEngine) -> Engine | None:
     if not runner.engine.dialect.is_async:
         return runner.engine  # the twin the services run on
     sync_engine = engine.sync_engine
-    if sync_engine not in _waiter_engines:
-        target = dialect_for_url(engine.url).twin_target(engine.url)
+    runtime = runtime_of(sync_engine)
+    if not runtime.waiter_engine_known:
+        target = backend_for_url(engine.url).twin_target(engine.url)
         pooler = pooler_of(sync_engine)
         # NullPool: the waiter takes its one connection from a private copy of this pool; nothing else idles.
-        _waiter_engines[sync_engine] = None if target is None else create_engine(
+        runtime.waiter_engine = None if target is None else create_engine(
             target, create=False, poolclass=NullPool, schema=engine_schema(sync_engine),  # its channels
             pooler=None if pooler is None else pooler.mode, listen_url=None if pooler is None else pooler.listen_url)
-    return _waiter_engines[sync_engine]
+        runtime.waiter_engine_known = True
+    return runtime.waiter_engine
 
 
 class _LoopSubscription(Subscription):
@@ -107,9 +108,9 @@ class AsyncWakeup:
         reconnect_deadline: float | None = None,
     ) -> None:
         self.engine = require_async_engine(engine)
-        dialect = dialect_for(self.engine.sync_engine)
-        if dialect.notifies:
-            dialect.listen_statement(channel)  # one of hostedrooms' channels (a programming error otherwise)
+        backend = backend_for(self.engine.sync_engine)
+        if backend.notifies:
+            backend.listen_statement(channel)  # one of hostedrooms' channels (a programming error otherwise)
         check_waitable(self.engine.sync_engine)  # a transaction pooler without listen_url: refused at once
         self.channel, self.key = channel, key
         if poll_interval is not None:

@@ -8,21 +8,21 @@ are cached per target, so repeated calls neither reconnect nor re-check the sche
 from __future__ import annotations
 
 import threading
-import weakref
 
 from sqlalchemy import Engine
 
 from .. import migrate
 from ..db import Target, create_engine, resolve_url
+from ..engine_profile import runtime_of
 from ..engines import EngineCache
 from ..identity import INSTALL_ID_ENV, local_gateway_id
 
 __all__ = ["INSTALL_ID_ENV", "engine_for", "forget_engines", "local_gateway_id"]
 
 _engines = EngineCache()
-# Engines passed in by callers, once adopted and migrated: held weakly (the caller owns them), keyed by the
-# object itself, never by id().
-_adopted: weakref.WeakSet[Engine] = weakref.WeakSet()
+# Engines passed in by callers, once adopted and migrated, are marked in their own EngineRuntime (the caller owns
+# them: nothing here keeps them alive) with the generation of this cache; forget_engines() starts a new one.
+_generation = 0
 _adopting = threading.Lock()
 
 
@@ -35,10 +35,12 @@ def _migrated(engine: Engine) -> Engine:
 def engine_for(db_path: Target) -> Engine:
     """The cached Engine for ``db_path``, migrated to head the first time it is seen in this process."""
     if isinstance(db_path, Engine):
-        if db_path not in _adopted:
+        runtime = runtime_of(db_path)
+        if runtime.compat_generation != _generation:
             with _adopting:
-                if db_path not in _adopted:
-                    _adopted.add(_migrated(create_engine(db_path)))
+                if runtime.compat_generation != _generation:
+                    _migrated(create_engine(db_path))
+                    runtime.compat_generation = _generation
         return db_path
     key = resolve_url(db_path).render_as_string(hide_password=False)
     return _engines.get(key, lambda: _migrated(create_engine(db_path)))
@@ -46,6 +48,7 @@ def engine_for(db_path: Target) -> Engine:
 
 def forget_engines() -> None:
     """Dispose and drop every cached engine (tests; forked children); adopted engines are the caller's."""
+    global _generation
     _engines.clear()
     with _adopting:
-        _adopted.clear()
+        _generation += 1

@@ -25,8 +25,8 @@ from typing import Any
 from sqlalchemy import URL, Engine
 
 from .. import migrate
+from ..backends import backend_named
 from ..db import create_engine, parse_url, reject_async
-from ..dialect import dialect_named
 from ..ledger import (
     DELIVERY_STATES,
     TERMINAL_DELIVERY_STATES,
@@ -56,8 +56,8 @@ def _ledger_file(target: Any) -> Path | None:
         return None  # an Engine's file is guarded by DeliveryLedger itself
     if isinstance(target, URL) or "://" in os.fspath(target):
         url = target if isinstance(target, URL) else parse_url(os.fspath(target))
-        dialect = dialect_named(url.get_backend_name())  # None: unsupported, refused by engine_for below
-        file = dialect.file_path(url) if dialect is not None else None
+        backend = backend_named(url.get_backend_name())  # None: unsupported, refused by engine_for below
+        file = backend.file_path(url) if backend is not None else None
         if file is None:
             return None
     else:

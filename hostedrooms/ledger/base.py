@@ -24,7 +24,6 @@ from ..uow import UnitOfWork
 from ..wakeup import LEDGER_WORK_CHANNEL, Wakeup
 from .claims import _integer
 from .guard import FileIdentity, prepare_ledger_file, secure_ledger_file
-from .store import LedgerStore, ledger_store
 
 Clock = Callable[[], float]
 _T = TypeVar("_T")
@@ -36,6 +35,8 @@ def _check_options(clock: object, path: object, limits: object) -> None:
         raise LedgerInputError("clock must be None or a callable returning the time in seconds", field="clock")
     if (path is not None and not isinstance(path, str | os.PathLike)) or (isinstance(path, str) and not path):
         raise LedgerInputError("path must be None or the ledger's file path", field="path")
+    if path is not None and "\x00" in os.fsdecode(os.fspath(path)):  # no file system takes one
+        raise LedgerInputError("path must not contain a NUL character", field="path")
     if limits is not None and not callable(limits):
         check_limits(limits)
 
@@ -103,15 +104,6 @@ class LedgerBase:
         with UnitOfWork(self.engine, write=False, statement_snapshots=one_statement) as uow:
             return work(uow)
 
-    @staticmethod
-    def _store(uow: UnitOfWork) -> LedgerStore:
-        """The ledger store of ``uow``'s backend."""
-        return ledger_store(uow.dialect)
-
-    def _wake(self, uow: UnitOfWork, work: str) -> None:
-        """Wake the ledger's waiters (:meth:`work_wakeup`) when this transaction commits: ``work`` became due."""
-        self._store(uow).wake(uow.connection, work)
-
     def work_wakeup(self, *, poll_interval: float | None = None, reconnect_deadline: float | None = None) -> Wakeup:
         """A context manager whose ``wait(timeout)`` returns once a ledger transition made work due (a delivery
         authorised or queued, a response or outbound intent prepared), or ``timeout`` passed; retries that
@@ -124,7 +116,7 @@ class LedgerBase:
 
     def _require_crash_safe(self) -> None:
         def check(uow: UnitOfWork) -> bool:
-            return uow.dialect.is_crash_safe(uow.connection)
+            return uow.backend.is_crash_safe(uow.connection)
 
         if not self._read(check):
             raise StorageError("secure peer delivery ledger requires WAL with synchronous=FULL")

@@ -1,4 +1,5 @@
-"""The ledger's pure rules: states, claim builders, digests and input validators (no database).
+"""The ledger's pure rules: claim builders, digests, limits and input validators (no database; the delivery states
+live with the statements that test them, in :mod:`hostedrooms.store.ledger`).
 
 Everything a ledger call accepts is checked here before any transaction opens: a delivery's claim and its
 digest (:func:`delivery_claim`), an outbound intent's (:func:`outbound_claim`), lookup keys, 64-bit integers,
@@ -21,13 +22,6 @@ from ..validation import (
     storable_text,
 )
 
-DELIVERY_STATES = frozenset({"prepared", "authorized", "queued", "running", "completed", "failed"})
-TERMINAL_DELIVERY_STATES = frozenset({"completed", "failed"})
-#: States a crash can leave a delivery in; sorted tuples keep the SQL deterministic.
-NONTERMINAL_DELIVERY_STATES = ("authorized", "prepared", "queued", "running")
-#: Admitted (receipt accepted) states: only these may carry a response intent or be finished successfully.
-ACTIVE_DELIVERY_STATES = ("authorized", "queued", "running")
-
 #: The transport roles, leg actions and message kinds an envelope may name.
 ROLES = frozenset({"host", "client"})
 ACTIONS = frozenset({"instruction", "request_reply"})
@@ -48,10 +42,6 @@ DEFAULT_RETAIN_SECONDS = 30 * 24 * 60 * 60
 #: Retry back-off: ``2 ** attempts`` seconds, the exponent capped at RETRY_EXPONENT_CAP, the delay at the ceiling.
 RETRY_CEILING_SECONDS = 300
 RETRY_EXPONENT_CAP = 8
-#: The error recorded on a delivery or intent whose exchange expired.
-EXPIRED_ERROR = "secure peer exchange expired"
-#: PostgreSQL advisory-lock key ("ledger" + 1) serialising prepare's read, sweep, capacity count and insert.
-PREPARE_LOCK_KEY = 0x6C65646765720001
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 

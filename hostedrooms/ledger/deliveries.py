@@ -8,13 +8,13 @@ from typing import Any
 from sqlalchemy import ColumnElement
 
 from ..errors import LedgerCapacityError, LedgerInputError, LedgerStateError
+from ..models import deliveries
 from ..records import DeliveryRecord
+from ..store.ledger import ACTIVE_DELIVERY_STATES, NONTERMINAL_DELIVERY_STATES, OWNERLESS, LedgerStore, Row
 from ..uow import UnitOfWork
 from ..validation import canonical_json_bytes
 from .claims import (
-    ACTIVE_DELIVERY_STATES,
     MAX_RETRY_BATCH,
-    NONTERMINAL_DELIVERY_STATES,
     _finish_error_text,
     _key,
     _limit,
@@ -23,12 +23,11 @@ from .claims import (
     delivery_claim,
 )
 from .retries import ERROR, Retrying, retry_machine
-from .rows import D, _public_delivery, _public_rows, fetch_delivery
-from .store import OWNERLESS, LedgerStore, Row
+from .rows import _public_delivery, _public_rows, fetch_delivery
 
 # Admission of an ownerless authorized delivery: retried with backoff until a queue entry or run owns it, or failed.
 _ADMISSION = retry_machine(
-    "admission", D, "envelope_id", OWNERLESS,
+    "admission", deliveries, "envelope_id", OWNERLESS,
     retryable=lambda row, _: row["state"] == "authorized" and row["queued_id"] is None and row["run_id"] is None,
     attempts="admission_attempts", retry_at="admission_retry_at", last_error="admission_last_error",
     failed={"state": "failed", "error": ERROR, "admission_retry_at": None, "admission_last_error": None},
@@ -41,7 +40,7 @@ class Deliveries(Retrying):
     def _deliveries_where(self, *conditions: ColumnElement[bool]) -> list[DeliveryRecord]:
         """The unfinished deliveries matching ``conditions``, oldest first."""
         def work(uow: UnitOfWork) -> list[DeliveryRecord]:
-            return _public_rows(uow, self._store(uow).deliveries_where(*conditions), _public_delivery)
+            return _public_rows(uow, uow.ledger.deliveries_where(*conditions), _public_delivery)
 
         return self._read(work)
 
@@ -64,17 +63,17 @@ class Deliveries(Retrying):
                       state="prepared", created_at=timestamp, updated_at=timestamp)
 
         def work(uow: UnitOfWork) -> tuple[DeliveryRecord, bool]:
-            store, connection = self._store(uow), uow.connection
+            store = uow.ledger
             # PostgreSQL: one prepare at a time, so the capacity count cannot be raced (SQLite: BEGIN IMMEDIATE).
-            store.serialize_prepares(connection)
-            row = store.delivery(connection, claim["envelope_id"], lock=True)
+            store.lock_prepares()
+            row = store.delivery(claim["envelope_id"], lock=True)
             if row is not None:
-                return self._known_envelope(store, connection, row, claim, digest, timestamp), False
-            store.expire_prepared(connection, timestamp)
+                return self._known_envelope(store, row, claim, digest, timestamp), False
+            store.expire_prepared(timestamp)
             if store.fast_path:  # the count and the insert in one statement
-                inserted = store.insert_delivery_within(connection, values, self._capacity())
-            elif store.in_flight(connection) < self._capacity():
-                inserted = store.insert_delivery(connection, values)
+                inserted = store.insert_delivery_within(values, self._capacity())
+            elif store.in_flight() < self._capacity():
+                inserted = store.insert_delivery(values)
             else:
                 inserted = None
             if inserted is None:
@@ -87,14 +86,14 @@ class Deliveries(Retrying):
 
     @staticmethod
     def _known_envelope(
-        store: LedgerStore, connection: Any, row: Row, claim: dict[str, Any], digest: str, timestamp: int
+        store: LedgerStore, row: Row, claim: dict[str, Any], digest: str, timestamp: int
     ) -> DeliveryRecord:
         if row["claim_digest"] != digest:
             raise LedgerStateError("secure peer envelope identity changed")
         if row["state"] == "prepared" and str(row["lease_token"] or "") != claim["lease_token"]:
             # The row is locked (prepare read it FOR UPDATE; SQLite's write lock): unchanged when the guard misses.
-            changed = store.refresh_lease(connection, claim["envelope_id"], digest=digest,
-                                          lease=claim["lease_token"], now=timestamp)
+            changed = store.refresh_lease(claim["envelope_id"], digest=digest, lease=claim["lease_token"],
+                                          now=timestamp)
             row = row if changed is None else changed
         public = _public_delivery(row)
         assert public is not None
@@ -103,8 +102,7 @@ class Deliveries(Retrying):
     def get(self, envelope_id: str) -> DeliveryRecord | None:
         """The delivery of ``envelope_id``, or None."""
         key = _key(envelope_id, "envelope_id")
-        return self._read(lambda uow: _public_delivery(self._store(uow).delivery(uow.connection, key)),
-                          one_statement=True)
+        return self._read(lambda uow: _public_delivery(uow.ledger.delivery(key)), one_statement=True)
 
     def _transition(
         self, envelope_id: Any, *, expected: Iterable[str], wake: str | None = None, **values: Any
@@ -116,11 +114,10 @@ class Deliveries(Retrying):
         states = tuple(sorted(expected))
 
         def work(uow: UnitOfWork) -> DeliveryRecord | None:
-            store = self._store(uow)
-            row = _public_delivery(store.transition(uow.connection, key, expected=states, values=values,
-                                                    now=timestamp))
+            store = uow.ledger
+            row = _public_delivery(store.transition(key, expected=states, values=values, now=timestamp))
             if row is not None and wake is not None:
-                store.wake(uow.connection, wake)
+                store.wake(wake)
             return row
 
         return self._write(work)
@@ -147,46 +144,47 @@ class Deliveries(Retrying):
         timestamp = self._now()
 
         def work(uow: UnitOfWork) -> DeliveryRecord | None:
-            store = self._store(uow)
+            store = uow.ledger
             if store.fast_path:
-                bound = self._bind_directly(uow, store, key, queued, run, timestamp)
+                bound = self._bind_directly(store, key, queued, run, timestamp)
                 if bound is not None:
                     return bound
-            return self._bind_after_reading(uow, store, key, queued, run, timestamp)
+            return self._bind_after_reading(store, key, queued, run, timestamp)
 
         return self._write(work)
 
-    def _bind_directly(self, uow: UnitOfWork, store: LedgerStore, key: str, queued: str | None, run: str | None,
+    @staticmethod
+    def _bind_directly(store: LedgerStore, key: str, queued: str | None, run: str | None,
                        timestamp: int) -> DeliveryRecord | None:
         """The binding the call most likely asks for, as one guarded update without reading the row first: a
         queued delivery of this entry gains its run, or an ownerless authorized one its owner. The guard is the
         condition under which :meth:`_bind_after_reading` runs the same update, so a changed row is its result;
         None (nothing changed) leaves the decision to it."""
         if queued is not None and run is not None:
-            changed = store.bind_run(uow.connection, key, queued_id=queued, run_id=run, now=timestamp)
+            changed = store.bind_run(key, queued_id=queued, run_id=run, now=timestamp)
         else:
-            changed = store.bind_authorized(uow.connection, key, queued_id=queued, run_id=run, now=timestamp)
+            changed = store.bind_authorized(key, queued_id=queued, run_id=run, now=timestamp)
             if changed is not None and run is None:
-                self._wake(uow, "delivery")  # a newly queued delivery
+                store.wake("delivery")  # a newly queued delivery
         return _public_delivery(changed)
 
-    def _bind_after_reading(self, uow: UnitOfWork, store: LedgerStore, key: str, queued: str | None,
-                            run: str | None, timestamp: int) -> DeliveryRecord | None:
-        connection = uow.connection
-        row = store.delivery(connection, key, lock=True)
+    @staticmethod
+    def _bind_after_reading(store: LedgerStore, key: str, queued: str | None, run: str | None,
+                            timestamp: int) -> DeliveryRecord | None:
+        row = store.delivery(key, lock=True)
         if row is None:
             return None
         state, owner = row["state"], (row["queued_id"], row["run_id"])
         # The row is locked (PostgreSQL FOR UPDATE; SQLite's write lock): the guarded updates match.
         if state == "authorized":
-            row = store.bind_authorized(connection, key, queued_id=queued, run_id=run, now=timestamp)
+            row = store.bind_authorized(key, queued_id=queued, run_id=run, now=timestamp)
             if run is None:
-                self._wake(uow, "delivery")  # a newly queued delivery
+                store.wake("delivery")  # a newly queued delivery
         elif state == "queued":
             if owner != (queued, None):  # another queue entry, or a run is already bound
                 return None
             if run is not None:
-                row = store.bind_run(connection, key, queued_id=row["queued_id"], run_id=run, now=timestamp)
+                row = store.bind_run(key, queued_id=row["queued_id"], run_id=run, now=timestamp)
         elif state != "running" or owner != (queued, run):
             return None
         return _public_delivery(row)
@@ -203,7 +201,7 @@ class Deliveries(Retrying):
     def nonterminal_for_chat(self, chat_id: str) -> list[DeliveryRecord]:
         """Every unfinished delivery targeting ``chat_id``, oldest first."""
         key = _key(chat_id, "chat_id")
-        return self._deliveries_where(D.c.target_chat_id == key)
+        return self._deliveries_where(deliveries.c.target_chat_id == key)
 
     def finish(
         self, envelope_id: str, *, succeeded: bool, result_text: str = "", error: str | None = None
@@ -226,10 +224,9 @@ class Deliveries(Retrying):
     def for_run(self, run_id: str) -> DeliveryRecord | None:
         """The delivery owned by run ``run_id``, or None."""
         key = _key(run_id, "run_id")
-        return self._read(lambda uow: _public_delivery(self._store(uow).delivery_of_run(uow.connection, key)),
-                          one_statement=True)
+        return self._read(lambda uow: _public_delivery(uow.ledger.delivery_of_run(key)), one_statement=True)
 
     def nonterminal_for_connection(self, connection_id: str) -> list[DeliveryRecord]:
         """Every unfinished delivery received over ``connection_id``, oldest first."""
         key = _key(connection_id, "connection_id")
-        return self._deliveries_where(D.c.connection_id == key)
+        return self._deliveries_where(deliveries.c.connection_id == key)

@@ -6,13 +6,14 @@ process's locks on it, so nothing here opens one.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import LedgerPermissionError, StoreUnavailableError
+from ..errors import LedgerInputError, LedgerPermissionError, StoreUnavailableError
 from ..files import SQLITE_SIDECARS, create_private_file, ensure_private_directory, restrict_file
 
 _SYMLINK_MESSAGE = "secure peer delivery ledger must not be a symlink"
@@ -40,6 +41,13 @@ def secure_ledger_file(
         info = os.lstat(path)
     except FileNotFoundError as exc:
         raise StoreUnavailableError(f"secure peer delivery ledger {os.fspath(path)} is missing") from exc
+    except PermissionError:
+        raise
+    except OSError as exc:  # a name no file system takes is bad input; anything else, a store that cannot be used
+        if exc.errno == errno.ENAMETOOLONG:
+            raise LedgerInputError("path is longer than the file system allows", field="path") from exc
+        raise StoreUnavailableError(f"secure peer delivery ledger {os.fspath(path)} cannot be used: "
+                                    f"{exc.strerror or exc}") from exc
     if stat.S_ISLNK(info.st_mode):
         raise LedgerPermissionError(_SYMLINK_MESSAGE)
     identity = (info.st_dev, info.st_ino)

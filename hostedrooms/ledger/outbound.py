@@ -8,7 +8,9 @@ from typing import Any
 from sqlalchemy import ColumnElement
 
 from ..errors import LedgerStateError
+from ..models import outbound_intents
 from ..records import OutboundRecord
+from ..store.ledger import OUTBOUND_WAITING, Row
 from ..uow import UnitOfWork
 from .claims import (
     MAX_RETRY_BATCH,
@@ -18,12 +20,11 @@ from .claims import (
     outbound_claim,
 )
 from .retries import ERROR, Retrying, retry_machine
-from .rows import OUT, _public_outbound, _public_rows, fetch_outbound
-from .store import OUTBOUND_WAITING, Row
+from .rows import _public_outbound, _public_rows, fetch_outbound
 
 # A pending intent's send: retried with backoff until the Hub's response is committed, or failed.
 _SEND = retry_machine(
-    "send", OUT, "request_id", OUTBOUND_WAITING, retryable=lambda row, _: row["state"] == "pending",
+    "send", outbound_intents, "request_id", OUTBOUND_WAITING, retryable=lambda row, _: row["state"] == "pending",
     attempts="attempts", retry_at="retry_at", last_error="last_error",
     failed={"state": "failed", "retry_at": None, "last_error": ERROR}, fetch=fetch_outbound, public=_public_outbound)
 
@@ -36,8 +37,8 @@ class OutboundIntents(Retrying):
         timestamp = self._timestamp(now)
 
         def work(uow: UnitOfWork) -> list[OutboundRecord]:
-            store = self._store(uow)
-            store.expire_pending(uow.connection, timestamp)
+            store = uow.ledger
+            store.expire_pending(timestamp)
             return _public_rows(uow, store.pending_outbound_where(*conditions), _public_outbound)
 
         return self._write(work)
@@ -67,21 +68,21 @@ class OutboundIntents(Retrying):
                       "retry_at": timestamp, "created_at": timestamp, "updated_at": timestamp}
 
         def work(uow: UnitOfWork) -> tuple[OutboundRecord, bool]:
-            store, connection = self._store(uow), uow.connection
+            store = uow.ledger
             # Read first (the full path), or insert first: the insert does nothing for a known id, and the row it
             # then reads is the one the full path would have read.
             if not store.fast_path:
-                row = store.outbound(connection, request_id, lock=True)
+                row = store.outbound(request_id, lock=True)
                 if row is not None:
                     return known(row)
-            inserted = store.insert_outbound(connection, row_values)
+            inserted = store.insert_outbound(row_values)
             if inserted is None:
-                row = store.outbound(connection, request_id)
+                row = store.outbound(request_id)
                 assert row is not None
                 return known(row)
             public = _public_outbound(inserted)
             assert public is not None
-            self._wake(uow, "outbound")
+            store.wake("outbound")
             return public, True
 
         return self._write(work)
@@ -89,7 +90,7 @@ class OutboundIntents(Retrying):
     def pending_outbound_for_chat(self, source_session_id: str, *, now: int | None = None) -> list[OutboundRecord]:
         """Pending outbound intents of one chat, oldest first (expired ones are failed first)."""
         key = _key(source_session_id, "source_session_id")
-        return self._pending_outbound_where(now, OUT.c.source_session_id == key)
+        return self._pending_outbound_where(now, outbound_intents.c.source_session_id == key)
 
     def pending_outbound_for_route(
         self, connection_id: str, source_route_id: str, source_route_revision: str, *, now: int | None = None
@@ -98,19 +99,18 @@ class OutboundIntents(Retrying):
         keys = (_key(connection_id, "connection_id"), _key(source_route_id, "source_route_id"),
                 _key(source_route_revision, "source_route_revision"))
         return self._pending_outbound_where(
-            now, OUT.c.connection_id == keys[0], OUT.c.source_route_id == keys[1],
-            OUT.c.source_route_revision == keys[2])
+            now, outbound_intents.c.connection_id == keys[0], outbound_intents.c.source_route_id == keys[1],
+            outbound_intents.c.source_route_revision == keys[2])
 
     def pending_outbound_for_connection(self, connection_id: str, *, now: int | None = None) -> list[OutboundRecord]:
         """Pending outbound intents of one connection, oldest first (expired ones are failed first)."""
         key = _key(connection_id, "connection_id")
-        return self._pending_outbound_where(now, OUT.c.connection_id == key)
+        return self._pending_outbound_where(now, outbound_intents.c.connection_id == key)
 
     def outbound(self, request_id: str) -> OutboundRecord | None:
         """The outbound intent ``request_id``, or None."""
         key = _key(request_id, "request_id")
-        return self._read(lambda uow: _public_outbound(self._store(uow).outbound(uow.connection, key)),
-                          one_statement=True)
+        return self._read(lambda uow: _public_outbound(uow.ledger.outbound(key)), one_statement=True)
 
     def commit_outbound(self, request_id: str, response: Mapping[str, Any]) -> OutboundRecord | None:
         """Store the Hub's response of a pending intent (idempotent; a different response raises)."""
@@ -118,14 +118,14 @@ class OutboundIntents(Retrying):
         text, timestamp = _response_text(response), self._now()
 
         def work(uow: UnitOfWork) -> OutboundRecord | None:
-            store, connection = self._store(uow), uow.connection
+            store = uow.ledger
             if store.fast_path:
                 # A pending intent (the common call) as one guarded update: the reading path runs the same update
                 # exactly when the row is pending, so a changed row is its result.
-                changed = store.commit_outbound(connection, key, response=text, now=timestamp)
+                changed = store.commit_outbound(key, response=text, now=timestamp)
                 if changed is not None:
                     return _public_outbound(changed)
-            row = store.outbound(connection, key, lock=True)
+            row = store.outbound(key, lock=True)
             if row is None:
                 return None
             if row["state"] == "committed" and str(row["response_json"] or "") != text:
@@ -133,7 +133,7 @@ class OutboundIntents(Retrying):
             if row["state"] != "pending":
                 return _public_outbound(row)
             # The row is locked (PostgreSQL FOR UPDATE; SQLite's write lock): unchanged when the guard misses.
-            changed = store.commit_outbound(connection, key, response=text, now=timestamp)
+            changed = store.commit_outbound(key, response=text, now=timestamp)
             return _public_outbound(row if changed is None else changed)
 
         return self._write(work)
@@ -155,6 +155,6 @@ class OutboundIntents(Retrying):
         count = _limit(limit, MAX_RETRY_BATCH, "secure peer outbound recovery limit is invalid")
 
         def work(uow: UnitOfWork) -> list[OutboundRecord]:
-            return _public_rows(uow, self._store(uow).pending_outbound_where(), _public_outbound, count)
+            return _public_rows(uow, uow.ledger.pending_outbound_where(), _public_outbound, count)
 
         return self._read(work)

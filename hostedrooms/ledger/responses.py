@@ -5,23 +5,23 @@ from __future__ import annotations
 from sqlalchemy import bindparam
 
 from ..errors import LedgerStateError
+from ..models import deliveries
 from ..records import DeliveryRecord
+from ..store.ledger import ACTIVE_DELIVERY_STATES, RESPONSE_WAITING
 from ..uow import UnitOfWork
 from .claims import (
-    ACTIVE_DELIVERY_STATES,
     _key,
     _limit,
     _optional_key,
     response_claim,
 )
 from .retries import Retrying, retry_machine
-from .rows import D, _public_delivery, fetch_delivery
-from .store import RESPONSE_WAITING
+from .rows import _public_delivery, fetch_delivery
 
 # An uncommitted response intent (``request``): retried with backoff until the Hub has it, or cleared.
 _RESPONSE = retry_machine(
-    "response", D, "envelope_id", RESPONSE_WAITING,
-    guard=(D.c.response_request_id == bindparam("request"),),
+    "response", deliveries, "envelope_id", RESPONSE_WAITING,
+    guard=(deliveries.c.response_request_id == bindparam("request"),),
     retryable=lambda row, guard: (row["state"] in ACTIVE_DELIVERY_STATES
                                   and row["response_request_id"] == guard["request"]
                                   and int(row["response_committed"] or 0) == 0),
@@ -43,15 +43,15 @@ class ResponseIntents(Retrying):
                   "now": timestamp}
 
         def work(uow: UnitOfWork) -> DeliveryRecord | None:
-            store, connection = self._store(uow), uow.connection
+            store = uow.ledger
             if store.fast_path:
                 # The common call (a request delivery with no intent yet) as one guarded update: its guard is what
                 # the reading path checks before the same update, so a changed row is that path's result.
-                changed = store.prepare_response(connection, key, direct=True, params=params)
+                changed = store.prepare_response(key, direct=True, params=params)
                 if changed is not None:
-                    self._wake(uow, "response")
+                    store.wake("response")
                     return _public_delivery(changed)
-            row = store.delivery(connection, key, lock=True)
+            row = store.delivery(key, lock=True)
             if row is None or row["state"] not in ACTIVE_DELIVERY_STATES or row["kind"] == "instruction":
                 return None
             if row["response_request_digest"] is not None:
@@ -59,9 +59,9 @@ class ResponseIntents(Retrying):
                     raise LedgerStateError("secure peer response intent changed")
                 return _public_delivery(row)
             # The row is locked (PostgreSQL FOR UPDATE; SQLite's write lock): unchanged when the guard misses.
-            changed = store.prepare_response(connection, key, direct=False, params=params)
+            changed = store.prepare_response(key, direct=False, params=params)
             if changed is not None:
-                self._wake(uow, "response")
+                store.wake("response")
             return _public_delivery(row if changed is None else changed)
 
         return self._write(work)
@@ -73,11 +73,11 @@ class ResponseIntents(Retrying):
         timestamp = self._now()
 
         def work(uow: UnitOfWork) -> DeliveryRecord | None:
-            store = self._store(uow)
-            changed = store.commit_response(uow.connection, key, request_id=request, now=timestamp)
+            store = uow.ledger
+            changed = store.commit_response(key, request_id=request, now=timestamp)
             if len(changed) > 1:
                 raise LedgerStateError("secure peer response state is ambiguous")
-            return _public_delivery(changed[0] if changed else store.delivery(uow.connection, key))
+            return _public_delivery(changed[0] if changed else store.delivery(key))
 
         return self._write(work)
 
@@ -87,9 +87,9 @@ class ResponseIntents(Retrying):
         timestamp = self._now()
 
         def work(uow: UnitOfWork) -> DeliveryRecord | None:
-            store = self._store(uow)
-            changed = store.clear_response(uow.connection, key, request_id=request, now=timestamp)
-            return _public_delivery(store.delivery(uow.connection, key) if changed is None else changed)
+            store = uow.ledger
+            changed = store.clear_response(key, request_id=request, now=timestamp)
+            return _public_delivery(store.delivery(key) if changed is None else changed)
 
         return self._write(work)
 

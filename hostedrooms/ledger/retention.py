@@ -17,4 +17,4 @@ class Retention(LedgerBase):
         # Timestamps are 64-bit: a cutoff below the smallest one deletes nothing, as any older cutoff would.
         cutoff = max(_INT64_MIN, self._now() - retain_seconds)
 
-        return self._write(lambda uow: self._store(uow).prune(uow.connection, cutoff))
+        return self._write(lambda uow: uow.ledger.prune(cutoff))

@@ -15,14 +15,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Table, bindparam, case, func, update
+from sqlalchemy import ColumnElement, Table, bindparam, case, func, update
 
+from ..store.ledger import ERROR, LedgerStore, Row
 from ..telemetry import count_retry
 from ..uow import UnitOfWork
 from .base import LedgerBase
 from .claims import RETRY_EXPONENT_CAP, _error_text, retry_delay
 from .rows import _public_rows
-from .store import ERROR, LedgerStore, Row
 
 _log = logging.getLogger(__name__)
 #: The attempt counts a retry counts in SQL (:meth:`RetryMachine.retry_direct_statement`); a row outside them (left
@@ -33,7 +33,7 @@ _DIRECT_NOW = 2**62
 
 #: The public record of a row (DeliveryRecord, OutboundRecord).
 _R = TypeVar("_R")
-Fetch = Callable[..., Row | None]  # fetch(store, connection, key, *, lock=False)
+Fetch = Callable[..., Row | None]  # fetch(store, key, *, lock=False)
 Retryable = Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
 
 __all__ = ["ERROR", "RetryMachine", "Retrying", "retry_machine"]
@@ -81,8 +81,7 @@ class RetryMachine(Generic[_R]):
         assert self.failed is not None
         return _guarded(self.table, self.where, self.failed)
 
-    def retry(self, store: LedgerStore, connection: Connection, key: str, *, error: str, now: int,
-              **guard: Any) -> _R | None:
+    def retry(self, store: LedgerStore, key: str, *, error: str, now: int, **guard: Any) -> _R | None:
         """Count one more failed try of the row ``key`` and schedule the next; return the row.
 
         The row is read locked (PostgreSQL ``FOR UPDATE``; SQLite's write lock) for its attempt count, so the
@@ -91,26 +90,25 @@ class RetryMachine(Generic[_R]):
         those the update after reading would set, so a changed row is that path's result.
         """
         if store.fast_path and -_DIRECT_NOW < now < _DIRECT_NOW:
-            changed = store.retry_directly(connection, self, {**guard, "key": key, "v_error": error, "v_now": now})
+            changed = store.retry_directly(self, {**guard, "key": key, "v_error": error, "v_now": now})
             if changed is not None:
                 count_retry(f"ledger.{self.table.name}")
                 return self.public(changed)
-        row = self.fetch(store, connection, key, lock=True)
+        row = self.fetch(store, key, lock=True)
         if row is None or not self.retryable(row, guard):
             return self.public(row)
         attempts = int(row[self.attempts] or 0) + 1
-        changed = store.retry_waiting(connection, self, {
+        changed = store.retry_waiting(self, {
             **guard, "key": key, "v_attempts": attempts, "v_retry_at": now + retry_delay(attempts), "v_error": error,
             "v_now": now})
         if changed is not None:
             count_retry(f"ledger.{self.table.name}")
         return self.public(row if changed is None else changed)
 
-    def fail(self, store: LedgerStore, connection: Connection, key: str, *, error: str, now: int,
-             **guard: Any) -> _R | None:
+    def fail(self, store: LedgerStore, key: str, *, error: str, now: int, **guard: Any) -> _R | None:
         """Fail the row ``key`` while its guard holds; return the row as it now stands (None when missing)."""
-        changed = store.fail_waiting(connection, self, {**guard, "key": key, "v_error": error, "v_now": now})
-        return self.public(self.fetch(store, connection, key) if changed is None else changed)
+        changed = store.fail_waiting(self, {**guard, "key": key, "v_error": error, "v_now": now})
+        return self.public(self.fetch(store, key) if changed is None else changed)
 
 
 def retry_machine(
@@ -142,19 +140,19 @@ class Retrying(LedgerBase):
     def _retry(self, machine: RetryMachine[_R], key: str, error: Any, **guard: Any) -> _R | None:
         text, timestamp = _error_text(error), self._now()
         return _logged("ledger.retry", machine, key, self._write(
-            lambda uow: machine.retry(self._store(uow), uow.connection, key, error=text, now=timestamp, **guard)))
+            lambda uow: machine.retry(uow.ledger, key, error=text, now=timestamp, **guard)))
 
     def _fail(self, machine: RetryMachine[_R], key: str, error: Any) -> _R | None:
         text, timestamp = _error_text(error), self._now()
         return _logged("ledger.failed", machine, key, self._write(
-            lambda uow: machine.fail(self._store(uow), uow.connection, key, error=text, now=timestamp)))
+            lambda uow: machine.fail(uow.ledger, key, error=text, now=timestamp)))
 
     def _due(self, machine: RetryMachine[_R], count: int, now: Any) -> list[_R]:
         """At most ``count`` waiting rows whose retry is due at ``now``: soonest first, then oldest."""
         timestamp = self._timestamp(now)
 
         def work(uow: UnitOfWork) -> list[_R]:
-            return _public_rows(uow, self._store(uow).due(machine, timestamp), machine.public, count)
+            return _public_rows(uow, uow.ledger.due(machine, timestamp), machine.public, count)
 
         return self._read(work)
 

@@ -6,15 +6,13 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection, Select
+from sqlalchemy import Select
 
 from ..errors import StorageError
 from ..records import DeliveryRecord, OutboundRecord
+from ..store.ledger import LedgerStore, Row
 from ..uow import UnitOfWork
 from ..validation import stored_json
-from .store import OUT as OUT
-from .store import D as D
-from .store import LedgerStore, Row
 
 _log = logging.getLogger("hostedrooms.ledger")
 #: A public record type (DeliveryRecord, OutboundRecord).
@@ -81,11 +79,11 @@ def _public_rows(
         offset += len(rows)
 
 
-def fetch_delivery(store: LedgerStore, connection: Connection, envelope_id: str, *, lock: bool = False) -> Row | None:
+def fetch_delivery(store: LedgerStore, envelope_id: str, *, lock: bool = False) -> Row | None:
     """The delivery row of ``envelope_id`` (a retry machine's fetch)."""
-    return store.delivery(connection, envelope_id, lock=lock)
+    return store.delivery(envelope_id, lock=lock)
 
 
-def fetch_outbound(store: LedgerStore, connection: Connection, request_id: str, *, lock: bool = False) -> Row | None:
+def fetch_outbound(store: LedgerStore, request_id: str, *, lock: bool = False) -> Row | None:
     """The outbound intent row of ``request_id`` (a retry machine's fetch)."""
-    return store.outbound(connection, request_id, lock=lock)
+    return store.outbound(request_id, lock=lock)

@@ -43,6 +43,6 @@ class DeliveryLedger(Deliveries, ResponseIntents, OutboundIntents, Retention):
     def backlog(self) -> dict[tuple[str, str], int]:
         """The non-terminal rows by ``(table, state)``: ``("deliveries", state)`` for each non-terminal delivery
         state and ``("outbound", "pending")``, zeros included (one read transaction; the
-        ``hostedrooms.ledger.backlog`` gauge of :func:`hostedrooms.telemetry.observe_ledger`)."""
+        ``hostedrooms.ledger.backlog`` gauge of :func:`hostedrooms.ledger.observe_ledger`)."""
 
-        return self._read(lambda uow: self._store(uow).backlog(uow.connection))
+        return self._read(lambda uow: uow.ledger.backlog())

@@ -160,16 +160,16 @@ def _read(
     page_size = _bounded_limit(limit, lim.MAX_LOG_LIMIT)
     page_bytes = int(lim.MAX_LOG_PAGE_BYTES)
     with UnitOfWork(resolve_engine(engine), write=False, statement_snapshots=True) as uow:
-        store, connection = room_store(uow.dialect), uow.connection
+        store, connection = room_store(uow.backend), uow.connection
         if exact:
             return _with_lineage(_read_plain(uow, room_id, since, page_size, page_bytes, include_disbanded),
-                                 uow.dialect.lineage(connection))
+                                 uow.backend.lineage(connection))
         # The head and the page are read consistently with each other (store.read_page).
         head, rows, row_bytes = store.read_page(
             connection, room_id, since=since, limit=page_size, max_bytes=page_bytes,
             max_event_bytes=max_event_bytes(lim))
         # After the page: a standby promoted in between still holds every event the page read.
-        lineage = uow.dialect.lineage(connection)
+        lineage = uow.backend.lineage(connection)
         room = require_room(uow, head, room_id, include_disbanded=include_disbanded)
     latest_seq = int(room["next_seq"]) - 1
     if since > latest_seq:
@@ -190,7 +190,7 @@ def _read_plain(
 ) -> ReplayPage:
     """The plain path: the head, then the page through ``execute()``, each event decoded by event_to_dict, and
     fit_page, which serialises the page to check its size."""
-    store, connection = room_store(uow.dialect), uow.connection
+    store, connection = room_store(uow.backend), uow.connection
     room = require_room(uow, store.room_head(connection, room_id), room_id, include_disbanded=include_disbanded)
     latest_seq = int(room["next_seq"]) - 1
     authority: Authority = {"gateway_id": room["authority_gateway_id"], "epoch": int(room["authority_epoch"])}

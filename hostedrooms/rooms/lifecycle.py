@@ -133,7 +133,7 @@ def list_rooms(
     page_size = _bounded_limit(maximum if limit is None else limit, maximum)
     skip = _non_negative(offset, "offset")
     with UnitOfWork(resolve_engine(engine), write=False) as uow:
-        rows = room_store(uow.dialect).list_rooms(
+        rows = room_store(uow.backend).list_rooms(
             uow.connection, include_disbanded=include_disbanded, limit=page_size, offset=skip)
     return [room_to_dict(row) for row in rows]
 
@@ -145,7 +145,7 @@ def room_state(
     """Durable replay and authority state for one room, with the claim event of its current epoch if any."""
     room_id = _room_id(room_id, in_force(limits))
     with UnitOfWork(resolve_engine(engine), write=False) as uow:
-        store = room_store(uow.dialect)
+        store = room_store(uow.backend)
         row = require_room(uow, store.room(uow.connection, room_id), room_id, include_disbanded=include_disbanded)
         claim = store.claim_event(uow.connection, room_id, int(row["authority_epoch"]))
     state = cast(RoomState, room_to_dict(row))

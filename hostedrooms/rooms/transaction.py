@@ -40,7 +40,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from ..dialect import ROOM_EVENTS_CHANNEL, dialect_for
+from ..backends import ROOM_EVENTS_CHANNEL, backend_for
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
     AuthorityConflictError,
@@ -102,7 +102,7 @@ def require_room(uow: UnitOfWork, row: RowLike | None, room_id: str, *, include_
     if row is not None and (include_disbanded or row["disbanded_at"] is None):
         return row
     # A retained disband tombstone still has replayable history; only a purged, retired id has expired.
-    if row is None and room_store(uow.dialect).is_retired(uow.connection, room_id):
+    if row is None and room_store(uow.backend).is_retired(uow.connection, room_id):
         raise RoomHistoryExpiredError("Group Chat history expired; room_id remains permanently retired")
     raise RoomNotFoundError("hosted room not found")
 
@@ -125,7 +125,7 @@ class RoomTransaction:
         self, uow: UnitOfWork, limits: Limits | None = None, *, exclusive: bool = False, fast: bool = False
     ) -> None:
         self.uow = uow
-        self.store: RoomStore = room_store(uow.dialect)
+        self.store: RoomStore = room_store(uow.backend)
         self.limits = in_force(limits)
         # Where writers never overlap (SQLite) the budget is always exact: behave as the exclusive holder.
         self.exclusive = exclusive or not self.store.concurrent_writers
@@ -258,7 +258,7 @@ class RoomTransaction:
             raise error if error is not None else RuntimeError(_SEQUENCE_FENCE)
         rows = event_rows(room_id, first_seq, events, now)
         self.store.insert_events(connection, rows)
-        self.uow.dialect.notify(connection, ROOM_EVENTS_CHANNEL, room_id)  # followers wake when this commits
+        self.uow.backend.notify(connection, ROOM_EVENTS_CHANNEL, room_id)  # followers wake when this commits
         return rows
 
     def append(
@@ -357,7 +357,7 @@ def run_room_write(
     which either commits everything it wrote or writes nothing (the retry then opens a transaction)."""
     bound = resolve_engine(engine)
     fast = not exclusive
-    store = room_store(dialect_for(bound))
+    store = room_store(backend_for(bound))
     while True:
         try:
             # Only an attempt that runs nothing but the one-statement append may run in autocommit. (An autocommit

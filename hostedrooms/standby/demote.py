@@ -30,7 +30,7 @@ from .reader import SourceReader
 from .reports import BACKING_OFF, DEMOTED, LOCAL, REFUSED, RoomReport
 from .steps import step
 
-__all__ = ["Demoter"]
+__all__ = ["Demoter", "resolve_gateway"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +99,12 @@ class Demoter:
         return report, False
 
     def _local_gateway(self) -> str | None:
-        try:
-            return resolve_local_gateway_id(self.gateway)
-        except HostedRoomError:
-            return None
+        return resolve_gateway(self.gateway)
+
+
+def resolve_gateway(local_gateway_id: Any) -> str | None:
+    """This gateway's id from a replicator's ``local_gateway_id`` (None: it has no identity)."""
+    try:
+        return resolve_local_gateway_id(local_gateway_id)
+    except HostedRoomError:
+        return None

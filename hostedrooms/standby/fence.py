@@ -33,8 +33,8 @@ from ..validation import identifier
 from .heads import LISTING_PAGE, RoomHead, TakeoverHead, all_room_heads
 from .source import EnginePageSource, RoomInfo, SourceProtocolError
 
-__all__ = ["Fence", "FencedSource", "fence_authority", "fence_planned", "read_fence", "release_fence",
-           "released_event_id"]
+__all__ = ["Fence", "FencedSource", "block_promotion", "fence_authority", "fence_planned", "give_back", "read_fence",
+           "release_fence", "released_event_id"]
 
 #: Errors that make a store unusable: raised, never charged to one room.
 STORE_ERRORS = (StoreUnavailableError, StoreConfigurationError)
@@ -43,13 +43,15 @@ STORE_ERRORS = (StoreUnavailableError, StoreConfigurationError)
 @dataclass(frozen=True, slots=True)
 class Fence:
     """One room of the old authority fenced in its own store: the lineage it wrote (``gateway``, ``epoch``) and
-    the last seq it committed before the fence (``seq``), or why it could not be fenced (``refused``)."""
+    the last seq it committed before the fence (``seq``), or why it could not be fenced (``refused``); ``at``: the
+    fence's timestamp (as its writer's clock stamped it)."""
 
     room_id: str
     gateway: str
     epoch: int
     seq: int = 0
     refused: str = ""
+    at: float = 0.0
 
 
 def released_event_id(epoch: int) -> str:
@@ -88,7 +90,7 @@ def read_fence(engine: Engine, room_id: str, *, holder: str, epoch: int, silent:
               and last["authority"] == {"gateway_id": holder, "epoch": epoch}
               and isinstance(event.get("payload"), dict)
               and event["payload"].get("previous_gateway_id") == silent)
-    return Fence(room_id, silent, epoch - 1, seq=latest - 1) if fenced else None
+    return Fence(room_id, silent, epoch - 1, seq=latest - 1, at=float(event["created_at"])) if fenced else None
 
 
 def fence_authority(
@@ -141,12 +143,29 @@ def release_fence(authority: Engine, standby: Engine, fence: Fence, *, local: st
                   limits: Limits | None) -> None:
     """Give ``fence``'s room back to the old authority at ``epoch + 2`` (see the module docstring). Raises the
     refusal of either step; a rerun repeats both (each is idempotent)."""
-    room_id, released = fence.room_id, fence.epoch + 2
-    state = room_services.room_state(authority, room_id=room_id, include_disbanded=True, limits=limits)
-    supersede_replica(standby, room_id=room_id, room_name=str(state["name"]), members=state["members"],
-                      authority_gateway_id=fence.gateway, authority_epoch=released, latest_seq=fence.seq + 2,
-                      now=now, limits=limits)
-    room_services.claim_authority(authority, room_id=room_id, expected_gateway_id=local,
+    block_promotion(authority, standby, fence, now=now, limits=limits)
+    give_back(authority, fence, holder=local, now=now, limits=limits)
+
+
+def block_promotion(authority: Engine, standby: Engine, fence: Fence, *, now: float | None,
+                    limits: Limits | None, unless_retired: bool = False) -> None:
+    """The first half of a release: record in the fence holder's store ``standby`` that the room moved on to the
+    old authority at ``epoch + 2``, so the holder can no longer promote it at the fence's epoch. Refused
+    (RoomConflictError) when the holder already promoted it or, with ``unless_retired``, holds its id retired
+    (a room promoted there and disbanded since: giving it back would revive it). Serialised with promotion in
+    the holder's store; idempotent."""
+    state = room_services.room_state(authority, room_id=fence.room_id, include_disbanded=True, limits=limits)
+    supersede_replica(standby, room_id=fence.room_id, room_name=str(state["name"]), members=state["members"],
+                      authority_gateway_id=fence.gateway, authority_epoch=fence.epoch + 2,
+                      latest_seq=fence.seq + 2, now=now, limits=limits, unless_retired=unless_retired)
+
+
+def give_back(authority: Engine, fence: Fence, *, holder: str, now: float | None, limits: Limits | None) -> None:
+    """The second half of a release (only after :func:`block_promotion`): ``authority.claimed`` naming the old
+    authority again at ``epoch + 2`` in its own store, compared and swapped against the fence (``holder`` at
+    ``epoch + 1``). An exact rerun replays."""
+    released = fence.epoch + 2
+    room_services.claim_authority(authority, room_id=fence.room_id, expected_gateway_id=holder,
                                   expected_epoch=fence.epoch + 1, new_gateway_id=fence.gateway,
                                   event_id=released_event_id(released), now=now, limits=limits)
 

@@ -13,7 +13,7 @@ Each is one short read transaction of Core statements over the models, on both b
 * :func:`room_counters`: a few sums over the rooms table that change with every committed append, claim,
   disband or purge (the PostgreSQL change probe).
 
-They belong in the store (rooms/replicas services) and live here until it offers them.
+Their statements are in :mod:`hostedrooms.queries.heads`; each function here is one read transaction.
 """
 
 from __future__ import annotations
@@ -22,11 +22,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select
-
-from .. import models
 from ..engines import EngineSource, resolve_engine
 from ..errors import HostedRoomError
+from ..queries import heads as reads
 from ..uow import UnitOfWork
 
 __all__ = [
@@ -47,12 +45,6 @@ __all__ = [
 
 #: Rooms or replicas per listing page (the services' MAX_ROOM_LIST_LIMIT).
 LISTING_PAGE = 500
-
-_rooms = models.rooms
-_replicas = models.replicas
-_replica_events = models.replica_events
-_events = models.events
-_retired = models.retired_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,24 +86,12 @@ def _page_args(after: Any, limit: Any) -> tuple[str | None, int]:
     return after, limit
 
 
-def _keyset_page(
-    engine: EngineSource, after: Any, limit: Any, key: ColumnElement[str], *columns: ColumnElement[Any]
-) -> Sequence[Sequence[Any]]:
-    # One keyset page: the rows whose ``key`` sorts after ``after`` by code point, in that order.
-    after, limit = _page_args(after, limit)
-    with UnitOfWork(resolve_engine(engine), write=False) as uow:
-        order = uow.dialect.bytewise(key)
-        stmt = select(key, *columns)
-        if after is not None:
-            stmt = stmt.where(order > after)
-        return uow.connection.execute(stmt.order_by(order).limit(limit)).all()
-
-
 def room_heads(engine: EngineSource, *, after: str | None = None, limit: int = LISTING_PAGE) -> list[RoomHead]:
     """Up to ``limit`` rooms (live and disbanded-but-retained) whose ``room_id`` sorts after ``after`` by code
     point, in that order."""
-    rows = _keyset_page(engine, after, limit, _rooms.c.room_id, _rooms.c.authority_gateway_id,
-                        _rooms.c.authority_epoch, _rooms.c.next_seq, _rooms.c.disbanded_at)
+    after, limit = _page_args(after, limit)
+    with UnitOfWork(resolve_engine(engine), write=False) as uow:
+        rows = reads.room_heads_after(uow.connection, uow.backend, after, limit)
     return [RoomHead(str(row[0]), str(row[1]), int(row[2]), int(row[3]) - 1, row[4] is not None) for row in rows]
 
 
@@ -124,8 +104,9 @@ def replica_heads(
     engine: EngineSource, *, after: str | None = None, limit: int = LISTING_PAGE
 ) -> list[ReplicaHead]:
     """Up to ``limit`` replicas whose ``room_id`` sorts after ``after`` by code point, in that order."""
-    rows = _keyset_page(engine, after, limit, _replicas.c.room_id, _replicas.c.authority_gateway_id,
-                        _replicas.c.authority_epoch, _replicas.c.last_seq, _replicas.c.latest_seq)
+    after, limit = _page_args(after, limit)
+    with UnitOfWork(resolve_engine(engine), write=False) as uow:
+        rows = reads.replica_heads_after(uow.connection, uow.backend, after, limit)
     return [ReplicaHead(str(row[0]), str(row[1]), int(row[2]), int(row[3]), int(row[4])) for row in rows]
 
 
@@ -149,21 +130,14 @@ def disbanded_replicas(engine: EngineSource, room_ids: list[str]) -> set[str]:
     if not room_ids:
         return set()
     with UnitOfWork(resolve_engine(engine), write=False) as uow:
-        rows = uow.connection.execute(
-            select(_replica_events.c.room_id).distinct()
-            .where(_replica_events.c.kind == "room.disbanded", _replica_events.c.room_id.in_(room_ids))).scalars()
-        return {str(room_id) for room_id in rows}
+        return reads.disbanded_replica_ids(uow.connection, room_ids)
 
 
 def room_counters(engine: EngineSource) -> tuple[int, ...]:
     """Sums over the rooms table that grow with every committed append, claim, rename and disband, and change
     when a room is created or purged: equal results mean no such commit in between (a change probe)."""
     with UnitOfWork(resolve_engine(engine), write=False) as uow:
-        row = uow.connection.execute(select(
-            func.count(), func.coalesce(func.sum(_rooms.c.next_seq), 0),
-            func.coalesce(func.sum(_rooms.c.authority_epoch), 0), func.coalesce(func.sum(_rooms.c.revision), 0),
-            func.count(_rooms.c.disbanded_at))).one()
-    return tuple(int(value) for value in row)
+        return reads.room_counter_sums(uow.connection)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,13 +158,8 @@ def takeover_heads(engine: EngineSource, room_ids: Sequence[str]) -> dict[str, T
     """The rooms ``room_ids`` of a store (those that exist), each with its head event's id and its bytes."""
     if not room_ids:
         return {}
-    head_id = (select(_events.c.event_id)
-               .where(_events.c.room_id == _rooms.c.room_id, _events.c.seq == _rooms.c.next_seq - 1)
-               .scalar_subquery())
     with UnitOfWork(resolve_engine(engine), write=False) as uow:
-        rows = uow.connection.execute(select(
-            _rooms.c.room_id, _rooms.c.authority_gateway_id, _rooms.c.authority_epoch, _rooms.c.next_seq, head_id,
-            _rooms.c.event_bytes, _rooms.c.disbanded_at).where(_rooms.c.room_id.in_(list(room_ids)))).all()
+        rows = reads.takeover_rows(uow.connection, room_ids)
     return {str(row[0]): TakeoverHead(str(row[0]), str(row[1]), int(row[2]), int(row[3]) - 1,
                                       None if row[4] is None else str(row[4]), int(row[5]), row[6] is not None)
             for row in rows}
@@ -210,10 +179,5 @@ def takeover_usage(engine: EngineSource, room_ids: Sequence[str]) -> TakeoverUsa
     """This store's active rooms, accounted bytes (live and disbanded rooms), replicas, and which of
     ``room_ids`` are retired here, in one snapshot."""
     with UnitOfWork(resolve_engine(engine), write=False) as uow:
-        connection = uow.connection
-        active = connection.execute(select(func.count()).where(_rooms.c.disbanded_at.is_(None))).scalar_one()
-        size = connection.execute(select(func.coalesce(func.sum(_rooms.c.event_bytes), 0))).scalar_one()
-        replicas = connection.execute(select(func.count()).select_from(_replicas)).scalar_one()
-        retired = connection.execute(select(_retired.c.room_id).where(
-            _retired.c.room_id.in_(list(room_ids)))).scalars().all() if room_ids else []
-    return TakeoverUsage(int(active), int(size), int(replicas), frozenset(str(room_id) for room_id in retired))
+        active, size, replicas, retired = reads.takeover_usage_counts(uow.connection, room_ids)
+    return TakeoverUsage(active, size, replicas, frozenset(retired))

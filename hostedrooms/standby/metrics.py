@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import HostedRoomError
-from ..telemetry import LagBook
+from .lag import LagBook
 
 __all__ = ["StandbyMetrics", "parse_address"]
 
@@ -58,7 +58,7 @@ class StandbyMetrics:
     """A following replicator's metrics on a prometheus-client registry of their own.
 
     Call :meth:`on_pass` with each pass's report; :meth:`serve` starts the HTTP endpoint (a daemon thread) and
-    :meth:`close` stops it. ``monotonic`` times the lag seconds (:class:`~hostedrooms.telemetry.LagBook`).
+    :meth:`close` stops it. ``monotonic`` times the lag seconds (:class:`~hostedrooms.standby.lag.LagBook`).
     """
 
     def __init__(self, *, monotonic: Callable[[], float] = time.monotonic) -> None:

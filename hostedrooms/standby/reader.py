@@ -24,7 +24,10 @@ from .bounds import PassBounds
 from .heads import RoomHead
 from .source import PageSource, RoomInfo, SourceProtocolError, call_source
 
-__all__ = ["SourceReader", "head_problem"]
+__all__ = ["EXTRA_CACHED_INFOS", "SourceReader", "head_problem"]
+
+#: Room infos kept beyond one pass's rooms (a cache; cleared when a listing outgrows it).
+EXTRA_CACHED_INFOS = 1024
 
 #: Event kinds after which a room's name or members may differ (a rename; a claim adopting a legacy room).
 _INFO_KINDS = frozenset({"room.renamed", "authority.claimed"})

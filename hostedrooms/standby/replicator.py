@@ -21,13 +21,15 @@ from ..engines import EngineSource, resolve_engine
 from ..errors import HostedRoomError
 from ..limits import Limits
 from ..replicas import prune_disbanded_replicas
-from ..telemetry import pass_attributes, record_pass, traced
+from ..telemetry import traced
 from .bounds import DEFAULT_MAX_SECONDS_PER_PASS, PASS_ERRORS, Backoff, BoundReached, PassBounds, ReplicatorOptions
 from .catchup import RoomPass
-from .demote import Demoter
+from .demote import Demoter, resolve_gateway
 from .heads import ReplicaHead, RoomHead, all_replica_heads, all_room_heads
+from .lag import pass_attributes, record_pass
 from .proof import Proofs
-from .reader import SourceReader
+from .reader import EXTRA_CACHED_INFOS, SourceReader
+from .reclaim import DEFAULT_RECLAIM_AFTER, RECLAIMED, reclaims_for
 from .reports import (
     BACKING_OFF,
     BEHIND,
@@ -44,19 +46,12 @@ from .reports import (
     log_pass,
     log_room,
 )
-from .source import PageSource, RoomInfo, iter_rooms
+from .source import EnginePageSource, PageSource, RoomInfo, iter_rooms
 from .wake import IntervalWaker, Waker
 
 # The statuses and reports (defined in .reports) stay importable from here, where they were always documented.
 __all__ = ["BACKING_OFF", "BEHIND", "CAUGHT_UP", "DEMOTED", "DISBANDED", "GONE", "LOCAL", "REFUSED", "SKIPPED",
            "Backoff", "PageIngested", "PassReport", "Replicator", "RoomReport"]
-
-#: Room infos kept beyond one pass's rooms (a cache; cleared when a listing outgrows it).
-EXTRA_CACHED_INFOS = 1024
-
-#: A room's outcome in a pass: its report (None: the pass was over before it), and whether a bound cut it short.
-_Outcome = tuple[RoomReport | None, bool]
-
 
 class Replicator:
     """Keeps ``target``'s replicas of every room of ``source`` caught up.
@@ -87,29 +82,21 @@ class Replicator:
     ``max_seconds_per_pass`` (default :data:`~hostedrooms.standby.bounds.DEFAULT_MAX_SECONDS_PER_PASS`). The
     limits are ``limits``' (the module's by default), read at each pass. The options are validated
     (:class:`~hostedrooms.standby.bounds.ReplicatorOptions`, kept as ``options``).
+
+    ``source_gateway_id``: the gateway whose own store the source is (the operator's word; None: not said). With
+    it, each pass also gives back the local rooms that gateway's failover fenced here and never promoted, once
+    the fence is ``reclaim_after`` seconds old (:mod:`hostedrooms.standby.reclaim`; needs ``local_gateway_id``).
     """
 
-    def __init__(
-        self,
-        source: PageSource,
-        target: EngineSource,
-        *,
-        local_gateway_id: Any = None,
-        page_limit: int = 500,
-        max_pages_per_room: int | None = None,
-        backoff: Backoff | None = None,
-        now: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
-        on_page: Callable[[PageIngested], None] | None = None,
-        on_room: Callable[[RoomReport], None] | None = None,
-        workers: int = 1,
-        limits: Limits | None = None,
-        prune_disbanded_after: int | None = None,
-        max_rooms_per_pass: int | None = None,
-        max_pages_per_pass: int | None = None,
-        max_bytes_per_pass: int | None = None,
-        max_seconds_per_pass: float | None = DEFAULT_MAX_SECONDS_PER_PASS,
-    ) -> None:
+    def __init__(self, source: PageSource, target: EngineSource, *, local_gateway_id: Any = None,
+                 page_limit: int = 500, max_pages_per_room: int | None = None, backoff: Backoff | None = None,
+                 now: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+                 on_page: Callable[[PageIngested], None] | None = None,
+                 on_room: Callable[[RoomReport], None] | None = None, workers: int = 1, limits: Limits | None = None,
+                 prune_disbanded_after: int | None = None, max_rooms_per_pass: int | None = None,
+                 max_pages_per_pass: int | None = None, max_bytes_per_pass: int | None = None,
+                 max_seconds_per_pass: float | None = DEFAULT_MAX_SECONDS_PER_PASS, source_gateway_id: Any = None,
+                 reclaim_after: float = DEFAULT_RECLAIM_AFTER) -> None:
         self.options = ReplicatorOptions(
             page_limit=page_limit, max_pages_per_room=max_pages_per_room, workers=workers,
             prune_disbanded_after=prune_disbanded_after, max_rooms_per_pass=max_rooms_per_pass,
@@ -131,6 +118,13 @@ class Replicator:
         self._lineages: dict[str, str | None] = {}
         # Demotion proofs cut short by a pass bound, by room (each resumes there).
         self._proofs = Proofs()
+        self._reclaims = reclaims_for(source_gateway_id, reclaim_after, lambda: resolve_gateway(local_gateway_id),
+                                      limits)
+
+    @property
+    def monotonic(self) -> Callable[[], float]:
+        """The clock that times this replicator's back-off and passes (its lag seconds too)."""
+        return self._monotonic
 
     # -- one pass ----------------------------------------------------------------------------------------------
 
@@ -178,6 +172,7 @@ class Replicator:
             if not report.bound and start_after is None:  # a whole listing: forget rooms the source dropped
                 self._keep_only(seen)
             self._prune(report)
+            self._reclaim(report, local_rooms)
         if report.bound:
             last = report.rooms[-1].room_id if report.rooms else start_after
             self._resume_after = resume[0] if resume else last
@@ -221,7 +216,24 @@ class Replicator:
             if room.room_id in pruned:
                 room.reason = "replica removed"
 
-    def _report_room(self, report: PassReport, resume: list[str | None], outcome: _Outcome) -> None:
+    def _reclaim(self, report: PassReport, local_rooms: dict[str, RoomHead]) -> None:
+        """Give back the rooms fenced here for the source's gateway that it never promoted (standby/reclaim)."""
+        if self._reclaims is None:
+            return
+        holder_store = self.source.engine if isinstance(self.source, EnginePageSource) else None
+        try:
+            done = self._reclaims.run(self.target, holder_store, local_rooms, self._now())
+        except PASS_ERRORS as exc:
+            report.error = f"giving back fenced rooms: {exc}"
+            return
+        for outcome in done:
+            status = REFUSED if outcome.status == "refused" else outcome.status
+            holder = self._reclaims.local if outcome.status == RECLAIMED else self._reclaims.holder
+            self._report_room(report, [], (RoomReport(outcome.room_id, status, authority_gateway_id=holder,
+                                                      authority_epoch=outcome.epoch, reason=outcome.reason), False))
+
+    def _report_room(self, report: PassReport, resume: list[str | None],
+                     outcome: tuple[RoomReport | None, bool]) -> None:
         """Report a room (in listing order); the first room a bound cut short is where the next pass resumes."""
         reported, bounded = outcome
         if bounded and not resume:
@@ -236,16 +248,15 @@ class Replicator:
                      local_replicas: dict[str, ReplicaHead], report: PassReport, resume: list[str | None]) -> None:
         """Rooms on ``workers`` threads, reported in listing order; at most two rooms per worker are queued, so
         the listing is walked as the work goes, and a pass error stops what has not started."""
-        workers = self.options.workers
-        pending: deque[Future[_Outcome]] = deque()
+        pending: deque[Future[tuple[RoomReport | None, bool]]] = deque()
         bounded: BoundReached | None = None
-        with ThreadPoolExecutor(workers, thread_name_prefix="hostedrooms-replicator") as pool:
+        with ThreadPoolExecutor(self.options.workers, thread_name_prefix="hostedrooms-replicator") as pool:
             try:
                 try:
                     for head in heads:
                         pending.append(pool.submit(rooms.sync_room, head, local_rooms.get(head.room_id),
                                                    local_replicas.get(head.room_id)))
-                        while len(pending) >= 2 * workers:
+                        while len(pending) >= 2 * self.options.workers:
                             self._report_room(report, resume, pending.popleft().result())
                 except BoundReached as exc:  # the listing reached a bound: the rooms already started are reported
                     bounded = exc
@@ -264,15 +275,8 @@ class Replicator:
 
     # -- following ---------------------------------------------------------------------------------------------
 
-    def run(
-        self,
-        *,
-        interval: float = 1.0,
-        waker: Waker | None = None,
-        stop: threading.Event | None = None,
-        on_pass: Callable[[PassReport], None] | None = None,
-        max_error_delay: float = 60.0,
-    ) -> None:
+    def run(self, *, interval: float = 1.0, waker: Waker | None = None, stop: threading.Event | None = None,
+            on_pass: Callable[[PassReport], None] | None = None, max_error_delay: float = 60.0) -> None:
         """Run passes until ``stop`` is set: again at once while a pass made progress and left rooms behind (or
         stopped at a bound); otherwise when ``waker`` reports a change or after ``interval`` seconds. A pass that
         stops early (the source or the store unreachable, a listing refused) is retried after ``interval``,

@@ -11,6 +11,8 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
+from .reclaim import FENCED, RECLAIMED
+
 __all__ = [
     "BACKING_OFF",
     "BEHIND",
@@ -68,7 +70,7 @@ class RoomReport:
     @property
     def lag(self) -> int:
         """Events the source holds that the replica does not (0 for rooms that are not replicated)."""
-        if self.status in (LOCAL, DEMOTED, GONE, SKIPPED):
+        if self.status in (LOCAL, DEMOTED, GONE, SKIPPED, RECLAIMED, FENCED):
             return 0
         return max(0, self.latest_seq - self.last_seq)
 
@@ -108,7 +110,8 @@ class PassReport:
     def summary(self) -> str:
         counts = Counter(room.status for room in self.rooms)
         parts = ", ".join(f"{counts[status]} {status}" for status in (
-            CAUGHT_UP, BEHIND, REFUSED, BACKING_OFF, DISBANDED, LOCAL, DEMOTED, GONE, SKIPPED) if counts[status])
+            CAUGHT_UP, BEHIND, REFUSED, BACKING_OFF, DISBANDED, LOCAL, DEMOTED, GONE, SKIPPED, RECLAIMED, FENCED)
+            if counts[status])
         text = (f"{_count(len(self.rooms), 'room')} ({parts or 'none'}); {_count(self.events, 'event')} in "
                 f"{_count(self.pages, 'page')}; lag {_count(self.lag, 'event')}; {self.seconds:.2f} s")
         if self.pruned:

@@ -29,8 +29,8 @@ from sqlalchemy import Engine
 from sqlalchemy.engine.interfaces import DBAPIConnection
 
 from .. import rooms
+from ..backends import backend_for
 from ..db import create_engine
-from ..dialect import dialect_for
 from ..errors import HostedRoomError, describe_target
 from ..limits import Limits
 from .heads import LISTING_PAGE, RoomHead, room_counters, room_heads
@@ -180,8 +180,8 @@ class EnginePageSource:
         return cast("dict[str, Any]", page)  # an EventPage; the protocol's pages are untrusted (checked again)
 
     def change_token(self) -> Hashable | None:
-        dialect = dialect_for(self.engine)
-        if dialect.notifies:  # no commit counter to poll (PostgreSQL): sums over the rooms table instead
+        backend = backend_for(self.engine)
+        if backend.notifies:  # no commit counter to poll (PostgreSQL): sums over the rooms table instead
             try:
                 return room_counters(self.engine)
             except HostedRoomError:
@@ -193,7 +193,7 @@ class EnginePageSource:
                     # and only inside a unit of work): no transaction is held open between probes, so the WAL
                     # can checkpoint and the value reflects the latest commit.
                     self._probe = self.engine.raw_connection()
-                return ("data_version", dialect.change_counter(self._probe))
+                return ("data_version", backend.change_counter(self._probe))
             except Exception:  # a hint only: the next pass reports the real (translated) error
                 self._drop_probe()
                 return ("unavailable", next(_fresh))

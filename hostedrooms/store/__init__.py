@@ -1,7 +1,7 @@
 """The store layer: the room log's SQL and backend algorithms, one :class:`RoomStore` per backend.
 
-Services call :func:`room_store` with their unit of work's dialect and run the store's methods on the unit's
-connection. :class:`~hostedrooms.dialect.StoreDialect` stays the connection-level seam every service shares
+Services call :func:`room_store` with their unit of work's backend and run the store's methods on the unit's
+connection. :class:`~hostedrooms.backends.Backend` stays the connection-level seam every service shares
 (transaction start, pragmas, upserts, advisory locks, probes); a store composes it with the room log's tables.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from ..dialect import StoreDialect
+from ..backends import Backend
 from .base import (
     REPLAY_COLUMNS,
     ROOM_CREATION_LOCK_KEY,
@@ -38,12 +38,12 @@ _stores: dict[str, RoomStore] = {}
 _building = threading.Lock()
 
 
-def room_store(dialect: StoreDialect) -> RoomStore:
-    """The one :class:`RoomStore` of ``dialect``'s backend (built, with its statements, on first use)."""
-    store = _stores.get(dialect.name)
+def room_store(backend: Backend) -> RoomStore:
+    """The one :class:`RoomStore` of ``backend``'s backend (built, with its statements, on first use)."""
+    store = _stores.get(backend.name)
     if store is None:
         with _building:
-            store = _stores.get(dialect.name)
+            store = _stores.get(backend.name)
             if store is None:
-                store = _stores[dialect.name] = _BACKENDS[dialect.name](dialect)
+                store = _stores[backend.name] = _BACKENDS[backend.name](backend)
     return store

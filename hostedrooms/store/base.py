@@ -47,7 +47,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from .. import models
-from ..dialect import StoreDialect
+from ..backends import Backend
 from ..limits import Limits
 from ..statements import HotStatement
 
@@ -209,16 +209,16 @@ class RoomStore:
     #: Tests only (see :meth:`without_fast_path`): False makes every append take the full path.
     fast_path = True
 
-    def __init__(self, dialect: StoreDialect) -> None:
-        self.dialect = dialect
-        self._lock_room: Select[Any] = dialect.for_update(_SELECT_ROOM)
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._lock_room: Select[Any] = backend.for_update(_SELECT_ROOM)
         self._gateway_total = HotStatement(GATEWAY_TOTAL)
         self._room_head = HotStatement(ROOM_HEAD)
         self._insert_event = HotStatement(insert(_events), column_keys=_EVENT_COLUMNS)
         self._take_budget = HotStatement(
             update(_budget).where(self.free_shard(int64("size"), int64("limit")))
             .values(used=_budget.c.used + int64("size")))
-        self._lock_budget = dialect.for_update(select(_budget.c.shard, _budget.c.used).order_by(_budget.c.shard))
+        self._lock_budget = backend.for_update(select(_budget.c.shard, _budget.c.used).order_by(_budget.c.shard))
         # Under every shard's lock the spread of ``used`` is free: shard 0 holds the total, each shard an equal share
         # of the free bytes (shard 0 the remainder too; a shard beyond budget_shards, none).
         first = _budget.c.shard == 0
@@ -229,7 +229,7 @@ class RoomStore:
             spread_limit=int64("limit")))
         # The room listing, live rooms only or all (compiled once each; limit and offset bound per call).
         listing = (select(*_rooms.c)
-                   .order_by(_rooms.c.updated_at.desc(), dialect.bytewise(_rooms.c.room_id).asc())
+                   .order_by(_rooms.c.updated_at.desc(), backend.bytewise(_rooms.c.room_id).asc())
                    .limit(bindparam("limit")).offset(bindparam("offset")))
         self._list_rooms = {False: HotStatement(listing.where(_rooms.c.disbanded_at.is_(None))),
                             True: HotStatement(listing)}
@@ -247,7 +247,7 @@ class RoomStore:
 
     def lock_room_creation(self, connection: Connection) -> None:
         """Serialise room creation until the transaction ends."""
-        self.dialect.serialize(connection, ROOM_CREATION_LOCK_KEY)
+        self.backend.advisory_lock(connection, ROOM_CREATION_LOCK_KEY)
 
     def free_shard(self, size: Any, limit: Any) -> ColumnElement[bool]:
         """The WHERE clause picking the budget shard a writer adds ``size`` bytes to: one whose allowance has room
@@ -268,7 +268,7 @@ class RoomStore:
         rows = connection.execute(self._lock_budget).all()
         if {int(shard) for shard, _ in rows} >= set(range(self.budget_shards)):
             return sum(int(used) for _, used in rows)
-        stmt = self.dialect.insert(_budget).on_conflict_do_nothing(index_elements=[_budget.c.shard])
+        stmt = self.backend.insert(_budget).on_conflict_do_nothing(index_elements=[_budget.c.shard])
         connection.execute(stmt, [{"shard": shard, "used": 0, "allowance": 0, "spread_limit": 0}
                                   for shard in range(self.budget_shards)])
         connection.execute(self._lock_budget).all()
@@ -348,7 +348,7 @@ class RoomStore:
 
     def event_size(self) -> ColumnElement[Any]:
         """An event row's accounted bytes: the UTF-8 bytes of its id, kind, actor and payload texts."""
-        length = self.dialect.byte_length
+        length = self.backend.byte_length
         return (length(_events.c.event_id) + length(_events.c.kind) + length(_events.c.actor_json)
                 + length(_events.c.payload_json))
 
@@ -474,7 +474,7 @@ class RoomStore:
             select(_rooms.c.room_id, _rooms.c.disbanded_at.label("retired_at"))
             .where(_rooms.c.room_id.in_(list(room_ids)), _rooms.c.disbanded_at.is_not(None))).mappings().all()
         if rows:
-            stmt = self.dialect.insert(_retired).on_conflict_do_nothing(index_elements=[_retired.c.room_id])
+            stmt = self.backend.insert(_retired).on_conflict_do_nothing(index_elements=[_retired.c.room_id])
             connection.execute(stmt, [dict(row) for row in rows])
 
     def prunable_rooms(self, connection: Connection, *, disbanded_before: float | None, keep: int) -> set[str]:
@@ -487,7 +487,7 @@ class RoomStore:
                 select(_rooms.c.room_id).where(disbanded, _rooms.c.disbanded_at <= disbanded_before)).scalars())
         found.update(connection.execute(
             select(_rooms.c.room_id).where(disbanded)
-            .order_by(_rooms.c.disbanded_at.desc(), self.dialect.bytewise(_rooms.c.room_id).asc())
+            .order_by(_rooms.c.disbanded_at.desc(), self.backend.bytewise(_rooms.c.room_id).asc())
             .offset(keep)).scalars())
         return found
 
@@ -495,7 +495,7 @@ class RoomStore:
         """(room id, accounted event bytes) of every disbanded room, the longest disbanded first."""
         rows = connection.execute(
             select(_rooms.c.room_id, _rooms.c.event_bytes).where(_rooms.c.disbanded_at.is_not(None))
-            .order_by(_rooms.c.disbanded_at.asc(), self.dialect.bytewise(_rooms.c.room_id).asc()))
+            .order_by(_rooms.c.disbanded_at.asc(), self.backend.bytewise(_rooms.c.room_id).asc()))
         return [(str(room_id), int(room_bytes)) for room_id, room_bytes in rows]
 
     def purge(self, connection: Connection, room_ids: Sequence[str]) -> int:

@@ -38,7 +38,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import DataError
 
 from .. import models
-from ..dialect import ROOM_EVENTS_CHANNEL, StoreDialect
+from ..backends import ROOM_EVENTS_CHANNEL, Backend
 from ..statements import HotStatement
 from .base import (
     REPLAY_COLUMNS,
@@ -147,8 +147,8 @@ class PostgreSQLRoomStore(RoomStore):
     budget_shards = _SHARDS
     autocommit_fast = True
 
-    def __init__(self, dialect: StoreDialect) -> None:
-        super().__init__(dialect)
+    def __init__(self, backend: Backend) -> None:
+        super().__init__(backend)
         self._append_one = HotStatement(text(_APPEND_ONE).bindparams(*_int64_binds()))
         self._append_batch = HotStatement(text(_APPEND_BATCH).bindparams(*_int64_binds()))
         # PostgreSQL sends a statement's whole result at once: the running byte sum is cut in the query, so no
@@ -223,7 +223,7 @@ class PostgreSQLRoomStore(RoomStore):
         self, connection: Connection, room_id: str, events: Sequence[EventLike], params: dict[str, Any], now: float
     ) -> FastAppend | None:
         # The followers' channel of this engine's namespace (schema).
-        params.update(self.dialect.hot_params(connection, ROOM_EVENTS_CHANNEL))
+        params.update(self.backend.hot_params(connection, ROOM_EVENTS_CHANNEL))
         try:
             if len(events) == 1:
                 event = events[0]

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, exists, select, update
 
 from .. import models
-from ..dialect import StoreDialect
+from ..backends import Backend
 from ..statements import HotStatement
 from .base import FAST_ADVANCE_ROOM, FAST_GUARDS, EventLike, FastAppend, RoomStore, event_rows, int64
 
@@ -34,8 +34,8 @@ class SQLiteRoomStore(RoomStore):
     concurrent_writers = False
     budget_shards = 1
 
-    def __init__(self, dialect: StoreDialect) -> None:
-        super().__init__(dialect)
+    def __init__(self, backend: Backend) -> None:
+        super().__init__(backend)
         self._advance = HotStatement(FAST_ADVANCE_ROOM.where(*FAST_GUARDS, exists().where(
             _budget.c.shard == 0, _budget.c.used + int64("fast_size") <= _budget.c.allowance,
             _budget.c.spread_limit <= int64("fast_spread_limit"))))

@@ -1,0 +1,247 @@
+"""One span per public service call: :func:`traced` on a function, :func:`traced_methods` on a class.
+
+A decorated function keeps its signature and type. Each call asks :func:`~.providers.current` whether anything
+records; if not it runs the plain function. Otherwise the call is one ``CLIENT`` span named after its
+``db.operation.name`` (and one ``db.client.operation.duration`` measurement), with the store's ``db.*``
+attributes, the recorded arguments (:data:`~.attributes.PARAMETERS`, values checked by
+:func:`~.attributes.safe`) and the result's outcome and seq range. Never recorded: a message body, payload,
+actor, grant, claim, lease token, digest, error text or URL. Exceptions are not recorded as span events (their
+messages may quote input): the span's status is ERROR and ``error.type`` names the class.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from .attributes import (
+    DB_OPERATION,
+    DB_SYSTEM,
+    ERROR_TYPE,
+    EVENTS,
+    FIRST_SEQ,
+    LAST_SEQ,
+    LEDGER_STATE,
+    OUTCOME,
+    PARAMETERS,
+    safe,
+    store_attributes,
+)
+from .providers import Signals, current
+
+__all__ = ["no_engine", "traced", "traced_methods"]
+
+R = TypeVar("R")
+C = TypeVar("C", bound=type)
+#: A decorated function keeps its exact type (a ParamSpec copy would change what mypy reports on users' code).
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Error classes counted as conflicts (``hostedrooms.conflicts``): a fence or an idempotency key refused a write.
+_CONFLICTS = frozenset({
+    "EventConflictError", "RoomConflictError", "AuthorityConflictError", "AuthoritySupersededError",
+    "ReplicaEpochRegressionError", "ReplicaGapError", "LedgerStateError",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class _Operation:
+    name: str
+    positions: Mapping[str, int]  # recorded parameter -> its position (or -1: keyword-only)
+    engine: Callable[[tuple[Any, ...]], Any]  # where the Engine is, from the positional arguments
+    result: Callable[[Any], dict[str, Any]] | None
+    on_result: Callable[[Signals, tuple[Any, ...], Any], None] | None
+    append: bool
+
+
+def _first_argument(args: tuple[Any, ...]) -> Any:
+    return args[0] if args else None
+
+
+def no_engine(_args: tuple[Any, ...]) -> Any:
+    """For :func:`traced`: the call has no Engine to describe (a probe's target may be a URL with a password)."""
+    return None
+
+
+def traced(
+    operation: str, *, engine: Callable[[tuple[Any, ...]], Any] = _first_argument,
+    result: Callable[[Any], dict[str, Any]] | None = None,
+    on_result: Callable[[Signals, tuple[Any, ...], Any], None] | None = None,
+) -> Callable[[F], F]:
+    """Decorate a public service so each call is one span ``operation`` (and one ``db.client.operation.duration``
+    measurement); the function, its signature and its type are unchanged.
+
+    ``engine`` finds the Engine among the positional arguments (default: the first). ``result`` maps the return
+    value to more attributes (only identifiers, counts and seqs). ``on_result`` gets the signals, the positional
+    arguments and the return value when something records (the standby's pass metrics).
+    """
+
+    def decorate(function: F) -> F:
+        spec = _Operation(operation, _positions(function), engine, result, on_result,
+                          operation in ("append_event", "append_events"))
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            signals = current()
+            if signals is None:
+                return function(*args, **kwargs)
+            return _run(signals, spec, function, args, kwargs)
+
+        return cast(F, wrapper)
+
+    return decorate
+
+
+def traced_methods(prefix: str, names: Iterable[str]) -> Callable[[C], C]:
+    """Class decorator: :func:`traced` on each method in ``names`` (inherited ones included), as
+    ``{prefix}.{name}``, finding the Engine at ``self.engine``."""
+
+    def decorate(cls: C) -> C:
+        for name in names:
+            method = getattr(cls, name)
+            setattr(cls, name, traced(f"{prefix}.{name}", engine=_self_engine, result=_record_state)(method))
+        return cls
+
+    return decorate
+
+
+def _self_engine(args: tuple[Any, ...]) -> Any:
+    return getattr(args[0], "engine", None) if args else None
+
+
+def _positions(function: Callable[..., Any]) -> dict[str, int]:
+    positions: dict[str, int] = {}
+    for index, parameter in enumerate(inspect.signature(function).parameters.values()):
+        if parameter.name in PARAMETERS:
+            keyword_only = parameter.kind is inspect.Parameter.KEYWORD_ONLY
+            positions[parameter.name] = -1 if keyword_only else index
+    return positions
+
+
+def _run(signals: Signals, spec: _Operation, function: Callable[..., R], args: tuple[Any, ...],
+         kwargs: dict[str, Any]) -> R:
+    base = store_attributes(spec.engine(args))
+    base[DB_OPERATION] = spec.name
+    tracer = signals.tracer
+    started = time.perf_counter()
+    if tracer is None:
+        try:
+            value = function(*args, **kwargs)
+        except BaseException as exc:
+            _measure(signals, spec, base, started, exc)
+            raise
+        _measure(signals, spec, base, started, None)
+        _after(signals, spec, args, value)
+        return value
+    attributes = dict(base)
+    attributes.update(_arguments(spec.positions, args, kwargs))
+    with tracer.start_as_current_span(spec.name, kind=_client_kind(), attributes=attributes,
+                                      record_exception=False, set_status_on_exception=False) as span:
+        try:
+            value = function(*args, **kwargs)
+        except BaseException as exc:
+            span.set_attribute(ERROR_TYPE, _error_type(exc))
+            span.set_attribute(OUTCOME, "error")
+            span.set_status(_error_status(exc))
+            _measure(signals, spec, base, started, exc)
+            raise
+        if span.is_recording():
+            span.set_attributes(_result_attributes(spec, value))
+        _measure(signals, spec, base, started, None)
+        _after(signals, spec, args, value)
+        return value
+
+
+def _after(signals: Signals, spec: _Operation, args: tuple[Any, ...], value: Any) -> None:
+    if spec.on_result is not None:
+        spec.on_result(signals, args, value)
+
+
+def _client_kind() -> Any:
+    from opentelemetry.trace import SpanKind
+
+    return SpanKind.CLIENT
+
+
+def _error_status(exc: BaseException) -> Any:
+    from opentelemetry.trace import Status, StatusCode
+
+    return Status(StatusCode.ERROR, _error_type(exc))  # the class only: messages may quote input
+
+
+def _error_type(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
+def _measure(signals: Signals, spec: _Operation, base: dict[str, Any], started: float,
+             exc: BaseException | None) -> None:
+    instruments = signals.instruments
+    if instruments is None:
+        return
+    elapsed = time.perf_counter() - started
+    attributes = {key: base[key] for key in (DB_SYSTEM, DB_OPERATION) if key in base}
+    if exc is not None:
+        attributes[ERROR_TYPE] = _error_type(exc)
+        if attributes[ERROR_TYPE] in _CONFLICTS:
+            instruments.conflicts.add(1, attributes)
+    instruments.operation_duration.record(elapsed, attributes)
+    if spec.append:
+        instruments.append_duration.record(elapsed, attributes)
+
+
+def _arguments(positions: Mapping[str, int], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    attributes: dict[str, Any] = {}
+    for name, index in positions.items():
+        if name in kwargs:
+            value = kwargs[name]
+        elif 0 <= index < len(args):
+            value = args[index]
+        else:
+            continue
+        value = safe(value)
+        if value is not None:
+            attributes[PARAMETERS[name]] = value
+    return attributes
+
+
+def _result_attributes(spec: _Operation, value: Any) -> dict[str, Any]:
+    if spec.result is not None:
+        try:
+            return spec.result(value)
+        except Exception:  # a result the mapper does not know: the span still ends, the call still returns
+            return {OUTCOME: "ok"}
+    return _record_seqs(value)
+
+
+def _record_seqs(value: Any) -> dict[str, Any]:
+    """Outcome and seq range of a service result: an event, a list of events, a page or a room record."""
+    records: list[Any]
+    if isinstance(value, Mapping) and isinstance(value.get("events"), list):
+        records = value["events"]
+    elif isinstance(value, Mapping):
+        records = [value]
+    elif isinstance(value, list):
+        records = value
+    else:
+        return {OUTCOME: "ok" if value is not None else "none"}
+    seqs = [record["seq"] for record in records
+            if isinstance(record, Mapping) and type(record.get("seq")) is int]
+    attributes: dict[str, Any] = {} if records and records[0] is value else {EVENTS: len(records)}
+    if seqs:
+        attributes[FIRST_SEQ], attributes[LAST_SEQ] = min(seqs), max(seqs)
+    replay = bool(records) and all(isinstance(r, Mapping) and r.get("idempotent") is True for r in records)
+    attributes[OUTCOME] = "replay" if replay else "ok"
+    return attributes
+
+
+def _record_state(value: Any) -> dict[str, Any]:
+    """The ledger's results: a record (its state), a list of records (how many), a count or None."""
+    if isinstance(value, Mapping):
+        state = value.get("state")
+        return {OUTCOME: "ok", **({LEDGER_STATE: state} if safe(state) is not None else {})}
+    if isinstance(value, list):
+        return {OUTCOME: "ok", EVENTS: len(value)}
+    return {OUTCOME: "ok" if value is not None else "none"}
