@@ -40,7 +40,7 @@ from ..identity import local_gateway_id as resolve_local_gateway_id
 from ..limits import Limits, in_force
 from ..validation import identifier
 from .fence import Fence, FencedSource, fence_authority
-from .heads import all_replica_heads, all_room_heads, disbanded_replicas
+from .heads import ReplicaHead, RoomHead, all_replica_heads, all_room_heads, disbanded_replicas
 from .outcomes import (
     CAPACITY,
     CONFLICT,
@@ -143,27 +143,37 @@ def _promote_replicas(engine: Engine, report: FailoverReport, lim: Any, reason: 
     active = sum(1 for room in local_rooms.values() if not room.disbanded)
     for head in replicas:
         base = RoomFailover(head.room_id, "", head.authority_epoch, head.last_seq, head.latest_seq)
-        if head.room_id in local_rooms and is_taken_over(local_rooms[head.room_id], base, local):
-            report.rooms.append(taken_over_here(base, local_rooms[head.room_id].authority_epoch, local))
-        elif not head.caught_up:
-            report.rooms.append(replace(base, outcome=NOT_CAUGHT_UP, reason=(
-                f"the replica holds seq {head.last_seq} of the {head.latest_seq} the authority reported")))
-        elif head.room_id in disbanded:
-            report.rooms.append(replace(base, outcome=DISBANDED, reason="the room was disbanded"))
-        elif head.room_id in local_rooms:
-            report.rooms.append(replace(base, outcome=CONFLICT, reason=(
-                "the local store already holds a room with this id")))
-        elif report.dry_run:
-            if active >= lim.MAX_ACTIVE_ROOMS:
-                report.rooms.append(replace(base, outcome=CAPACITY, reason=(
-                    f"this gateway would then host more than {lim.MAX_ACTIVE_ROOMS} active rooms")))
-                continue
-            active += 1
-            report.rooms.append(replace(base, outcome=WOULD_PROMOTE, epoch=head.authority_epoch + 1, holder=local))
-        else:
-            step("failover.promote", room_id=head.room_id, gateway=local)
-            report.rooms.append(promote_one(engine, head.room_id, base, reason, now, local, limits))
-            step("failover.promoted", room_id=head.room_id, gateway=local)
+        decided = _decision(head, base, local_rooms.get(head.room_id), head.room_id in disbanded, report.dry_run,
+                            active >= lim.MAX_ACTIVE_ROOMS, lim, local)
+        if decided is not None:
+            if decided.outcome == WOULD_PROMOTE:
+                active += 1
+            report.rooms.append(decided)
+            continue
+        step("failover.promote", room_id=head.room_id, gateway=local)
+        report.rooms.append(promote_one(engine, head.room_id, base, reason, now, local, limits))
+        step("failover.promoted", room_id=head.room_id, gateway=local)
+
+
+def _decision(head: ReplicaHead, base: RoomFailover, local_room: RoomHead | None, disbanded: bool, dry_run: bool,
+              full: bool, lim: Any, local: str) -> RoomFailover | None:
+    """What becomes of one replica without writing: its outcome, or None when it is to be promoted now. ``full``:
+    this gateway already hosts MAX_ACTIVE_ROOMS active rooms (counting those a dry run would promote)."""
+    if local_room is not None and is_taken_over(local_room, base, local):
+        return taken_over_here(base, local_room.authority_epoch, local)
+    if not head.caught_up:
+        return replace(base, outcome=NOT_CAUGHT_UP, reason=(
+            f"the replica holds seq {head.last_seq} of the {head.latest_seq} the authority reported"))
+    if disbanded:
+        return replace(base, outcome=DISBANDED, reason="the room was disbanded")
+    if local_room is not None:
+        return replace(base, outcome=CONFLICT, reason="the local store already holds a room with this id")
+    if not dry_run:
+        return None
+    if full:
+        return replace(base, outcome=CAPACITY, reason=(
+            f"this gateway would then host more than {lim.MAX_ACTIVE_ROOMS} active rooms"))
+    return replace(base, outcome=WOULD_PROMOTE, epoch=head.authority_epoch + 1, holder=local)
 
 
 def _log_failover(report: FailoverReport) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .replicator import PassReport
+from .reports import PassReport
 
 __all__ = [
     "CAPACITY",

@@ -22,19 +22,21 @@ run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Engine
 
 from .. import rooms as room_services
 from ..errors import HostedRoomError, RoomConflictError, RoomNotFoundError
-from ..limits import Limits
+from ..limits import Limits, in_force
+from ..validation import identifier
 from .fence import STORE_ERRORS, Fence, block_promotion, give_back, read_fence
 from .heads import RoomHead
 from .steps import step
 
-__all__ = ["DEFAULT_RECLAIM_AFTER", "FENCED", "RECLAIMED", "RECLAIM_STEP", "Reclaim", "Reclaims"]
+__all__ = ["DEFAULT_RECLAIM_AFTER", "FENCED", "RECLAIMED", "RECLAIM_STEP", "Reclaim", "Reclaims", "reclaims_for"]
 
 #: A room this gateway's store had fenced for the source's gateway, never promoted there: held here again.
 RECLAIMED = "reclaimed"
@@ -131,3 +133,23 @@ class Reclaims:
         except RoomNotFoundError:
             return None
         return state["authority_gateway_id"], int(state["authority_epoch"])
+
+
+def reclaims_for(source_gateway_id: Any, after: Any, local_gateway: Callable[[], str | None],
+                 limits: Limits | None) -> Reclaims | None:
+    """What gives back the rooms fenced here for ``source_gateway_id`` and never promoted (None: not asked for),
+    for a replicator whose options these are (``local_gateway``: this gateway, None when it has no identity)."""
+    if isinstance(after, bool) or not isinstance(after, (int, float)) or not 0 <= after < float("inf"):
+        raise HostedRoomError("reclaim_after must be a non-negative number of seconds")
+    if source_gateway_id is None:
+        return None
+    lim = in_force(limits)
+    holder = identifier(source_gateway_id, error=HostedRoomError, label="source_gateway_id",
+                        max_chars=lim.MAX_ACTOR_ID_CHARS)
+    local = local_gateway()
+    if local is None:
+        raise HostedRoomError("source_gateway_id needs this gateway's identity (local_gateway_id, or "
+                              "HOSTEDROOMS_INSTALL_ID)")
+    if holder == local:
+        raise HostedRoomError("source_gateway_id is this gateway: name the gateway whose store the source is")
+    return Reclaims(holder=holder, local=local, after=float(after), limits=limits)

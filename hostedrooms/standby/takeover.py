@@ -56,7 +56,8 @@ from .outcomes import (
     FailoverReport,
     RoomFailover,
 )
-from .replicator import BEHIND, Replicator, RoomReport
+from .replicator import Replicator
+from .reports import BEHIND, RoomReport
 from .source import EnginePageSource
 from .steps import step
 
