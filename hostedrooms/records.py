@@ -3,7 +3,7 @@
 They are plain dicts at runtime (the reference implementation's shapes, keys and values); the types only tell a
 type checker which keys a result has and what each holds, so ``page["cursr"]`` or a room id passed as an int is
 an error under ``mypy --strict``. A key marked ``NotRequired`` is present in some results only (the docstring of
-each says when). ``tests/test_records.py`` checks every service's runtime results against these keys, on both
+each says when). ``tests/services/test_records.py`` checks every service's runtime results against these keys, on both
 backends, so the types follow what the code returns.
 
 Inputs with a fixed shape that a caller builds (an actor, a new event, a room link record, a remote-run record)

@@ -1,9 +1,10 @@
 """The layout limits of the package and of bench/: module, function and class sizes, and import cycles.
 
-Run as a script to list every violation (``python tests/layout_check.py hostedrooms bench``); tests/test_layout.py
-asserts there are none. Sizes count physical lines (a function from its ``def`` line to its last line, so
-decorators are not counted, docstrings are). Imports are the module-level ones (``if TYPE_CHECKING:`` blocks
-excepted) and those inside functions: a deferred import that closes a cycle is still a cycle.
+Run as a script to list every violation (``python tests/layout_check.py hostedrooms bench``);
+tests/packaging/test_layout.py asserts there are none. Sizes count physical lines (a function from its ``def``
+line to its last line, so decorators are not counted, docstrings are). Imports are the module-level ones
+(``if TYPE_CHECKING:`` blocks excepted) and those inside functions: a deferred import that closes a cycle is
+still a cycle.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Support of tests/test_takeover_model.py: the step conductor (pause or kill an operation at a named step of
+"""Support of tests/standby/test_takeover_model.py: the step conductor (pause or kill an operation at a named step of
 ``hostedrooms.standby.steps``), each gateway's store as the model reads it (who may write each room, which event
 ids each room's log holds), and the CLI's operations on that topology (each gateway its own store).
 

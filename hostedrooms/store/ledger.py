@@ -10,9 +10,9 @@ give). Driver errors arrive wrapped as from ``execute()`` and SQLAlchemy's curso
 statement-level events (``before_execute``) do not, for these. Listings and pruning run through
 ``Connection.execute`` (their plans vary with their filters and limits).
 
-:meth:`LedgerStatements.without_one_statement` is the switch the agreement tests use (``tests/test_ledger_paths.py``):
-inside it every statement runs through ``Connection.execute`` and the services skip their one-statement
-attempts, taking the full path (read the row, then decide).
+:meth:`LedgerStatements.without_one_statement` is the switch the agreement tests use
+(``tests/services/test_ledger_paths.py``): inside it every statement runs through ``Connection.execute`` and the
+services skip their one-statement attempts, taking the full path (read the row, then decide).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 -- The DDL (sqlite_master) of every hostedrooms table after upgrading a SQLite database to
--- 0006_conform_reference_tables, recorded before the revisions were frozen. tests/test_frozen_migrations.py
+-- 0006_conform_reference_tables, recorded before the revisions were frozen. tests/migrations/test_frozen_migrations.py
 -- compares fresh and adopted databases with it; revisions up to 0006 must never change it.
 CREATE TABLE hosted_room_events (
 	room_id TEXT NOT NULL, 

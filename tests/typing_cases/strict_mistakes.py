@@ -1,5 +1,5 @@
 """Mistakes ``mypy --strict`` must report in a user's code: each line ending in ``# E: <code>`` has errors of that
-code (``# E: <code> xN``: N of them), and no other line has any (tests/test_typing.py compares them)."""
+code (``# E: <code> xN``: N of them), and no other line has any (tests/packaging/test_typing.py compares them)."""
 
 from __future__ import annotations
 

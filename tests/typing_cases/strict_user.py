@@ -1,7 +1,7 @@
 """A strict application using hostedrooms: ``mypy --strict`` must accept this file, and it runs as written.
 
-tests/test_typing.py type-checks it (each ``assert_type`` pins a result's key to its type: a key typed ``Any``,
-renamed or removed fails the check) and runs :func:`main` on a SQLite file.
+tests/packaging/test_typing.py type-checks it (each ``assert_type`` pins a result's key to its type: a key typed
+``Any``, renamed or removed fails the check) and runs :func:`main` on a SQLite file.
 """
 
 from __future__ import annotations

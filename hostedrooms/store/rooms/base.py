@@ -13,7 +13,7 @@ The one-statement append (:meth:`RoomStore.append_one_statement`) is a shorter p
 the room, read, check, then :meth:`RoomStore.append_locked`) does for the common append: it either writes exactly
 what the full path would write, or writes nothing the caller keeps (it returns None and the caller rolls the
 transaction back and takes the full path, which decides the replay, conflict or refusal).
-``tests/test_rooms_paths.py`` runs generated operations both ways and compares every outcome;
+``tests/services/test_rooms_paths.py`` runs generated operations both ways and compares every outcome;
 :meth:`RoomStore.without_one_statement` is the switch those tests use. Either path wakes the room's followers
 when it commits (a ``NOTIFY`` where readers listen): the store sends it beside the rows it writes.
 

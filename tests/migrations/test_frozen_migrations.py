@@ -23,11 +23,11 @@ from test_legacy_schemas import EVENTS_DRAFT, ROOMS_DRAFT, build, insert
 from hostedrooms import migrate
 from hostedrooms.db import create_engine
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = migrate.script_location() / "versions"
 #: The last revision of the frozen set: upgrading to it must give this schema forever, whatever models.py says.
 FROZEN = "0006_conform_reference_tables"
-SNAPSHOT = Path(__file__).with_name("snapshots") / "schema_0006_sqlite.sql"
+SNAPSHOT = Path(__file__).resolve().parents[1] / "snapshots" / "schema_0006_sqlite.sql"
 
 #: Runs every revision as Alembic does (scripts loaded by path), without env.py, with the models unimportable.
 WITHOUT_MODELS = """

@@ -30,7 +30,7 @@ pytest_plugins = ["standby_fixtures"]
 
 failover_module = importlib.import_module("hostedrooms.standby.takeover")  # where failover promotes
 
-CHILD = Path(__file__).with_name("standby_child.py")
+CHILD = Path(__file__).resolve().parents[1] / "standby_child.py"
 ROOMS = [f"room-{index}" for index in range(4)]
 #: A generous bound: only a hang would take this long.
 BOUND = 60.0
@@ -223,7 +223,7 @@ def test_two_failover_commands_at_once_both_exit_0(engine: Engine, standby: Engi
     argv = [sys.executable, "-m", "hostedrooms.cli", "failover", "--to", standby_target, "--from-gateway",
             GATEWAY_A, "--gateway", GATEWAY_B, "--catch-up-from", target]
     runs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}) for _ in range(2)]
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}) for _ in range(2)]
     outputs = [run.communicate(timeout=BOUND) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     lines = [line for out, _ in outputs for line in out.splitlines()]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from test_readme import readme_block
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "chat_service"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat_service"
 
 
 def _run_example_tests(*options: str) -> subprocess.CompletedProcess[str]:

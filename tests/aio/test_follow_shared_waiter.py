@@ -327,7 +327,7 @@ def test_the_poller_s_connection_never_drops_this_process_s_locks(engine: Engine
     assert found == "database is locked"
 
 
-# A lost waiting connection: tests/test_follow_reconnect.py (the waiter reconnects; followers go on).
+# A lost waiting connection: tests/aio/test_follow_reconnect.py (the waiter reconnects; followers go on).
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

@@ -29,7 +29,7 @@ from hostedrooms.standby import EnginePageSource, Replicator, failover
 
 pytest_plugins = ["standby_fixtures"]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SECRETS = ("SECRET-PAYLOAD", "SECRET-LEASE", "SECRET-BODY", "SECRET-ERROR")
 
 

@@ -25,7 +25,7 @@ from factories import private_store
 
 import hostedrooms
 
-CHILD = str(Path(__file__).with_name("shared_file_child.py"))
+CHILD = str(Path(__file__).resolve().parents[1] / "shared_file_child.py")
 ROOM = "shared-room"
 GATEWAY = "install:gw-local"
 STATE_RANK = {"prepared": 0, "authorized": 1, "completed": 2}

@@ -27,7 +27,7 @@ from hostedrooms.standby import PassReport, RoomReport
 parser = pytest.importorskip("prometheus_client.parser")
 from hostedrooms.standby.metrics import StandbyMetrics, parse_address  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("text", "expected"), [

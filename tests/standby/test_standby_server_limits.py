@@ -33,7 +33,7 @@ from hostedrooms.standby.source import RoomInfo
 
 pytest_plugins = ["standby_fixtures"]
 
-CHILD = Path(__file__).with_name("page_server_child.py")
+CHILD = Path(__file__).resolve().parents[1] / "page_server_child.py"
 #: A generous bound that still proves nothing waited for a held connection to let go (the idle timeout is 30 s).
 BOUND = 10.0
 

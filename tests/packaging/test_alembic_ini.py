@@ -1,5 +1,5 @@
 """The ``alembic`` command line: what a deploy log shows, the generated ``alembic.ini``, and library calls that
-leave the host process's logging alone. (From an installed wheel: tests/test_wheel.py.)"""
+leave the host process's logging alone. (From an installed wheel: tests/packaging/test_wheel.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from alembic.config import Config
 from hostedrooms import cli, migrate
 from hostedrooms.db import create_engine
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ALEMBIC = str(Path(sys.executable).parent / "alembic")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import layout_check
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_package_keeps_its_limits() -> None:

@@ -48,7 +48,7 @@ from hostedrooms.errors import (
 
 _api = use_api("rooms", "peers", "replicas")  # the tests on a database run on both APIs
 
-ERRORS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "errors.md"  # the full table (README: a short one)
+ERRORS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "errors.md"  # the full table (README: a short one)
 USER = {"kind": "user", "id": "u1"}
 
 

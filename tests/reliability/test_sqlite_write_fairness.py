@@ -27,7 +27,7 @@ import hostedrooms
 from hostedrooms import migrate, rooms
 from hostedrooms.errors import StoreUnavailableError
 
-CHILD = str(Path(__file__).with_name("fair_writer_child.py"))
+CHILD = str(Path(__file__).resolve().parents[1] / "fair_writer_child.py")
 GATEWAY = "install:gw-local"
 PROCESSES = 4
 START_WITHIN = 120.0

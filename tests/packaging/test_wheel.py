@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_readme import marked_block, readme_block
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import sqlite3, sys
@@ -127,7 +127,7 @@ def test_the_sdist_runs_its_own_tests(dists: tuple[Path, Path, str], tmp_path: P
     summary = result.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"\d+/\d+ tests collected \(\d+ deselected\) in [\d.]+s", summary), summary  # no error
     result = _run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-k", "not postgresql",
-                   "tests/test_migrations.py", "tests/test_readme.py"],
+                   "tests/migrations/test_migrations.py", "tests/packaging/test_readme.py"],
                   cwd=tree, env=env)
     assert " passed" in result.stdout and "failed" not in result.stdout, result.stdout
 

@@ -26,7 +26,7 @@ from hostedrooms import rooms, verify
 
 pytest_plugins = ["standby_fixtures"]
 
-CHILD = Path(__file__).with_name("standby_child.py")
+CHILD = Path(__file__).resolve().parents[1] / "standby_child.py"
 ROOMS = [f"chat-{index}" for index in range(6)]
 CLI = [sys.executable, "-m", "hostedrooms.cli"]
 

@@ -3,7 +3,7 @@
 A ```python or ```py block runs here, in order with the blocks before it in the same file (one namespace per
 file, on SQLite files in a temporary folder), unless the HTML comment right before it says otherwise:
 
-- ``<!-- tested: NAME (tests/test_x.py ...) -->``: the named test runs it (finding it with readme_block);
+- ``<!-- tested: NAME (tests/folder/test_x.py ...) -->``: the named test runs it (finding it with readme_block);
 - ``<!-- raises: ErrorClass (why) -->``: it runs here and its last statement raises that hostedrooms error;
 - ``<!-- not run: reason -->``: it cannot run as written (a fragment of a host application); listed below in
   NOT_RUN, so a new one is a deliberate change of this file.
@@ -26,7 +26,7 @@ import pytest
 
 from hostedrooms import errors
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 
@@ -111,7 +111,7 @@ def test_blocks_not_run_here_say_who_runs_them_or_why_not() -> None:
     for path in documents():
         for block in _python(path):
             if block.marker.startswith("tested:"):
-                named = re.findall(r"tests/test_\w+\.py", block.marker)
+                named = re.findall(r"tests/(?:\w+/)?test_\w+\.py", block.marker)
                 assert named and all((ROOT / name).is_file() for name in named), f"{block}: {block.marker}"
             elif block.marker.startswith("not run:"):
                 assert block.marker.removeprefix("not run:").strip(), f"{block}: no reason given"

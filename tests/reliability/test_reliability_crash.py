@@ -28,7 +28,7 @@ import hostedrooms
 from hostedrooms import models
 from hostedrooms.db import sqlite_path
 
-CHILD = str(Path(__file__).with_name("reliability_child.py"))
+CHILD = str(Path(__file__).resolve().parents[1] / "reliability_child.py")
 ROOM = "crash-room"
 STEPS = ("prepared", "authorized", "queued", "running", "completed")
 

@@ -5,10 +5,11 @@
 * Grants never reach logs: with SQLAlchemy's echo at DEBUG (statements, parameters and result rows) and every
   ``sqlalchemy`` logger at DEBUG, writing, replacing, listing, updating and deleting room links, and a failing
   link write, never print a grant; the same capture does show a grant that an ordinary query on a plain
-  SQLAlchemy engine returns. (Every other secret is covered by tests/test_reliability_secrets.py.)
-* Owner-private ledger files are covered by tests/test_ledger_storage.py (0700 directory, 0600 regular file with
-  one link, refused symlinks/hard links/foreign owners, re-checked before every transaction) and
-  tests/test_files.py (no lock-dropping descriptors, symlinks never followed, shared directories never changed).
+  SQLAlchemy engine returns. (Every other secret is covered by tests/reliability/test_reliability_secrets.py.)
+* Owner-private ledger files are covered by tests/services/test_ledger_storage.py (0700 directory, 0600 regular
+  file with one link, refused symlinks/hard links/foreign owners, re-checked before every transaction) and
+  tests/engines/test_files.py (no lock-dropping descriptors, symlinks never followed, shared directories never
+  changed).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import hostedrooms
 from hostedrooms import models, peers
 from hostedrooms.errors import StorageError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GRANT = "grant-9c1e-secret-value"
 
 

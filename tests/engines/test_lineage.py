@@ -1,7 +1,7 @@
 """A store's lineage (#26 item 4), on both backends without a failover: pages carry it, a resumed follower checks
 its last event, the Replicator and the HTTP source validate it and refuse a source that lost a replica's events,
 ``verify`` checks remembered heads, and the driver errors of a hot standby and a dead primary are classified.
-The failovers themselves (a streaming standby promoted) are in ``tests/test_fleet_failover.py``."""
+The failovers themselves (a streaming standby promoted) are in ``tests/engines/test_fleet_failover.py``."""
 
 from __future__ import annotations
 

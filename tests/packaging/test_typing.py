@@ -20,7 +20,7 @@ from test_readme import readme_block
 import hostedrooms
 from hostedrooms import create_engine, migrate, rooms
 
-CASES = Path(__file__).resolve().parent / "typing_cases"
+CASES = Path(__file__).resolve().parents[1] / "typing_cases"
 _ERROR = re.compile(r"^(?P<path>.+?):(?P<line>\d+): error: (?P<message>.*)  \[(?P<code>[a-z-]+)\]$")
 _MARK = re.compile(r"# E: (?P<code>[a-z-]+)(?: x(?P<count>\d+))?$")
 

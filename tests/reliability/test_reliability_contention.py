@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 import hostedrooms
 from hostedrooms import models, rooms
 
-CHILD = str(Path(__file__).with_name("reliability_child.py"))
+CHILD = str(Path(__file__).resolve().parents[1] / "reliability_child.py")
 LOCAL = "install:gw-local"
 BATCH = 5
 RETRY_EVERY = 7

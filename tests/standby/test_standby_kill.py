@@ -21,7 +21,7 @@ from hostedrooms.standby.replicator import CAUGHT_UP
 
 pytest_plugins = ["standby_fixtures"]
 
-CHILD = Path(__file__).with_name("standby_child.py")
+CHILD = Path(__file__).resolve().parents[1] / "standby_child.py"
 ROOMS = [f"room-{index:02}" for index in range(10)]
 
 
