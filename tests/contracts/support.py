@@ -16,6 +16,7 @@ from hostedrooms import models
 from hostedrooms.backends import Backend, backend_for
 from hostedrooms.db import create_engine
 from hostedrooms.limits import LimitValues
+from hostedrooms.uow import UnitOfWork
 
 #: How long a contended lock may wait in these tests before the waiter gives up (seconds).
 SHORT_WAIT = 0.2
@@ -81,8 +82,8 @@ def lowered(**overrides: int) -> LimitValues:
 def snapshot(engine: Engine, *tables: sa.Table) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of ``tables`` (default: every hostedrooms table), sorted: what "wrote nothing" compares."""
     chosen = tables or tuple(models.metadata.sorted_tables)
-    with engine.connect() as connection:
-        return {table.name: sorted(tuple(row) for row in connection.execute(sa.select(table)))
+    with UnitOfWork(engine, write=False) as uow:  # a read: no write lock (SQLite)
+        return {table.name: sorted(tuple(row) for row in uow.connection.execute(sa.select(table)))
                 for table in chosen}
 
 

@@ -161,11 +161,8 @@ class BackendContract(OnBackend):
             in_thread(lambda: self._take(quick_engine, impl, PREPARE_LOCK_KEY).close())
         holder.rollback()
         second = in_thread(lambda: self._take(quick_engine, impl, ROOM_CREATION_LOCK_KEY))
-        try:  # and now the first waits for the second
-            holder.close()
-            with quick_engine.connect() as third:
-                refused = _refused(quick_engine, lambda: self._take(quick_engine, impl, ROOM_CREATION_LOCK_KEY))
-                del third
+        try:  # the key passed to the second holder, which now excludes the next
+            _refused(quick_engine, lambda: self._take(quick_engine, impl, ROOM_CREATION_LOCK_KEY).close())
         finally:
             second.close()
 
