@@ -11,10 +11,12 @@ from typing import Any, ClassVar
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import Engine
+from sqlalchemy import exc as sa_exc
 
 from hostedrooms import models
 from hostedrooms.backends import Backend, backend_for
 from hostedrooms.db import create_engine
+from hostedrooms.errors import translate
 from hostedrooms.limits import LimitValues
 from hostedrooms.uow import UnitOfWork
 
@@ -105,6 +107,26 @@ def in_thread(work: Callable[[], Any]) -> Any:
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("value")
+
+
+def contend(engine: Engine, work: Callable[[sa.Connection], Any]) -> Any:
+    """``work(connection)`` in a new write transaction of ``engine`` (a :func:`OnBackend.quick_engine`) whose lock
+    waits end after :data:`SHORT_WAIT`, on another thread, committed; its result, or its driver error translated
+    (a lock it waited for past the bound: :class:`~hostedrooms.errors.StoreUnavailableError`)."""
+    backend = backend_for(engine)
+
+    def run() -> Any:
+        with engine.connect() as connection:
+            try:
+                connection.begin()  # (SQLite: BEGIN IMMEDIATE is the wait)
+                with backend.probe_timeouts(connection, SHORT_WAIT):
+                    found = work(connection)
+                connection.commit()
+            except sa_exc.SQLAlchemyError as exc:
+                raise translate(exc, engine.url) from exc
+            return found
+
+    return in_thread(run)
 
 
 @contextlib.contextmanager
