@@ -131,19 +131,20 @@ def contend(engine: Engine, work: Callable[[sa.Connection], Any]) -> Any:
 
 @contextlib.contextmanager
 def listening(engine: Engine, channel: str) -> Iterator[Callable[[], list[str]]]:
-    """Listen on ``channel`` in the engine's namespace (where the backend notifies) for the block; yields a function
-    returning the payloads received so far (waiting at most :data:`SHORT_WAIT` for the first). Where readers poll,
-    it returns [] always."""
+    """Listen on ``channel`` in the engine's namespace (where the backend notifies) for the block; yields
+    ``received(expected)``: the payloads received so far, waiting for the first at most :data:`NOT_BLOCKING` when
+    one is ``expected``, else a short while (a check that none came). Where readers poll, it returns [] always."""
     backend = backend_for(engine)
     if not backend.notifies:
-        yield list
+        yield lambda expected=False: []
         return
     with engine.connect() as connection:
         connection.execution_options(isolation_level="AUTOCOMMIT")
         connection.exec_driver_sql(backend.listen_statement(channel, backend.namespace(connection)))
         raw: Any = connection.connection.dbapi_connection
 
-        def received() -> list[str]:
-            return [notify.payload for notify in raw.notifies(timeout=SHORT_WAIT * 5, stop_after=1)]
+        def received(expected: bool = False) -> list[str]:
+            wait = NOT_BLOCKING if expected else SHORT_WAIT * 5
+            return [notify.payload for notify in raw.notifies(timeout=wait, stop_after=1)]
 
         yield received
