@@ -144,7 +144,7 @@ def listening(engine: Engine, channel: str) -> Iterator[Callable[[], list[str]]]
         raw: Any = connection.connection.dbapi_connection
 
         def received(expected: bool = False) -> list[str]:
-            wait = NOT_BLOCKING if expected else SHORT_WAIT * 5
+            wait = NOT_BLOCKING if expected else SHORT_WAIT
             return [notify.payload for notify in raw.notifies(timeout=wait, stop_after=1)]
 
         yield received
