@@ -71,16 +71,12 @@ class RoomStoreContract(OnBackend):
                     limits: LimitValues | None = None, room_id: str = "room-1") -> Any:
         """``append_one_statement`` in the unit the services give it, committed whatever it returned (a guard must
         have written nothing), except after an integrity failure, which the caller rolls back (as documented)."""
-        one_statement = room_store(self._backend(engine)).one_statement_autocommits
+        one_statement = room_store(backend_for(engine)).one_statement_autocommits
         with (UnitOfWork.one_statement(engine) if one_statement else UnitOfWork(engine)) as uow:
             found = uow.rooms.append_one_statement(
                 room_id, events, gateway_id=gateway, now=2000.0, limits=limits or LimitValues.read())
             uow.commit()
         return found
-
-    @staticmethod
-    def _backend(engine: Engine) -> Backend:
-        return backend_for(engine)
 
     # -- the registry ----------------------------------------------------------------------------------------
 
@@ -165,7 +161,7 @@ class RoomStoreContract(OnBackend):
                 assert rows is not None and [row["seq"] for row in rows] == [1, 2]
                 assert received() == []  # not before the commit
                 uow.commit()
-            assert received(expected=True) == (["room-1"] if self._backend(engine).notifies else [])
+            assert received(expected=True) == (["room-1"] if backend_for(engine).notifies else [])
         assert _events_of(engine) == [tuple(row[c.name] for c in _events.c) for row in rows]
         assert _room(engine)["next_seq"] == 3 and _room(engine)["event_bytes"] == sum(e.size for e in events)
 
@@ -366,7 +362,7 @@ class RoomStoreContract(OnBackend):
         self.seed(engine, room_values(), room_values("room-2"))
         with listening(engine, ROOM_EVENTS_CHANNEL) as received:
             written, stored = self.append_once(engine, events[:1])
-            assert received(expected=True) == (["room-1"] if self._backend(engine).notifies else [])
+            assert received(expected=True) == (["room-1"] if backend_for(engine).notifies else [])
         batch, _ = self.append_once(engine, [*events[1:], Ev("e3")])
         assert stored == {} and [row["seq"] for row in written + batch] == [1, 2, 3]
         with UnitOfWork(engine) as uow:  # the full path, on the twin room
@@ -426,7 +422,7 @@ class RoomStoreContract(OnBackend):
     def test_append_one_statement_of_a_stored_id_writes_nothing(self, engine: Engine) -> None:
         self.seed(engine, room_values(), events=[("room-1", Ev("e1"))])
         before = snapshot(engine)
-        one_statement = room_store(self._backend(engine)).one_statement_autocommits
+        one_statement = room_store(backend_for(engine)).one_statement_autocommits
         with (UnitOfWork.one_statement(engine) if one_statement else UnitOfWork(engine)) as uow:
             found = uow.rooms.append_one_statement("room-1", [Ev("e1")], gateway_id="gw-local", now=2000.0,
                                                    limits=LimitValues.read())
@@ -442,7 +438,7 @@ class RoomStoreContract(OnBackend):
     def test_append_one_statement_of_a_repeated_id_in_a_batch_writes_nothing(self, engine: Engine) -> None:
         self.seed(engine, room_values())
         before = snapshot(engine)
-        one_statement = room_store(self._backend(engine)).one_statement_autocommits
+        one_statement = room_store(backend_for(engine)).one_statement_autocommits
         with (UnitOfWork.one_statement(engine) if one_statement else UnitOfWork(engine)) as uow:
             assert uow.rooms.append_one_statement("room-1", [Ev("e1"), Ev("e1")], gateway_id="gw-local",
                                                   now=2000.0, limits=LimitValues.read()) is None
