@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from sqlalchemy import (
+    BigInteger,
     BindParameter,
     ColumnElement,
     Connection,
@@ -158,7 +159,7 @@ DELIVERY_INSERT_COLUMNS = (
 _INSERT_WITHIN_CAPACITY = deliveries.insert().from_select(
     list(DELIVERY_INSERT_COLUMNS),
     select(*(bindparam(name, type_=deliveries.c[name].type) for name in DELIVERY_INSERT_COLUMNS))
-    .where(_IN_FLIGHT.scalar_subquery() < bindparam("capacity"))).returning(*deliveries.c)
+    .where(_IN_FLIGHT.scalar_subquery() < bindparam("capacity", type_=BigInteger))).returning(*deliveries.c)
 # Counts are far below this: a capacity beyond it admits as any larger one would (and still binds as 64 bits).
 _CAPACITY_BOUND = 2**62
 # prepare() of a known envelope still prepared: its new lease token.

@@ -204,7 +204,9 @@ class PeerStore:
     def insert_receipt(self, values: Mapping[str, Any], now: float) -> bool:
         """Insert a receipt (REMOTE_RUN_COLUMNS); False, changing nothing, when its identity is stored."""
         stmt = self.backend.insert(_receipts).values(**values, created_at=now, updated_at=now)
-        return bool(self.connection.execute(stmt.on_conflict_do_nothing()).rowcount == 1)
+        # SQLAlchemy keeps an INSERT's rowcount only when asked (psycopg's would otherwise read -1: never inserted).
+        inserted = self.connection.execute(stmt.on_conflict_do_nothing().execution_options(preserve_rowcount=True))
+        return bool(inserted.rowcount == 1)
 
     def locked_receipt(self, identity: Mapping[str, Any]) -> tuple[Any, ...]:
         """The stored REMOTE_RUN_COLUMNS of the receipt ``identity`` (it must exist), locked until the end."""
