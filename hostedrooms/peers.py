@@ -386,6 +386,7 @@ def room_grant_is_revoked(engine: EngineSource, *, claims: Mapping[str, Any], no
     :param engine: the store (an Engine, or a factory returning one).
     :param claims: the grant's claims: the seven :data:`GRANT_SCOPE_FIELDS`, and ``issued_at``.
     :param now: the time the fence must be live at (default: the wall clock).
+    :returns: whether the grant is revoked.
     :raises InvalidInputError: the scope is incomplete or invalid, or ``issued_at`` is not a number.
     """
     timestamp = clock(now)
@@ -420,6 +421,7 @@ def reserve_peer_room(
     :param claims: ``room_id``, ``member_id``, ``target_profile``, ``authority_gateway_id``, ``authority_epoch``.
     :param expires_at: until when the reservation holds, in Unix seconds (after ``now``).
     :param now: the reservation time (default: the wall clock).
+    :param limits: the identifier length limits (default: :mod:`hostedrooms.limits`).
     :raises InvalidInputError: a claim is invalid, or ``expires_at`` is not in the future.
     :raises AuthorityConflictError: a newer (or same-epoch, other-gateway) reservation holds the room/profile.
     """
