@@ -142,3 +142,7 @@ class SphinxRoles(griffe.Extension):
             if obj.docstring is not None:
                 obj.docstring.value = convert_roles(obj.docstring.value, obj, collection)
             pending.extend(member for member in obj.members.values() if not member.is_alias)  # type: ignore[misc]
+
+    def on_package_loaded(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
+        """The same, under the name earlier griffe releases gave this event (a second pass finds no role left)."""
+        self.on_package(pkg=pkg, loader=loader, **kwargs)
