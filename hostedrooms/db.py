@@ -203,31 +203,33 @@ def create_engine(
 ) -> Engine:
     """Build (or adopt) an Engine configured for hostedrooms.
 
-    ``synchronous`` applies to SQLite only; ``FULL`` (the default) makes every commit durable. ``NORMAL``
-    is an explicit opt-in that may lose the last commits on power loss (never on a process crash).
-
-    ``create=False`` applies to SQLite file paths and URLs: a missing file raises
-    :class:`~hostedrooms.errors.StoreMissingError` and no connection of the engine ever creates one (nor
-    its folder). A database server never creates a database on connect, so PostgreSQL ignores it.
-
-    ``schema`` (PostgreSQL): this gateway's namespace in a shared database. Every connection's ``search_path``
-    is that schema alone (set when it connects, with no startup parameter, and checked), its tables and version
-    table live there, and its advisory locks and wake-up channels are its own. A missing schema raises
-    :class:`~hostedrooms.errors.SchemaMissingError` naming ``hostedrooms upgrade --schema NAME``, which creates
-    it. SQLite has no schemas: ``schema=`` on a SQLite target raises
-    :class:`~hostedrooms.errors.StoreConfigurationError`, as does an engine with a ``schema_translate_map``.
-
-    ``pooler`` (PostgreSQL): what stands between the engine and the server. None or ``"session"``: nothing
-    changes. ``"transaction"`` (PgBouncer's ``pool_mode = transaction``, where each transaction may run on another
-    server connection): no statement is ever prepared on the server (psycopg's ``prepare_threshold=None``),
-    hostedrooms keeps no session state (its advisory locks are all transaction-scoped), and ``schema=`` is refused
-    (a ``search_path`` is session state: give each gateway a database of its own, or use session pooling).
-    ``listen_url``: a direct connection to the same database, bypassing the pooler, for the engine's one waiting
-    connection (``LISTEN`` through a transaction pooler is lost); without it, with ``pooler="transaction"``,
-    ``follow()`` and ledger wake-ups raise :class:`~hostedrooms.errors.StoreConfigurationError`.
-
     Secrets stay out of logs and errors on every engine built or adopted here: bound parameters are hidden and
     fetched rows are never logged, whatever the echo flag or logging level (statements still are, at INFO).
+
+    :param target: a SQLite file path, a database URL (text or :class:`~sqlalchemy.engine.URL`), or an Engine to
+        adopt (configured in place).
+    :param synchronous: SQLite only: ``FULL`` (the default) makes every commit durable; ``NORMAL`` is an explicit
+        opt-in that may lose the last commits on power loss (never on a process crash).
+    :param busy_timeout: seconds a statement waits for another writer's lock before it fails.
+    :param create: SQLite: whether a missing file (and its folder) is created; with False, a missing file raises
+        :class:`~hostedrooms.errors.StoreMissingError`. A server never creates a database, so PostgreSQL ignores it.
+    :param schema: PostgreSQL: this gateway's namespace in a shared database. Every connection's ``search_path`` is
+        that schema alone (checked), and its tables, version table, advisory locks and wake-up channels are its
+        own; a missing one raises :class:`~hostedrooms.errors.SchemaMissingError` naming ``hostedrooms upgrade
+        --schema NAME``, which creates it.
+    :param pooler: PostgreSQL: what stands between the engine and the server. None or ``"session"``: nothing
+        changes. ``"transaction"`` (PgBouncer's ``pool_mode = transaction``): nothing is prepared on the server,
+        no session state is kept, and ``schema=`` is refused (give each gateway a database of its own).
+    :param listen_url: a direct connection to the same database, bypassing the pooler, for the engine's one
+        waiting connection (``LISTEN`` through a transaction pooler is lost); without it, with
+        ``pooler="transaction"``, ``follow()`` and ledger wake-ups raise StoreConfigurationError.
+    :param engine_kwargs: passed to :func:`sqlalchemy.create_engine` (a path or URL only).
+    :returns: the Engine every hostedrooms call takes.
+    :raises MisuseError: ``target`` is an async engine, or ``synchronous`` is no SQLite mode.
+    :raises InvalidInputError: ``busy_timeout`` or ``create`` is invalid.
+    :raises StoreConfigurationError: ``schema=`` on SQLite, an engine with a ``schema_translate_map``, an invalid
+        ``schema``, ``pooler`` or ``listen_url``, or a target that cannot be understood.
+    :raises StoreMissingError: ``create=False`` and the SQLite file does not exist.
     """
     reject_async(target)
     check_synchronous(synchronous)

@@ -131,21 +131,26 @@ def demote_room(
     local_gateway_id: str | Callable[[], str] | None = None, limits: Limits | None = None,
     proven_head: ProvenHead | None = None, max_size: tuple[int, int] | None = None,
 ) -> DemotionResult:
-    """Fence THIS gateway's stale authority over ``room_id`` against a proven newer epoch.
+    """Fence THIS gateway's stale authority over ``room_id`` against a proven newer epoch, idempotently: append
+    ``authority.lost`` (``system:authority-lost:<epoch>``) by the fenced append path, adopt the observed lineage.
 
-    Appends ``authority.lost`` (``system:authority-lost:<epoch>``) through the fenced append path and adopts
-    the observed lineage, so no further local write can commit at the stale epoch. Idempotent for the same
-    observation; an epoch that does not supersede the stored one raises ReplicaEpochRegressionError. The
-    local gateway is ``local_gateway_id`` (or what it returns, when a callable), else
-    ``install:$HOSTEDROOMS_INSTALL_ID``.
-
-    ``proven_head``: the room's head (seq, event id, epoch) as the caller's proof read it. The demotion then
-    happens only if the room still stands exactly there, checked under the room's lock in the demoting
-    transaction; otherwise DemotionStaleError is raised and nothing changes (a write committed after the proof
-    would otherwise be in no surviving log).
-
-    ``max_size``: (events, bytes) the room may hold at most for the demotion to happen (what a failover planned to
-    take over), checked the same way.
+    :param engine: the local store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the locally authoritative room to fence.
+    :param observed_gateway_id: the gateway seen holding the room's authority now (not this one).
+    :param observed_epoch: the epoch it holds it at; it must be newer than the stored one.
+    :param now: the demotion time, in Unix seconds (default: the wall clock).
+    :param local_gateway_id: this gateway's id, or a callable (default: ``install:$HOSTEDROOMS_INSTALL_ID``).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :param proven_head: the room's head (seq, event id, epoch) the caller's proof read; it must still stand there.
+    :param max_size: the most (events, bytes) the room may hold (what a failover planned to take over), or None.
+    :returns: ``room_id`` and its adopted authority (``idempotent`` when the room already stood there).
+    :raises InvalidInputError: ``room_id`` or ``observed_gateway_id`` is invalid.
+    :raises ReplicaEpochRegressionError: ``observed_epoch`` does not supersede the stored epoch.
+    :raises DemotionStaleError: the room moved past ``proven_head``, or holds more than ``max_size``.
+    :raises ReplicaError: the room is not here or not locally authoritative, or an argument is malformed.
+    :raises AuthorityConflictError: the room's authority changed under the demotion's fence.
+    :raises CapacityExceededError: the room's or the gateway's budget cannot take the ``authority.lost`` event.
+    :raises StorageError: the database failed underneath; nothing was committed.
     """
     lim = in_force(limits)
     room_id = room_rules.validate_room_id(room_id, lim)

@@ -135,12 +135,32 @@ def upgrade(target: Target | Connection, revision: str = "head", *, schema: str 
     ``schema`` (PostgreSQL): the gateway's own schema (see :func:`hostedrooms.create_engine`); it is created
     when missing (``CREATE SCHEMA IF NOT EXISTS``; without the privilege, the error says what to ask the
     database owner), and the tables and the version table go there. The migration lock is that schema's own.
+
+    :param target: the store: a SQLite path, a database URL, an Engine, or a host's open Connection.
+    :param revision: the revision to reach: ``head`` (the default), a revision id or name, or ``+N``.
+    :param schema: PostgreSQL: the gateway's schema (for a path or URL; an Engine must have been built with it).
+    :raises InvalidInputError: ``revision`` names no revision, or none reachable (nothing was run).
+    :raises SchemaMissingError: ``schema`` (or the search_path's) does not exist and cannot be created.
+    :raises StoreConfigurationError: ``schema`` given with an Engine built without it (or with a Connection), or
+        the target cannot be opened.
+    :raises StorageError: the database failed underneath (:class:`~hostedrooms.errors.StoreUnavailableError`
+        when a retry may help).
     """
     _run(target, revision, lambda script, heads: script._upgrade_revs(revision, heads), schema, upgrading=True)
 
 
 def downgrade(target: Target | Connection, revision: str, *, schema: str | None = None) -> None:
-    """Downgrade the hostedrooms schema in ``target`` (in ``schema``) to ``revision``."""
+    """Downgrade the hostedrooms schema in ``target`` (in ``schema``) to ``revision``.
+
+    :param target: the store: a SQLite path, a database URL, an Engine, or a host's open Connection.
+    :param revision: the revision to reach: a revision id or name, ``-N``, or ``base`` (drops every table).
+    :param schema: PostgreSQL: the gateway's schema (for a path or URL; an Engine must have been built with it).
+    :raises InvalidInputError: ``revision`` names no revision, or none reachable (nothing was run).
+    :raises StoreConfigurationError: ``schema`` given with an Engine built without it (or with a Connection), or
+        the target cannot be opened.
+    :raises StorageError: the database failed underneath (:class:`~hostedrooms.errors.StoreUnavailableError`
+        when a retry may help).
+    """
     _run(target, revision, lambda script, heads: script._downgrade_revs(revision, heads), schema)
 
 
@@ -182,12 +202,24 @@ def check_revision(revision: object) -> None:
 
 
 def head_revision() -> str | None:
-    """The newest revision shipped with this installation."""
+    """The newest revision shipped with this installation.
+
+    :returns: its id (such as ``0010_replica_event_ids``); None only if no migration shipped.
+    """
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 def current_revision(target: Target | Connection, *, schema: str | None = None) -> str | None:
-    """The revision recorded in ``target`` (in ``schema``; None when hostedrooms was never installed there)."""
+    """The revision recorded in ``target`` (in ``schema``; None when hostedrooms was never installed there).
+
+    :param target: the store: a SQLite path, a database URL, an Engine, or a host's open Connection.
+    :param schema: PostgreSQL: the gateway's schema (for a path or URL; an Engine must have been built with it).
+    :returns: the recorded revision id, or None.
+    :raises StoreConfigurationError: ``schema`` given with an Engine built without it (or with a Connection), or
+        the target cannot be opened.
+    :raises StorageError: the database failed underneath (:class:`~hostedrooms.errors.StoreUnavailableError`
+        when a retry may help).
+    """
     with _bound(target, schema) as bind:
         if isinstance(bind, Connection):
             return _current(bind)
@@ -201,7 +233,16 @@ def _current(connection: Connection) -> str | None:
 
 
 def is_at_head(target: Target | Connection, *, schema: str | None = None) -> bool:
-    """True when ``target`` (in ``schema``) carries the newest shipped revision."""
+    """True when ``target`` (in ``schema``) carries the newest shipped revision.
+
+    :param target: the store: a SQLite path, a database URL, an Engine, or a host's open Connection.
+    :param schema: PostgreSQL: the gateway's schema (for a path or URL; an Engine must have been built with it).
+    :returns: whether :func:`current_revision` is :func:`head_revision`.
+    :raises StoreConfigurationError: ``schema`` given with an Engine built without it (or with a Connection), or
+        the target cannot be opened.
+    :raises StorageError: the database failed underneath (:class:`~hostedrooms.errors.StoreUnavailableError`
+        when a retry may help).
+    """
     return current_revision(target, schema=schema) == head_revision()
 
 

@@ -4,7 +4,7 @@ Every public function takes an :class:`~sqlalchemy.Engine` first (the probes tak
 because they must never go through anything that creates or migrates a store), then the reference
 implementation's keyword arguments, and returns the reference's shapes. Each call is one transaction. The rules
 are here; the statements and the advisory keys that serialise them are the store's (:mod:`hostedrooms.store.peers`,
-reached as ``uow.peers``).
+reached as ``uow.peers``). The non-blocking ownership probes are :mod:`hostedrooms.peer_probes`'s, re-exported here.
 
 Secrets: a room link carries a private ``grant``. No message raised here contains one, a failed link write
 never chains the driver error (its bound parameters would hold the grant), and on SQLite the database
@@ -16,32 +16,36 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, cast
 
-from sqlalchemy import URL, Engine
-from sqlalchemy import exc as sa_exc
+from sqlalchemy import Engine
 
 from . import models
-from .backends import Pooler, backend_for_url, pooler_of, use_pooler
-from .db import Target, engine_schema, resolve_url
-from .engines import EngineCache, EngineSource, resolve_engine
+from .engines import EngineSource, resolve_engine
 from .errors import (
     AuthorityConflictError,
     CapacityExceededError,
     HostedRoomError,
     InvalidInputError,
     RoomConflictError,
-    RoomProbeUnavailableError,
-    SchemaMissingError,
     StorageError,
 )
 from .limits import Limits, in_force
+from .peer_probes import (
+    PROBE_TIMEOUT_SECONDS,
+    actor_id_of,
+    forget_probe_engines,
+    probe_hosted_room,
+    probe_peer_room_reservation,
+    room_and_profile,
+    room_id_of,
+)
 from .records import RemoteRunIdentity, RemoteRunReceipt, RemoteRunRecord, RoomLinkRecord
-from .store.peers import LINK_COLUMNS, REMOTE_RUN_COLUMNS, PeerStore
-from .telemetry import no_engine, traced
+from .store.peers import LINK_COLUMNS, REMOTE_RUN_COLUMNS
+from .telemetry import traced
 from .uow import UnitOfWork
-from .validation import INT64_MAX, clock, compact_json, identifier, storable_string, storable_text
+from .validation import INT64_MAX, clock, compact_json, storable_string, storable_text
 
 __all__ = [
     "GRANT_SCOPE_FIELDS",
@@ -75,23 +79,11 @@ GRANT_SCOPE_FIELDS = (
 
 _RECEIPT_INT_COLUMNS = frozenset({"authority_epoch", "execution_generation"})
 
-#: How long a probe may wait for a lock (or a statement) before it answers "unavailable".
-PROBE_TIMEOUT_SECONDS = 0.2
-
-
 def _resolve(engine: EngineSource) -> Engine:
     return resolve_engine(engine)
 
 
 # --- argument validation (pure) ----------------------------------------------------------------------
-
-
-def _room_id(value: Any, limits: Limits) -> str:
-    return identifier(value, error=InvalidInputError, label="room_id", max_chars=limits.MAX_ROOM_ID_CHARS)
-
-
-def _actor_id(value: Any, label: str, limits: Limits) -> str:
-    return identifier(value, error=InvalidInputError, label=label, max_chars=limits.MAX_ACTOR_ID_CHARS)
 
 
 def _mapping(value: Any, label: str) -> Mapping[str, Any]:
@@ -156,6 +148,10 @@ def room_grant_scope_key(claims: Mapping[str, Any]) -> str:
     It is the SHA-256 of the compact JSON of the seven :data:`GRANT_SCOPE_FIELDS`, each taken as
     ``str(value or "")``; a missing or empty field raises ``InvalidInputError("room grant scope is incomplete")``
     (a :class:`~hostedrooms.errors.HostedRoomError`) naming the first such field.
+
+    :param claims: the grant's claims.
+    :returns: the scope key (64 hexadecimal digits).
+    :raises InvalidInputError: ``claims`` is no mapping, or a scope field is missing, empty or not storable.
     """
     fields = _claim_values(_mapping(claims, "claims"), GRANT_SCOPE_FIELDS)
     missing = [key for key, value in fields.items() if not value]
@@ -201,17 +197,12 @@ def _receipt_values(record: Any, columns: tuple[str, ...]) -> dict[str, Any]:
     return values
 
 
-def _room_and_profile(room_id: Any, target_profile: Any, limits: Limits) -> tuple[str, str]:
-    """A reservation lookup's validated room id and target profile."""
-    return _room_id(room_id, limits), _actor_id(target_profile, "target_profile", limits)
-
-
 def _reservation_claims(claims: Any, limits: Limits) -> dict[str, Any]:
     """Validated (room_id, member_id, target_profile, authority_gateway_id, authority_epoch), stripped."""
     claims = _mapping(claims, "claims")
-    values: dict[str, Any] = {"room_id": _room_id(claims.get("room_id"), limits)}
+    values: dict[str, Any] = {"room_id": room_id_of(claims.get("room_id"), limits)}
     for key in ("member_id", "target_profile", "authority_gateway_id"):
-        values[key] = _actor_id(claims.get(key), key, limits)
+        values[key] = actor_id_of(claims.get(key), key, limits)
     values["authority_epoch"] = _lenient_epoch(claims)
     if values["authority_epoch"] < 1:
         raise InvalidInputError("authority_epoch must be positive", field="authority_epoch")
@@ -264,7 +255,12 @@ def _restrict_to_owner(uow: UnitOfWork) -> None:
 
 @traced("list_room_link_records")
 def list_room_link_records(engine: EngineSource) -> list[RoomLinkRecord]:
-    """Every private room link record (grant included) ordered by room and member; never logged."""
+    """Every private room link record (grant included) ordered by room and member; never logged.
+
+    :param engine: the store (an Engine, or a factory returning one).
+    :returns: the records, each with its ``grant``.
+    :raises StorageError: the database failed (the message never holds a grant).
+    """
     with UnitOfWork(_secret_engine(_resolve(engine)), write=False) as uow:
         rows = uow.peers.links()
     return [cast(RoomLinkRecord, dict(row)) for row in rows]
@@ -277,6 +273,13 @@ def upsert_room_link_record(engine: EngineSource, *, record: RoomLinkRecord, max
     ``max_links`` caps the number of stored links; it counts only a new (room_id, member_id), so replacing
     an existing record always succeeds (``CapacityExceededError("too many stored room links")`` otherwise, its
     ``limit`` ``"max_links"``).
+
+    :param engine: the store (an Engine, or a factory returning one).
+    :param record: the link: every column of a room link, its private ``grant`` included.
+    :param max_links: the most links the store may hold (a number; ``math.inf`` for no cap).
+    :raises InvalidInputError: ``record`` or ``max_links`` is invalid.
+    :raises CapacityExceededError: a new link would exceed ``max_links``.
+    :raises StorageError: the database failed; no message or chained error holds the grant.
     """
     values = _link_values(record)
     cap = _max_links(max_links)
@@ -304,7 +307,16 @@ def _write_link(engine: EngineSource, values: dict[str, Any], cap: float) -> Non
 def update_room_link_status(
     engine: EngineSource, *, room_id: str, member_id: str, status: str, now: float | None = None
 ) -> bool:
-    """Persist a non-secret route health classification; False when no such link exists."""
+    """Persist a non-secret route health classification; False when no such link exists.
+
+    :param engine: the store (an Engine, or a factory returning one).
+    :param room_id: the link's room.
+    :param member_id: the link's member.
+    :param status: the classification to store.
+    :param now: the update time, in Unix seconds (default: the wall clock).
+    :returns: whether a link was updated.
+    :raises InvalidInputError: a text argument cannot be stored (not a string, a NUL, a lone surrogate).
+    """
     room_id = _text(room_id, "room_id")
     member_id = _text(member_id, "member_id")
     status = _text(status, "status")
@@ -318,7 +330,13 @@ def update_room_link_status(
 
 @traced("delete_room_link_records")
 def delete_room_link_records(engine: EngineSource, *, room_id: str) -> int:
-    """Delete a room's persisted peer routes (after their target grants are revoked); return how many."""
+    """Delete a room's persisted peer routes (after their target grants are revoked); return how many.
+
+    :param engine: the store (an Engine, or a factory returning one).
+    :param room_id: the room whose links go.
+    :returns: the number of links deleted.
+    :raises InvalidInputError: ``room_id`` is not storable text.
+    """
     room_id = _text(room_id, "room_id")
     with UnitOfWork(_resolve(engine)) as uow:
         deleted = uow.peers.delete_links(room_id)
@@ -338,6 +356,12 @@ def revoke_room_grant_scope(
     The fence's ``expires_at`` and ``revoked_before`` only grow. In the same transaction the scope's peer
     reservation (same room, member, profile, gateway and epoch) is revoked. An ``expires_at`` that is not in
     the future does nothing at all (the reference's behaviour).
+
+    :param engine: the store (an Engine, or a factory returning one).
+    :param claims: the grant's claims: the seven :data:`GRANT_SCOPE_FIELDS`.
+    :param expires_at: until when the fence holds, in Unix seconds.
+    :param now: the revocation time (default: the wall clock); grants issued at or before it are revoked.
+    :raises InvalidInputError: the scope is incomplete or invalid, or a time is not a number.
     """
     scope_key = room_grant_scope_key(claims)
     timestamp = clock(now)
@@ -357,7 +381,14 @@ def revoke_room_grant_scope(
 
 @traced("room_grant_is_revoked")
 def room_grant_is_revoked(engine: EngineSource, *, claims: Mapping[str, Any], now: float | None = None) -> bool:
-    """Whether a grant (``claims["issued_at"]``, default 0) was issued at or before its scope's live fence."""
+    """Whether a grant (``claims["issued_at"]``, default 0) was issued at or before its scope's live fence.
+
+    :param engine: the store (an Engine, or a factory returning one).
+    :param claims: the grant's claims: the seven :data:`GRANT_SCOPE_FIELDS`, and ``issued_at``.
+    :param now: the time the fence must be live at (default: the wall clock).
+    :returns: whether the grant is revoked.
+    :raises InvalidInputError: the scope is incomplete or invalid, or ``issued_at`` is not a number.
+    """
     timestamp = clock(now)
     scope_key = room_grant_scope_key(claims)
     issued_at = _seconds(claims.get("issued_at") or 0, "issued_at")
@@ -385,6 +416,14 @@ def reserve_peer_room(
     the same epoch under another gateway, wins (``AuthorityConflictError``); live reservations at lower
     epochs are revoked. The claim's own row is upserted keeping the later expiry and clearing ``revoked_at``.
     ``limits`` (default :mod:`hostedrooms.limits`) supplies the identifier length limits.
+
+    :param engine: the store (an Engine, or a factory returning one).
+    :param claims: ``room_id``, ``member_id``, ``target_profile``, ``authority_gateway_id``, ``authority_epoch``.
+    :param expires_at: until when the reservation holds, in Unix seconds (after ``now``).
+    :param now: the reservation time (default: the wall clock).
+    :param limits: the identifier length limits (default: :mod:`hostedrooms.limits`).
+    :raises InvalidInputError: a claim is invalid, or ``expires_at`` is not in the future.
+    :raises AuthorityConflictError: a newer (or same-epoch, other-gateway) reservation holds the room/profile.
     """
     timestamp = clock(now)
     expiry = _seconds(expires_at, "expires_at")
@@ -414,8 +453,17 @@ def reserve_peer_room(
 def peer_room_is_reserved(
     engine: EngineSource, *, room_id: str, target_profile: str, now: float | None = None, limits: Limits | None = None
 ) -> bool:
-    """Whether a live (unexpired, unrevoked) reservation of the room/profile fences Desktop prompts."""
-    room_id, target_profile = _room_and_profile(room_id, target_profile, in_force(limits))
+    """Whether a live (unexpired, unrevoked) reservation of the room/profile fences Desktop prompts.
+
+    :param engine: the store (an Engine, or a factory returning one).
+    :param room_id: the room.
+    :param target_profile: the target profile.
+    :param now: the time the reservation must be live at (default: the wall clock).
+    :param limits: the identifier length limits (default: :mod:`hostedrooms.limits`).
+    :returns: whether such a reservation exists.
+    :raises InvalidInputError: ``room_id`` or ``target_profile`` is invalid.
+    """
+    room_id, target_profile = room_and_profile(room_id, target_profile, in_force(limits))
     timestamp = clock(now)
     with UnitOfWork(_resolve(engine), write=False) as uow:
         return uow.peers.reservation_is_live(room_id, target_profile, timestamp)
@@ -425,7 +473,15 @@ def peer_room_is_reserved(
 def peer_room_grant_is_current(
     engine: EngineSource, *, claims: Mapping[str, Any], now: float | None = None, limits: Limits | None = None
 ) -> bool:
-    """Whether a grant's claims match the target's current live reservation exactly."""
+    """Whether a grant's claims match the target's current live reservation exactly.
+
+    :param engine: the store (an Engine, or a factory returning one).
+    :param claims: ``room_id``, ``member_id``, ``target_profile``, ``authority_gateway_id``, ``authority_epoch``.
+    :param now: the time the reservation must be live at (default: the wall clock).
+    :param limits: the identifier length limits (default: :mod:`hostedrooms.limits`).
+    :returns: whether a live, unrevoked reservation holds exactly these claims.
+    :raises InvalidInputError: a claim is invalid.
+    """
     timestamp = clock(now)
     values = _reservation_claims(claims, in_force(limits))
     with UnitOfWork(_resolve(engine), write=False) as uow:
@@ -441,6 +497,12 @@ def upsert_remote_run_receipt(engine: EngineSource, *, record: RemoteRunRecord, 
 
     The same record again only moves ``updated_at``; a different run or session for the same identity
     raises ``RoomConflictError("remote run receipt conflicts with its logical task")`` (a ``HostedRoomError``).
+
+    :param engine: the store (an Engine, or a factory returning one).
+    :param record: the receipt: its 9-column identity, its run and session.
+    :param now: the binding time, in Unix seconds (default: the wall clock).
+    :raises InvalidInputError: a column of ``record`` is missing or invalid.
+    :raises RoomConflictError: the identity is bound to another run or session.
     """
     timestamp = clock(now)
     values = _receipt_values(record, REMOTE_RUN_COLUMNS)
@@ -460,7 +522,15 @@ def list_remote_run_receipts(
     session_id: str | None = None,
 ) -> list[RemoteRunReceipt]:
     """Remote-run receipts matching every given filter, in durable task order
-    (``created_at``, ``task_id``, ``execution_generation``)."""
+    (``created_at``, ``task_id``, ``execution_generation``).
+
+    :param engine: the store (an Engine, or a factory returning one).
+    :param room_id: only this room's receipts (None: any room).
+    :param target_profile: only this profile's receipts (None: any).
+    :param session_id: only this session's receipts (None: any).
+    :returns: the matching receipts.
+    :raises InvalidInputError: a filter is not storable text.
+    """
     candidates = (("room_id", room_id), ("target_profile", target_profile), ("session_id", session_id))
     filters = {column: _text(value, column) for column, value in candidates if value is not None}
     with UnitOfWork(_resolve(engine), write=False) as uow:
@@ -470,90 +540,14 @@ def list_remote_run_receipts(
 
 @traced("remote_run_receipt")
 def remote_run_receipt(engine: EngineSource, *, record: RemoteRunIdentity) -> RemoteRunReceipt | None:
-    """The durable receipt of one exact task attempt (its 9-column identity), or None."""
+    """The durable receipt of one exact task attempt (its 9-column identity), or None.
+
+    :param engine: the store (an Engine, or a factory returning one).
+    :param record: the attempt's 9-column identity.
+    :returns: its receipt, or None when none is stored.
+    :raises InvalidInputError: a column of ``record`` is missing or invalid.
+    """
     identity = _receipt_identity(record)
     with UnitOfWork(_resolve(engine), write=False) as uow:
         row = uow.peers.receipt(identity)
     return cast(RemoteRunReceipt, dict(row)) if row is not None else None
-
-
-# --- non-blocking ownership probes -------------------------------------------------------------------
-
-_probe_engines = EngineCache()
-
-
-def _probe_url(target: Target) -> tuple[URL, str | None, Pooler | None]:
-    """The store a probe reads: its URL, and the ``schema=`` and ``pooler=`` of an Engine built with them."""
-    if isinstance(target, Engine):
-        return target.url, engine_schema(target), pooler_of(target)
-    return resolve_url(target), None, None
-
-
-def _probe_engine(url: URL, schema: str | None, pooler: Pooler | None = None) -> Engine:
-    """A cached, hook-free (but for the schema's search_path, and no server-side prepares behind a transaction
-    pooler), never-migrating engine per store (never the compat facade's engine)."""
-
-    def build() -> Engine:
-        engine = backend_for_url(url).probe_engine(url, PROBE_TIMEOUT_SECONDS)
-        if pooler is not None:
-            use_pooler(engine, pooler)
-        if schema is not None:
-            backend_for_url(url).use_schema(engine, schema)
-        return engine
-
-    mode = pooler.mode if pooler is not None else ""
-    return _probe_engines.get(
-        f"{url.render_as_string(hide_password=False)}#schema={schema or ''}#pooler={mode or ''}", build)
-
-
-def forget_probe_engines() -> None:
-    """Dispose and drop the cached probe engines (tests; forked children)."""
-    _probe_engines.clear()
-
-
-def _probe(target: Target, ask: Callable[[PeerStore], bool], unavailable: str) -> bool:
-    """``ask``'s answer on a store of the target's probe connection, without creating, migrating or waiting on it.
-
-    A missing store or table answers False. Any store failure, including a lock held past
-    :data:`PROBE_TIMEOUT_SECONDS`, raises ``RoomProbeUnavailableError(unavailable)``.
-    """
-    url, schema, pooler = _probe_url(target)
-    backend = backend_for_url(url)
-    if backend.store_absent(url):
-        return False
-    try:
-        connection = _probe_engine(url, schema, pooler).connect()
-    except SchemaMissingError:  # the gateway's schema does not exist: it hosts nothing
-        return False
-    except sa_exc.SQLAlchemyError as exc:
-        if backend.is_missing_store(exc):
-            return False
-        raise RoomProbeUnavailableError(unavailable) from exc
-    try:
-        with connection, connection.begin(), backend.probe_timeouts(connection, PROBE_TIMEOUT_SECONDS):
-            return ask(PeerStore(backend, connection))
-    except sa_exc.SQLAlchemyError as exc:
-        raise RoomProbeUnavailableError(unavailable) from exc
-
-
-@traced("probe_hosted_room", engine=no_engine)
-def probe_hosted_room(target: Target, *, room_id: str, limits: Limits | None = None) -> bool:
-    """Whether this store hosts the live room ``room_id``; never creates, migrates or blocks.
-
-    ``target`` is a SQLite path, a URL or an Engine (only its URL is used). On the synchronous
-    prompt-admission path this fails fast under contention with ``RoomProbeUnavailableError``.
-    """
-    room_id = _room_id(room_id, in_force(limits))
-    return _probe(target, lambda store: store.probe_live_room(room_id),
-                  "hosted room ownership is temporarily unavailable")
-
-
-@traced("probe_peer_room_reservation", engine=no_engine)
-def probe_peer_room_reservation(
-    target: Target, *, room_id: str, target_profile: str, now: float | None = None, limits: Limits | None = None
-) -> bool:
-    """Whether a live peer reservation fences the room/profile; never creates, migrates or blocks."""
-    room_id, target_profile = _room_and_profile(room_id, target_profile, in_force(limits))
-    timestamp = clock(now)
-    return _probe(target, lambda store: store.probe_live_reservation(room_id, target_profile, timestamp),
-                  "peer room ownership is temporarily unavailable")

@@ -103,7 +103,17 @@ def validate_page(page: Any, *, room_id: str, limits: Limits | None = None) -> C
     """Check ``page`` (a source's ``read_events`` answer for ``room_id``) as :func:`ingest_page` does, without
     touching a store: every field, every event, and that its ``cursor``, ``has_more`` and ``latest_seq`` agree
     with its events. Raises ReplicaError (or ReplicaGapError) naming the field; nothing of ``page`` is used
-    before this returns."""
+    before this returns.
+
+    :param page: a source's ``read_events`` answer for ``room_id``.
+    :param room_id: the room the page must be of.
+    :param limits: the limits in force; :func:`~hostedrooms.replicas.ingest_page` accepts the result only under
+        the same ``limits``.
+    :returns: the checked page, ready for :func:`~hostedrooms.replicas.ingest_page`.
+    :raises InvalidInputError: ``room_id`` is invalid.
+    :raises ReplicaGapError: the page's events skip a sequence.
+    :raises ReplicaError: a field or an event of the page is invalid, or the page contradicts itself.
+    """
     lim = in_force(limits)
     return check_page(page, room_rules.validate_room_id(room_id, lim), lim)
 

@@ -101,6 +101,24 @@ def ingest_page(
     the page was served after that claim was stored, so an authority's log only grew since; a lower claim then
     proves the stored one false, and ``latest_seq`` becomes the larger of the page's claim and the replica's last
     seq. (A source that lies once can thus not keep a replica from ever being caught up.)
+
+    :param engine: the local store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the replicated room.
+    :param room_name: the room's name at the authority (stored with the replica).
+    :param members: the room's members at the authority.
+    :param page: the authority's ``read_events`` page, or :func:`validate_page`'s result for it.
+    :param now: the ingest time, in Unix seconds (default: the wall clock).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :param supersede_latest_seq: the stored ``latest_seq`` seen before ``page`` was read (see above).
+    :returns: ``room_id``, ``stored_seq`` (the replica's last seq now), ``ingested`` (events added), the page's
+        ``authority`` and ``caught_up``.
+    :raises InvalidInputError: ``room_id``, ``room_name`` or ``members`` is invalid.
+    :raises ReplicaGapError: the page skips sequences the replica has not stored.
+    :raises ReplicaEpochRegressionError: the page's authority epoch is older than the stored one.
+    :raises ReplicaCapacityError: MAX_REPLICA_ROOMS or MAX_REPLICA_EVENT_BYTES would be exceeded.
+    :raises ReplicaError: the page is malformed or contradicts itself or the stored events.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    :raises StorageError: the database failed underneath; nothing was committed.
     """
     lim = in_force(limits)
     room_id = room_rules.validate_room_id(room_id, lim)
@@ -201,7 +219,17 @@ def _check_new_event_ids(uow: UnitOfWork, room_id: str, new_events: Sequence[Che
 
 @traced("replica_state")
 def replica_state(engine: EngineSource, *, room_id: str, limits: Limits | None = None) -> ReplicaState:
-    """The stored replica's coverage (``last_seq``/``latest_seq``) and authority lineage (a pure read)."""
+    """The stored replica's coverage (``last_seq``/``latest_seq``) and authority lineage (a pure read).
+
+    :param engine: the local store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the replicated room.
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: the replica: name, members, ``authority``, ``last_seq``, ``latest_seq``, ``event_bytes`` and times.
+    :raises InvalidInputError: ``room_id`` is invalid.
+    :raises ReplicaError: there is no replica of ``room_id``.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    :raises StorageError: the database failed underneath; nothing was committed.
+    """
     room_id = room_rules.validate_room_id(room_id, in_force(limits))
     with UnitOfWork(_resolve(engine), write=False) as uow:
         row = uow.replicas.replica(room_id)
@@ -233,6 +261,17 @@ def reset_replica_latest(
     never dropped and nothing is raised. The caller asserts the authority holds nothing after ``latest_seq``: a
     replica promoted after this call continues the room without any event the authority wrote past it. While
     the source is reachable, the :class:`~hostedrooms.standby.Replicator` corrects such a claim by itself.
+
+    :param engine: the local store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the replicated room.
+    :param latest_seq: the new ``latest_seq`` (default: the replica's ``last_seq``).
+    :param now: the update time, in Unix seconds (default: the wall clock).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: the replica's state after the change (as :func:`replica_state`).
+    :raises InvalidInputError: ``room_id`` is invalid.
+    :raises ReplicaError: there is no replica of ``room_id``, or ``latest_seq`` is out of range.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    :raises StorageError: the database failed underneath; nothing was committed.
     """
     lim = in_force(limits)
     room_id = room_rules.validate_room_id(room_id, lim)
@@ -268,6 +307,15 @@ def prune_disbanded_replicas(
     A disbanded room can never be promoted, and its replica would keep one of the ``MAX_REPLICA_ROOMS`` slots for
     good. Not in the reference implementation (its replicas are never removed). A room's disband is its last
     event, so it is found at the replica's ``last_seq`` (one key lookup per replica).
+
+    :param engine: the local store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param retain_seconds: keep a disbanded replica this many seconds after its ``room.disbanded`` event.
+    :param now: the time retention is measured at, in Unix seconds (default: the wall clock).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: the room ids of the deleted replicas.
+    :raises ReplicaError: ``retain_seconds`` is not an integer from 0 to 2**63-1.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    :raises StorageError: the database failed underneath; nothing was committed.
     """
     in_force(limits)
     if type(retain_seconds) is not int or not 0 <= retain_seconds <= MAX_INT64:
@@ -294,11 +342,25 @@ def promote_replica(
 
     Copies the replica's log into the authoritative tables, appends ``authority.claimed``
     (``system:authority-claimed:<epoch>``, with ``promoted_from_replica`` and ``reason``) and consumes the
-    replica. Refuses a replica that is not caught up or whose room was disbanded (ReplicaError), and a room
-    that does not fit the capacity limits an append would meet; a refused promotion leaves the replica intact.
-    The local gateway is ``local_gateway_id`` (or what it returns, when a callable), else
-    ``install:$HOSTEDROOMS_INSTALL_ID``. The caller decides that takeover is safe; this primitive only makes it
-    atomic and provable.
+    replica; a refused promotion leaves the replica intact. The caller decides that takeover is safe; this
+    primitive only makes it atomic and provable.
+
+    :param engine: the local store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the replicated room to continue here.
+    :param reason: why (1 to 200 characters), recorded in the claim event.
+    :param now: the promotion time, in Unix seconds (default: the wall clock).
+    :param local_gateway_id: this gateway's id, or a callable returning it (default:
+        ``install:$HOSTEDROOMS_INSTALL_ID``).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: the new authority (``authority_gateway_id``, ``authority_epoch``), the previous one, and the
+        claim's seq (``claim_seq``, also ``latest_seq``).
+    :raises InvalidInputError: ``room_id`` is invalid.
+    :raises ReplicaError: no replica, not caught up, its log is not contiguous or ends disbanded, this gateway
+        already holds the authority, or ``reason`` is invalid.
+    :raises RoomConflictError: the room exists here already, or its id is retired here.
+    :raises CapacityExceededError: the room would not fit this gateway's limits.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    :raises StorageError: the database failed underneath; nothing was committed.
     """
     lim = in_force(limits)
     room_id = room_rules.validate_room_id(room_id, lim)

@@ -49,6 +49,27 @@ def append_event(
 
     Repeating an ``event_id`` with identical content returns the original (even after the room was disbanded
     or its authority moved, as the reference does); different content raises EventConflictError.
+
+    :param engine: the store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the room to append to.
+    :param event_id: the caller's idempotency key, unique within the room.
+    :param kind: the event kind; the actor's kind decides which kinds it may append.
+    :param actor: who appends: a mapping with the actor's ``kind`` and ``id``.
+    :param payload: the event's JSON object (at most MAX_JSON_DEPTH deep and MAX_EVENT_BYTES serialised).
+    :param authority_gateway_id: the gateway that holds the room's authority, as the caller believes.
+    :param authority_epoch: that authority's epoch; a stale pair is refused (the fence).
+    :param now: the append time in Unix seconds (default: the wall clock).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: the stored event, with its ``seq``; ``idempotent`` is true when it is a replay of a stored one.
+    :raises InvalidInputError: an argument is invalid (nothing was read or written).
+    :raises RoomNotFoundError: the room does not exist or is disbanded
+        (:class:`~hostedrooms.errors.RoomHistoryExpiredError` once its history was pruned).
+    :raises EventConflictError: ``event_id`` is stored with different content.
+    :raises AuthorityConflictError: ``authority_gateway_id``/``authority_epoch`` is not the room's authority.
+    :raises CapacityExceededError: the room's or the gateway's event or byte budget is full (``limit`` names it).
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine (an async engine, say).
+    :raises StorageError: the database failed underneath (:class:`~hostedrooms.errors.StoreUnavailableError`
+        when a retry may help); nothing was committed.
     """
     lim = in_force(limits)
     room_id = _room_id(room_id, lim)
@@ -69,6 +90,24 @@ def append_events(
     :func:`append_event` does. An item whose ``event_id`` already exists (or repeats an earlier item) with the
     same content is a replay (returned with ``idempotent: True`` and its original seq); different content
     raises EventConflictError and nothing is written. At most MAX_LOG_LIMIT items.
+
+    :param engine: the store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the room to append to.
+    :param events: one to MAX_LOG_LIMIT mappings, each with ``event_id``, ``kind``, ``actor`` and ``payload``
+        (no other key).
+    :param authority_gateway_id: the gateway that holds the room's authority, as the caller believes.
+    :param authority_epoch: that authority's epoch; a stale pair is refused (the fence).
+    :param now: the append time in Unix seconds (default: the wall clock).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: one stored event per item, in the items' order (replays with ``idempotent: True``).
+    :raises InvalidInputError: an argument or an item is invalid, or there are no or too many items (nothing
+        was read or written).
+    :raises RoomNotFoundError: the room does not exist or is disbanded.
+    :raises EventConflictError: an item's ``event_id`` is stored, or repeated in the batch, with other content.
+    :raises AuthorityConflictError: ``authority_gateway_id``/``authority_epoch`` is not the room's authority.
+    :raises CapacityExceededError: the batch would overflow the room's or the gateway's budget.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    :raises StorageError: the database failed underneath; nothing was committed.
     """
     lim = in_force(limits)
     room_id = _room_id(room_id, lim)
@@ -137,6 +176,21 @@ def read_events(
 
     A stored event that cannot be decoded (written before MAX_JSON_DEPTH, by the reference or by hand) raises
     StorageError naming the room and seq; a room purged while it is read raises RoomHistoryExpiredError.
+
+    :param engine: the store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the room to read.
+    :param since_seq: return events after this sequence number (0: from the start); the page's ``cursor`` is
+        the value for the next call.
+    :param limit: at most this many events (1 to MAX_LOG_LIMIT); fewer when the byte budget is reached first.
+    :param include_disbanded: also read a disbanded room (its log is kept until it is pruned).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: the page: ``events``, ``cursor``, ``latest_seq``, ``has_more``, the room's ``authority`` and the
+        store's ``lineage``.
+    :raises InvalidInputError: an argument is invalid, or ``since_seq`` is ahead of the room's log.
+    :raises RoomNotFoundError: the room does not exist (or is disbanded, unless ``include_disbanded``).
+    :raises RoomHistoryExpiredError: the room was pruned, before or while it was read.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    :raises StorageError: the database failed, or a stored event cannot be decoded.
     """
     return _read(engine, room_id, since_seq, limit, include_disbanded, limits, exact=False)
 
@@ -211,7 +265,25 @@ def request_room_stop(
     engine: EngineSource, *, room_id: str, cancel_id: str, expected_gateway_id: str, expected_epoch: int,
     limits: Limits | None = None,
 ) -> EventRecord:
-    """Append an idempotent ``room.stop_requested`` fence that supersedes earlier user turns (wall clock)."""
+    """Append an idempotent ``room.stop_requested`` fence that supersedes earlier user turns (wall clock).
+
+    The authority gateway appends it (as its actor) as :func:`append_event` does; its event id derives from
+    ``cancel_id``, so the same request again returns the stored event.
+
+    :param engine: the store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the room to stop.
+    :param cancel_id: the caller's idempotency key for this stop request.
+    :param expected_gateway_id: the gateway that holds the room's authority.
+    :param expected_epoch: that authority's epoch.
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: the stored ``room.stop_requested`` event.
+    :raises InvalidInputError: an argument is invalid.
+    :raises RoomNotFoundError: the room does not exist or is disbanded.
+    :raises EventConflictError: ``cancel_id`` was already used with another ``expected_gateway_id``.
+    :raises AuthorityConflictError: the expected authority is not the room's.
+    :raises CapacityExceededError: the room's or the gateway's budget is full.
+    :raises StorageError: the database failed underneath; nothing was committed.
+    """
     lim = in_force(limits)
     stop = room_stop_event(cancel_id=cancel_id, expected_gateway_id=expected_gateway_id,
                            expected_epoch=expected_epoch, limits=lim)

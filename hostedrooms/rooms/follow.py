@@ -200,7 +200,29 @@ def follow(
     ``reconnect_deadline`` (seconds, default :data:`~hostedrooms.wakeup.RECONNECT_DEADLINE`, 30): when the
     engine's waiting connection is lost (a restarted server, a terminated backend), the shared waiter opens a new
     one with back-off and the follower goes on from its cursor, skipping and repeating nothing; only when no new
-    one serves for this long does its wait raise StoreUnavailableError."""
+    one serves for this long does its wait raise StoreUnavailableError.
+
+    :param engine: the store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the room to follow (a disbanded room that is not pruned yet can be followed to its end).
+    :param since_seq: yield the events after this sequence number (0: from the start).
+    :param limit: at most this many events per page read (1 to MAX_LOG_LIMIT).
+    :param poll_interval: SQLite: seconds between checks of ``PRAGMA data_version`` (None: the waiter's default).
+    :param fallback_interval: PostgreSQL: seconds after which the log is read again even with no notification.
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :param reconnect_deadline: seconds a lost waiting connection may stay lost before the wait fails.
+    :param last_event: the event at ``since_seq`` this reader handled before, when it resumes.
+    :param lineage: the store lineage ``last_event`` was read under, if known.
+    :returns: a generator of the room's events (``read_events``' event dicts) in seq order; close it to stop.
+    :raises InvalidInputError: an argument is invalid, or ``since_seq`` is ahead of the log (when called, or
+        while following).
+    :raises RoomNotFoundError: the room does not exist.
+    :raises RoomHistoryExpiredError: the room was pruned, before the call or while it is followed.
+    :raises StoreLineageError: after a failover (or on resuming) ``last_event`` is gone or different.
+    :raises StoreReadOnlyError: the server is a hot standby.
+    :raises StoreConfigurationError: the engine goes through a transaction pooler with no ``listen_url``.
+    :raises StoreUnavailableError: no waiting connection served for ``reconnect_deadline`` seconds.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    """
     check_intervals(poll_interval, fallback_interval)
     cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)
     source = resolve_engine(engine)

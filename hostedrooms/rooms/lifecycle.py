@@ -51,7 +51,28 @@ def create_room(
     engine: EngineSource, *, room_id: str, name: str, members: list[dict[str, Any]], authority_gateway_id: str,
     now: float | None = None, limits: Limits | None = None,
 ) -> CreatedRoom:
-    """Create a room, or return the identical existing room idempotently (adopting a 'legacy' room)."""
+    """Create a room, or return the identical existing room idempotently (adopting a 'legacy' room).
+
+    A room whose authority is ``legacy`` (written by the reference) with the same name and members is adopted:
+    its authority moves to ``authority_gateway_id`` at the next epoch with an ``authority.claimed`` event
+    (``adopted`` and ``claim_event`` in the result).
+
+    :param engine: the store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the new room's id (a retired id is refused forever).
+    :param name: the room's display name.
+    :param members: the room's members, each a mapping with the member's kind and id.
+    :param authority_gateway_id: the gateway that will hold the room's authority (at epoch 1).
+    :param now: the time to record, in Unix seconds (default: the wall clock).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: the room; ``idempotent`` is true when an identical room already existed.
+    :raises InvalidInputError: an argument is invalid (nothing was read or written).
+    :raises RoomConflictError: ``room_id`` exists with another name, other members or another authority, or
+        belongs to a disbanded room.
+    :raises CapacityExceededError: the gateway already hosts MAX_ACTIVE_ROOMS live rooms.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    :raises StorageError: the database failed underneath (:class:`~hostedrooms.errors.StoreUnavailableError`
+        when a retry may help); nothing was committed.
+    """
     lim = in_force(limits)
     room_id = _room_id(room_id, lim)
     name = _room_name(name, lim)
@@ -126,7 +147,19 @@ def list_rooms(
     engine: EngineSource, *, include_disbanded: bool = False, limit: int | None = None, offset: int = 0,
     limits: Limits | None = None,
 ) -> list[RoomRecord]:
-    """One bounded read-only page ordered by most recent change (``limit`` defaults to MAX_ROOM_LIST_LIMIT)."""
+    """One bounded read-only page ordered by most recent change (``limit`` defaults to MAX_ROOM_LIST_LIMIT).
+
+    :param engine: the store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param include_disbanded: also list disbanded rooms that are not pruned yet.
+    :param limit: at most this many rooms (1 to MAX_ROOM_LIST_LIMIT, the default).
+    :param offset: skip this many rooms first.
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: the rooms, most recently changed first.
+    :raises InvalidInputError: an argument is invalid.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    :raises StorageError: the database failed underneath (:class:`~hostedrooms.errors.StoreUnavailableError`
+        when a retry may help); nothing was committed.
+    """
     lim = in_force(limits)
     include_disbanded = flag(include_disbanded, "include_disbanded")
     maximum = lim.MAX_ROOM_LIST_LIMIT
@@ -141,7 +174,21 @@ def list_rooms(
 def room_state(
     engine: EngineSource, *, room_id: str, include_disbanded: bool = False, limits: Limits | None = None
 ) -> RoomState:
-    """Durable replay and authority state for one room, with the claim event of its current epoch if any."""
+    """Durable replay and authority state for one room, with the claim event of its current epoch if any.
+
+    :param engine: the store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the room to read.
+    :param include_disbanded: also read a disbanded room that is not pruned yet.
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: the room (with ``latest_seq``), and ``authority_claim``, the ``authority.claimed`` event of its
+        current epoch, when there is one.
+    :raises InvalidInputError: ``room_id`` is invalid.
+    :raises RoomNotFoundError: the room does not exist (or is disbanded, unless ``include_disbanded``).
+    :raises RoomHistoryExpiredError: the room was disbanded and pruned.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    :raises StorageError: the database failed underneath (:class:`~hostedrooms.errors.StoreUnavailableError`
+        when a retry may help); nothing was committed.
+    """
     room_id = _room_id(room_id, in_force(limits))
     with UnitOfWork(resolve_engine(engine), write=False) as uow:
         row = require_room(uow, uow.rooms.room(room_id), room_id, include_disbanded=include_disbanded)
@@ -157,7 +204,24 @@ def rename_room(
     engine: EngineSource, *, room_id: str, event_id: str, name: str, now: float | None = None,
     limits: Limits | None = None,
 ) -> RenamedRoom:
-    """Rename a live room and append its ``room.renamed`` replay event atomically (no authority fence)."""
+    """Rename a live room and append its ``room.renamed`` replay event atomically (no authority fence).
+
+    :param engine: the store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the room to rename.
+    :param event_id: the caller's idempotency key for the ``room.renamed`` event.
+    :param name: the new name.
+    :param now: the time to record, in Unix seconds (default: the wall clock).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: the renamed room with its ``event``; a retry with the same ``event_id`` and name replays it
+        (``idempotent``).
+    :raises InvalidInputError: an argument is invalid.
+    :raises RoomNotFoundError: the room does not exist or is disbanded.
+    :raises EventConflictError: ``event_id`` is stored with other content.
+    :raises CapacityExceededError: the room's or the gateway's budget is full.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    :raises StorageError: the database failed underneath (:class:`~hostedrooms.errors.StoreUnavailableError`
+        when a retry may help); nothing was committed.
+    """
     lim = in_force(limits)
     room_id = _room_id(room_id, lim)
     event_id = _event_id(event_id, lim)
@@ -194,10 +258,26 @@ def claim_authority(
     engine: EngineSource, *, room_id: str, expected_gateway_id: str, expected_epoch: int, new_gateway_id: str,
     event_id: str, now: float | None = None, limits: Limits | None = None,
 ) -> ClaimedRoom:
-    """Move authority with a compare-and-swap of the epoch and an ``authority.claimed`` event.
+    """Move authority with a compare-and-swap of the epoch and an ``authority.claimed`` event (it does not decide
+    *when* takeover is safe). An exact retry replays.
 
-    It does not decide *when* takeover is safe. An exact retry replays; a retry after a later claim raises
-    AuthoritySupersededError; a claim from a stale authority raises AuthorityConflictError.
+    :param engine: the store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the room whose authority moves.
+    :param expected_gateway_id: the gateway the caller believes holds the authority now.
+    :param expected_epoch: its epoch; the claim takes ``expected_epoch + 1``.
+    :param new_gateway_id: the gateway that takes the authority.
+    :param event_id: the caller's idempotency key for the ``authority.claimed`` event.
+    :param now: the time to record, in Unix seconds (default: the wall clock).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: the room under its new authority, with its ``claim_event``.
+    :raises InvalidInputError: an argument is invalid (an epoch out of range included).
+    :raises RoomNotFoundError: the room does not exist or is disbanded.
+    :raises EventConflictError: ``event_id`` is stored with other content.
+    :raises AuthoritySupersededError: this claim succeeded earlier but another one followed it.
+    :raises AuthorityConflictError: the expected authority is not the room's (the compare-and-swap failed).
+    :raises CapacityExceededError: the room's or the gateway's budget is full.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    :raises StorageError: the database failed underneath; nothing was committed.
     """
     lim = in_force(limits)
     room_id = _room_id(room_id, lim)
@@ -246,7 +326,27 @@ def disband_room(
     engine: EngineSource, *, room_id: str, expected_gateway_id: str, expected_epoch: int, now: float | None = None,
     limits: Limits | None = None,
 ) -> DisbandedRoom:
-    """Tombstone a room with a fenced ``room.disbanded`` event and retire its id permanently (idempotent)."""
+    """Tombstone a room with a fenced ``room.disbanded`` event and retire its id permanently (idempotent).
+
+    The same transaction prunes disbanded rooms past retention (as :func:`prune_disbanded_rooms` does).
+
+    :param engine: the store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param room_id: the room to disband.
+    :param expected_gateway_id: the gateway that holds the room's authority.
+    :param expected_epoch: that authority's epoch.
+    :param now: the time to record, in Unix seconds (default: the wall clock).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: ``room_id``, ``disbanded_at`` and the ``event``; a repeat is ``idempotent`` (with
+        ``history_expired`` once the room was pruned).
+    :raises InvalidInputError: an argument is invalid.
+    :raises RoomNotFoundError: the room never existed.
+    :raises AuthorityConflictError: the expected authority is not the room's.
+    :raises RoomConflictError: the room changed under the disband's fence.
+    :raises CapacityExceededError: the room's or the gateway's budget is full.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    :raises StorageError: the database failed underneath (:class:`~hostedrooms.errors.StoreUnavailableError`
+        when a retry may help); nothing was committed.
+    """
     lim = in_force(limits)
     room_id = _room_id(room_id, lim)
     expected_gateway = _actor_id(expected_gateway_id, "expected_gateway_id", lim)
@@ -296,6 +396,15 @@ def _disband_replay(tx: RoomTransaction, room_id: str, room: RowLike | None) -> 
 
 @traced("prune_disbanded_rooms")
 def prune_disbanded_rooms(engine: EngineSource, *, now: float | None = None, limits: Limits | None = None) -> int:
-    """Purge disbanded rooms past retention or beyond the tombstone cap; their ids stay retired forever."""
+    """Purge disbanded rooms past retention or beyond the tombstone cap; their ids stay retired forever.
+
+    :param engine: the store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param now: the time retention is measured at, in Unix seconds (default: the wall clock).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: how many rooms were purged.
+    :raises MisuseError: ``engine`` is not a SQLAlchemy Engine.
+    :raises StorageError: the database failed underneath (:class:`~hostedrooms.errors.StoreUnavailableError`
+        when a retry may help); nothing was committed.
+    """
     timestamp = clock(now)
     return run_room_write(engine, limits, lambda tx: tx.prune_disbanded(now=timestamp), exclusive=True)

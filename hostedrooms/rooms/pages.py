@@ -35,7 +35,13 @@ __all__ = [
 
 
 def room_to_dict(row: RowLike, *, idempotent: bool = False) -> RoomRecord:
-    """The reference's room dict; ``disbanded_at`` when set and ``latest_seq`` when ``next_seq`` was selected."""
+    """The reference's room dict; ``disbanded_at`` when set and ``latest_seq`` when ``next_seq`` was selected.
+
+    :param row: a stored room row.
+    :param idempotent: the result's ``idempotent`` flag.
+    :returns: the room record.
+    :raises StorageError: the stored members cannot be decoded.
+    """
     members = stored_json(row["members_json"], lambda: f"hosted room {row['room_id']!r}")
     result: RoomRecord = {
         "room_id": row["room_id"], "name": row["name"], "members": members,
@@ -50,7 +56,13 @@ def room_to_dict(row: RowLike, *, idempotent: bool = False) -> RoomRecord:
 
 
 def event_to_dict(row: RowLike, *, idempotent: bool = False) -> EventRecord:
-    """The reference's event dict (actor and payload parsed from their canonical JSON; :func:`stored_json`)."""
+    """The reference's event dict (actor and payload parsed from their canonical JSON; :func:`stored_json`).
+
+    :param row: a stored event row.
+    :param idempotent: the result's ``idempotent`` flag.
+    :returns: the event record.
+    :raises StorageError: the stored actor or payload cannot be decoded.
+    """
     epoch = row["authority_epoch"]
 
     def where() -> str:

@@ -55,24 +55,60 @@ def _identifier(value: Any, label: str, max_chars: int) -> str:
 
 
 def _room_id(value: Any, lim: Limits) -> str:
+    """A room id (``validate_room_id``): ``value`` stripped, checked for type, shape and length.
+
+    :param value: the caller's argument.
+    :param lim: the limits in force (a :class:`~hostedrooms.limits.Limits`).
+    :returns: the validated text.
+    :raises InvalidInputError: not a string, empty, longer than MAX_ROOM_ID_CHARS or misshapen.
+    """
     return _identifier(value, "room_id", lim.MAX_ROOM_ID_CHARS)
 
 
 def _event_id(value: Any, lim: Limits) -> str:
+    """An event id (``validate_event_id``): ``value`` stripped, checked for type, shape and length.
+
+    :param value: the caller's argument.
+    :param lim: the limits in force (a :class:`~hostedrooms.limits.Limits`).
+    :returns: the validated text.
+    :raises InvalidInputError: not a string, empty, longer than MAX_EVENT_ID_CHARS or misshapen.
+    """
     return _identifier(value, "event_id", lim.MAX_EVENT_ID_CHARS)
 
 
 def _actor_id(value: Any, label: str, lim: Limits) -> str:
+    """An actor or gateway id (``validate_actor_id``): ``value`` stripped, checked for type, shape and length.
+
+    :param value: the caller's argument.
+    :param label: the argument's name, for the message and the error's ``field``.
+    :param lim: the limits in force (a :class:`~hostedrooms.limits.Limits`).
+    :returns: the validated text.
+    :raises InvalidInputError: not a string, empty, longer than MAX_ACTOR_ID_CHARS or misshapen.
+    """
     return _identifier(value, label, lim.MAX_ACTOR_ID_CHARS)
 
 
 def _room_name(value: Any, lim: Limits) -> str:
+    """A room name (``validate_room_name``): free text, stripped, not empty.
+
+    :param value: the caller's argument.
+    :param lim: the limits in force (a :class:`~hostedrooms.limits.Limits`).
+    :returns: the validated name.
+    :raises InvalidInputError: not a string, empty, or longer than MAX_ROOM_NAME_CHARS.
+    """
     return identifier(
         value, error=InvalidInputError, label="name", max_chars=lim.MAX_ROOM_NAME_CHARS, pattern=None,
         invalid="invalid room name")
 
 
 def _event_kind(value: Any, lim: Limits) -> str:
+    """An event kind (``validate_event_kind``): ``value`` stripped, checked for type, shape and length.
+
+    :param value: the caller's argument.
+    :param lim: the limits in force (a :class:`~hostedrooms.limits.Limits`).
+    :returns: the validated text.
+    :raises InvalidInputError: not a string, empty, longer than MAX_EVENT_KIND_CHARS or misshapen.
+    """
     return identifier(
         value, error=InvalidInputError, label="kind", max_chars=lim.MAX_EVENT_KIND_CHARS, pattern=_EVENT_KIND_RE,
         invalid="invalid event kind")
@@ -127,6 +163,13 @@ def _claim_payload_json(previous_gateway_id: str, new_gateway_id: str, epoch: in
 
 
 def _members(value: Any, lim: Limits) -> tuple[list[dict[str, Any]], str]:
+    """A room's member list (``validate_members``).
+
+    :param value: the caller's argument: a list of member objects.
+    :param lim: the limits in force (a :class:`~hostedrooms.limits.Limits`).
+    :returns: the members (copied) and their canonical JSON, as stored.
+    :raises InvalidInputError: not a list of objects, more than MAX_MEMBERS, or too large as JSON.
+    """
     if not isinstance(value, list):
         raise InvalidInputError("members must be a list", field="members")
     if len(value) > lim.MAX_MEMBERS:
@@ -196,13 +239,23 @@ payload_json = _payload_json
 
 
 def user_event_id(client_event_id: str, *, limits: Limits | None = None) -> str:
-    """Map a client retry key into the server-owned user-event namespace."""
+    """Map a client retry key into the server-owned user-event namespace.
+
+    :param client_event_id: the client's retry key (an event id).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: ``user:`` and the SHA-256 of the key, in hexadecimal.
+    :raises InvalidInputError: ``client_event_id`` is not a valid event id.
+    """
     client = _event_id(client_event_id, in_force(limits))
     return f"user:{hashlib.sha256(client.encode('utf-8')).hexdigest()}"
 
 
 def max_event_bytes(limits: Limits | None = None) -> int:
-    """The most bytes one validated event can account for (ids and kinds are ASCII)."""
+    """The most bytes one validated event can account for (ids and kinds are ASCII).
+
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: the bound, in bytes.
+    """
     lim = in_force(limits)
     return int(lim.MAX_EVENT_ID_CHARS + lim.MAX_EVENT_KIND_CHARS + lim.MAX_ACTOR_JSON_BYTES + lim.MAX_EVENT_JSON_BYTES)
 
