@@ -142,7 +142,7 @@ def _run(signals: Signals, spec: _Operation, function: Callable[..., R], args: t
 class _Call:
     """One recorded call: its span (when a tracer records) and its measurements, taken as it ends."""
 
-    __slots__ = ("_scope", "base", "signals", "span", "spec", "started")
+    __slots__ = ("_returned", "_scope", "base", "signals", "span", "spec", "started")
 
     def __init__(self, signals: Signals, spec: _Operation, engine: Any, arguments: Mapping[str, Any]) -> None:
         self.signals, self.spec = signals, spec
@@ -155,6 +155,7 @@ class _Call:
                 set_status_on_exception=False)
         self.span: Any = None
         self.started = 0.0
+        self._returned = False
 
     def __enter__(self) -> _Call:
         if self._scope is not None:
@@ -164,6 +165,7 @@ class _Call:
 
     def returned(self, value: Any) -> None:
         """The call returned ``value``: its outcome and seq range on the span."""
+        self._returned = True
         if self.span is not None and self.span.is_recording():
             self.span.set_attributes(_result_attributes(self.spec, value))
 
@@ -173,6 +175,8 @@ class _Call:
             self.span.set_attributes({ERROR_TYPE: _error_type(exc), OUTCOME: "error",
                                       **({} if status is None else {DB_STATUS: status})})
             self.span.set_status(_error_status(exc))
+        elif exc is None and not self._returned and self.span is not None:  # a block: it ended without error
+            self.span.set_attribute(OUTCOME, "ok")
         _measure(self.signals, self.spec, self.base, self.started, exc, status)
         if self._scope is not None:
             self._scope.__exit__(kind, exc, tb)
