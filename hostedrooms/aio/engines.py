@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import os
 import queue
@@ -258,7 +259,10 @@ class _Threaded(Runner):
         return self._twin
 
     async def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        call = _Call(asyncio.get_running_loop(), functools.partial(fn, *args, **kwargs))
+        # In a copy of the caller's context variables, as asyncio.to_thread runs a call: the caller's current
+        # OpenTelemetry span (an application's request, the asyncio follow()'s) is the parent of the call's span.
+        context = contextvars.copy_context()
+        call = _Call(asyncio.get_running_loop(), functools.partial(context.run, fn, *args, **kwargs))
         self._workers.submit(call)
         try:
             result: R = await call.future

@@ -5,10 +5,15 @@ The synchronous ``follow()`` checks the room when called. A plain function canno
 ``follow()`` checks its arguments when called and the room on the first ``__anext__``, before yielding anything.
 A web service that must refuse an unknown room before it answers (an SSE stream's ``200``) awaits
 :func:`open_follow` instead: the same iterator, returned once the room was checked.
+
+Each has its ``follow`` span, as the synchronous ``follow()`` (whose span is its call's checks): for
+``follow()``, the first ``__anext__``'s opening, up to and with its first page read (what checks the room there),
+before anything is yielded or awaited for a commit; for ``open_follow()``, the awaited call (its checks).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
@@ -19,7 +24,7 @@ from ..errors import InvalidInputError
 from ..limits import Limits
 from ..records import EventPage, EventRecord
 from ..rooms.follow import FollowCursor, check_intervals
-from ..telemetry import follow_woke
+from ..telemetry import follow_woke, traced_block
 from ..wakeup import FALLBACK_INTERVAL, RECONNECT_DEADLINE, check_waitable
 from .derive import service
 from .engines import require_async_engine
@@ -61,31 +66,39 @@ async def open_follow(
     RoomNotFoundError here, a purged one RoomHistoryExpiredError, a ``since_seq`` ahead of the log
     InvalidInputError, as the synchronous ``follow()`` does when called. ``events = await open_follow(engine,
     room_id, since)``, then answer and ``async for event in events``; nothing is held until it is iterated."""
-    check_intervals(poll_interval, fallback_interval)
-    cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)
-    checked = require_async_engine(engine)
-    check_waitable(checked.sync_engine)
-    cursor.check_room(await _room_state(checked, room_id=cursor.room_id, include_disbanded=True, limits=limits))
-    return _follow(checked, cursor, (poll_interval, fallback_interval, reconnect_deadline), limits)
+    with traced_block("follow", getattr(engine, "sync_engine", None), {"room_id": room_id, "since_seq": since_seq}):
+        check_intervals(poll_interval, fallback_interval)
+        cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)
+        checked = require_async_engine(engine)
+        check_waitable(checked.sync_engine)
+        cursor.check_room(await _room_state(checked, room_id=cursor.room_id, include_disbanded=True, limits=limits))
+    return _follow(checked, cursor, (poll_interval, fallback_interval, reconnect_deadline), limits, traced=True)
 
 
 async def _follow(
     engine: AsyncEngine, cursor: FollowCursor, waiting: tuple[float | None, float, float], limits: Limits | None,
+    *, traced: bool = False,
 ) -> AsyncGenerator[EventRecord, None]:
+    """The follower's loop; ``traced``: the call that returned it was a span already (``open_follow``), else the
+    opening (up to the first page read) is the ``follow`` span."""
     poll_interval, fallback_interval, reconnect_deadline = waiting
     async with room_wakeup(engine, cursor.room_id, poll_interval=poll_interval,
                            reconnect_deadline=reconnect_deadline) as wakeup:
-        if cursor.since and cursor.ended_before(
-                await _room_state(engine, room_id=cursor.room_id, include_disbanded=True, limits=limits)):
-            return
+        arguments = {"room_id": cursor.room_id, "since_seq": cursor.since}
+        with contextlib.nullcontext() if traced else traced_block("follow", engine.sync_engine, arguments):
+            if cursor.since and cursor.ended_before(
+                    await _room_state(engine, room_id=cursor.room_id, include_disbanded=True, limits=limits)):
+                return
+            page: EventPage | None = await _next_page(engine, cursor, limits)
         woke = False
         while not cursor.done:
-            page = await _next_page(engine, cursor, limits)
+            if page is None:
+                page = await _next_page(engine, cursor, limits)
             if woke:
                 follow_woke(page)
             for event in cursor.deliver(page):
                 yield event
-            woke = cursor.waiting
+            page, woke = None, cursor.waiting
             if woke:
                 await wakeup.wait(fallback_interval)
 

@@ -11,7 +11,18 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["BACKLOG", "LAG_SECONDS", "LAG_SEQS", "GaugeReader", "Instruments", "observe_gauge"]
+__all__ = [
+    "BACKLOG", "DURATION_BUCKETS", "LAG_SECONDS", "LAG_SEQS", "OPERATION_DURATION", "GaugeReader", "Instruments",
+    "observe_gauge",
+]
+
+#: hostedrooms' own duration of each public call: not the conventions' ``db.client.operation.duration``, which
+#: SQL-level instrumentation records for each statement (the same time would be counted twice in its totals).
+OPERATION_DURATION = "hostedrooms.operation.duration"
+#: Every duration histogram's bucket boundaries, in seconds: those the OpenTelemetry database conventions advise
+#: for ``db.client.operation.duration`` (given as advice: a View of the application's still decides). The SDK's
+#: default boundaries (0, 5, 10, ... 10000) are meant for milliseconds: every call would fall in the first.
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0)
 
 LAG_SEQS = "hostedrooms.replica.lag.seqs"
 LAG_SECONDS = "hostedrooms.replica.lag.seconds"
@@ -53,10 +64,9 @@ class Instruments:
     """hostedrooms' instruments on one meter (the gauges' callbacks read the registered readers)."""
 
     def __init__(self, meter: Any) -> None:
-        self.operation_duration = meter.create_histogram(
-            "db.client.operation.duration", unit="s", description="Duration of hostedrooms service calls")
-        self.append_duration = meter.create_histogram(
-            "hostedrooms.append.duration", unit="s", description="Duration of append_event and append_events")
+        self.operation_duration = _seconds(meter, OPERATION_DURATION, "Duration of hostedrooms service calls")
+        self.append_duration = _seconds(
+            meter, "hostedrooms.append.duration", "Duration of append_event and append_events")
         self.events_appended = meter.create_counter(
             "hostedrooms.events.appended", unit="{event}", description="Events newly written by appends")
         self.bytes_appended = meter.create_counter(
@@ -65,12 +75,17 @@ class Instruments:
             "hostedrooms.conflicts", unit="{conflict}", description="Calls refused by a fence or idempotency key")
         self.retries = meter.create_counter(
             "hostedrooms.retries", unit="{retry}", description="Room write attempts run again; ledger retries")
-        self.follow_wakeup = meter.create_histogram(
-            "hostedrooms.follow.wakeup.latency", unit="s",
-            description="From an event's created_at to follow() reading it after a wait")
-        self.pass_duration = meter.create_histogram(
-            "hostedrooms.standby.pass.duration", unit="s", description="Duration of a standby replication pass")
+        self.follow_wakeup = _seconds(meter, "hostedrooms.follow.wakeup.latency",
+                                      "From an event's created_at to follow() reading it after a wait")
+        self.pass_duration = _seconds(
+            meter, "hostedrooms.standby.pass.duration", "Duration of a standby replication pass")
         self.pass_failures = meter.create_counter(
             "hostedrooms.standby.pass.failures", unit="{pass}", description="Standby passes that stopped early")
         for name, (unit, description) in _GAUGES.items():
             meter.create_observable_gauge(name, callbacks=[_callback(name)], unit=unit, description=description)
+
+
+def _seconds(meter: Any, name: str, description: str) -> Any:
+    """A duration histogram in seconds, with :data:`DURATION_BUCKETS` as its bucket advice."""
+    return meter.create_histogram(name, unit="s", description=description,
+                                  explicit_bucket_boundaries_advisory=DURATION_BUCKETS)

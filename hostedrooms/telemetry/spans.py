@@ -1,39 +1,48 @@
-"""One span per public service call: :func:`traced` on a function, :func:`traced_methods` on a class.
+"""One span per public service call: :func:`traced` on a function, :func:`traced_methods` on a class,
+:func:`traced_block` on a block (the asyncio ``follow()``'s opening).
 
 A decorated function keeps its signature and type. Each call asks :func:`~.providers.current` whether anything
 records; if not it runs the plain function. Otherwise the call is one ``CLIENT`` span named after its
-``db.operation.name`` (and one ``db.client.operation.duration`` measurement), with the store's ``db.*``
-attributes, the recorded arguments (:data:`~.attributes.PARAMETERS`, values checked by
-:func:`~.attributes.safe`) and the result's outcome and seq range. Never recorded: a message body, payload,
-actor, grant, claim, lease token, digest, error text or URL. Exceptions are not recorded as span events (their
-messages may quote input): the span's status is ERROR and ``error.type`` names the class.
+``db.operation.name`` (and one ``hostedrooms.operation.duration`` measurement), with the store's attributes
+(``db.*``, and ``server.*`` on PostgreSQL), the recorded arguments (:data:`~.attributes.PARAMETERS`, values
+checked by :func:`~.attributes.safe`) and the result's outcome and seq range. Never recorded: a message body,
+payload, actor, grant, claim, lease token, digest, error text or URL. Exceptions are not recorded as span events
+(their messages may quote input): the span's status is ERROR, ``error.type`` names the class and
+``db.response.status_code`` gives the database's code when one answered (:func:`~.attributes.response_status`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from .attributes import (
     DB_OPERATION,
+    DB_STATUS,
     DB_SYSTEM,
     ERROR_TYPE,
     EVENTS,
     FIRST_SEQ,
     LAST_SEQ,
     LEDGER_STATE,
+    OPERATION,
     OUTCOME,
     PARAMETERS,
+    SERVER_ADDRESS,
+    SERVER_PORT,
+    response_status,
     safe,
     store_attributes,
 )
 from .providers import Signals, current
 
-__all__ = ["no_engine", "traced", "traced_methods"]
+__all__ = ["no_engine", "traced", "traced_block", "traced_methods"]
 
 R = TypeVar("R")
 C = TypeVar("C", bound=type)
@@ -71,8 +80,8 @@ def traced(
     result: Callable[[Any], dict[str, Any]] | None = None,
     on_result: Callable[[Signals, tuple[Any, ...], Any], None] | None = None,
 ) -> Callable[[F], F]:
-    """Decorate a public service so each call is one span ``operation`` (and one ``db.client.operation.duration``
-    measurement); the function, its signature and its type are unchanged.
+    """Decorate a public service so each call is one span ``operation`` (and one
+    ``hostedrooms.operation.duration`` measurement); the function, its signature and its type are unchanged.
 
     ``engine`` finds the Engine among the positional arguments (default: the first). ``result`` maps the return
     value to more attributes (only identifiers, counts and seqs). ``on_result`` gets the signals, the positional
@@ -123,36 +132,67 @@ def _positions(function: Callable[..., Any]) -> dict[str, int]:
 
 def _run(signals: Signals, spec: _Operation, function: Callable[..., R], args: tuple[Any, ...],
          kwargs: dict[str, Any]) -> R:
-    base = store_attributes(spec.engine(args))
-    base[DB_OPERATION] = spec.name
-    tracer = signals.tracer
-    started = time.perf_counter()
-    if tracer is None:
-        try:
-            value = function(*args, **kwargs)
-        except BaseException as exc:
-            _measure(signals, spec, base, started, exc)
-            raise
-        _measure(signals, spec, base, started, None)
+    with _Call(signals, spec, spec.engine(args), _arguments(spec.positions, args, kwargs)) as call:
+        value = function(*args, **kwargs)
+        call.returned(value)
         _after(signals, spec, args, value)
-        return value
-    attributes = dict(base)
-    attributes.update(_arguments(spec.positions, args, kwargs))
-    with tracer.start_as_current_span(spec.name, kind=_client_kind(), attributes=attributes,
-                                      record_exception=False, set_status_on_exception=False) as span:
-        try:
-            value = function(*args, **kwargs)
-        except BaseException as exc:
-            span.set_attribute(ERROR_TYPE, _error_type(exc))
-            span.set_attribute(OUTCOME, "error")
-            span.set_status(_error_status(exc))
-            _measure(signals, spec, base, started, exc)
-            raise
-        if span.is_recording():
-            span.set_attributes(_result_attributes(spec, value))
-        _measure(signals, spec, base, started, None)
-        _after(signals, spec, args, value)
-        return value
+    return value
+
+
+class _Call:
+    """One recorded call: its span (when a tracer records) and its measurements, taken as it ends."""
+
+    __slots__ = ("_returned", "_scope", "base", "signals", "span", "spec", "started")
+
+    def __init__(self, signals: Signals, spec: _Operation, engine: Any, arguments: Mapping[str, Any]) -> None:
+        self.signals, self.spec = signals, spec
+        self.base = store_attributes(engine)
+        self.base[DB_OPERATION] = spec.name
+        self._scope: Any = None
+        if signals.tracer is not None:
+            self._scope = signals.tracer.start_as_current_span(
+                spec.name, kind=_client_kind(), attributes={**self.base, **arguments}, record_exception=False,
+                set_status_on_exception=False)
+        self.span: Any = None
+        self.started = 0.0
+        self._returned = False
+
+    def __enter__(self) -> _Call:
+        if self._scope is not None:
+            self.span = self._scope.__enter__()
+        self.started = time.perf_counter()
+        return self
+
+    def returned(self, value: Any) -> None:
+        """The call returned ``value``: its outcome and seq range on the span."""
+        self._returned = True
+        if self.span is not None and self.span.is_recording():
+            self.span.set_attributes(_result_attributes(self.spec, value))
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        status = None if exc is None else response_status(exc)
+        if exc is not None and self.span is not None:
+            self.span.set_attributes({ERROR_TYPE: _error_type(exc), OUTCOME: "error",
+                                      **({} if status is None else {DB_STATUS: status})})
+            self.span.set_status(_error_status(exc))
+        elif exc is None and not self._returned and self.span is not None:  # a block: it ended without error
+            self.span.set_attribute(OUTCOME, "ok")
+        _measure(self.signals, self.spec, self.base, self.started, exc, status)
+        if self._scope is not None:
+            self._scope.__exit__(kind, exc, tb)
+
+
+def traced_block(operation: str, engine: Any, arguments: Mapping[str, Any]) -> AbstractContextManager[Any]:
+    """``with traced_block(...)``: a block recorded as a call of ``operation`` (its span and measurements, as
+    :func:`traced` records a call), where no function call delimits it (the asyncio ``follow()``'s opening).
+    ``engine``: the Engine to describe; ``arguments``: the call's arguments by parameter name (only those of
+    :data:`~.attributes.PARAMETERS` are recorded, checked). Nothing when nothing records."""
+    signals = current()
+    if signals is None:
+        return contextlib.nullcontext()
+    spec = _Operation(operation, {}, no_engine, None, None, False)
+    return _Call(signals, spec, engine, _arguments({name: -1 for name in arguments if name in PARAMETERS}, (),
+                                                   arguments))
 
 
 def _after(signals: Signals, spec: _Operation, args: tuple[Any, ...], value: Any) -> None:
@@ -176,15 +216,22 @@ def _error_type(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+#: The store's attributes a measurement carries (never ``db.namespace``: a SQLite file's path per test or tenant).
+_MEASURED = (DB_SYSTEM, SERVER_ADDRESS, SERVER_PORT)
+
+
 def _measure(signals: Signals, spec: _Operation, base: dict[str, Any], started: float,
-             exc: BaseException | None) -> None:
+             exc: BaseException | None, status: str | None) -> None:
     instruments = signals.instruments
     if instruments is None:
         return
     elapsed = time.perf_counter() - started
-    attributes = {key: base[key] for key in (DB_SYSTEM, DB_OPERATION) if key in base}
+    attributes = {key: base[key] for key in _MEASURED if key in base}
+    attributes[OPERATION] = spec.name
     if exc is not None:
         attributes[ERROR_TYPE] = _error_type(exc)
+        if status is not None:
+            attributes[DB_STATUS] = status
         if attributes[ERROR_TYPE] in _CONFLICTS:
             instruments.conflicts.add(1, attributes)
     instruments.operation_duration.record(elapsed, attributes)
