@@ -1,15 +1,14 @@
 """The chat service: a FastAPI app over hostedrooms' asyncio API.
 
 Everything durable is hostedrooms' (rooms, events, the outbound ledger) or this service's own table
-(``chat_webhooks``, :mod:`chat_service.models`). Errors are mapped to HTTP statuses in one place,
-:func:`error_response`.
+(``chat_webhooks``, :mod:`chat_service.models`). Every error is answered as RFC 9457 problem details, from one
+place (:mod:`chat_service.problems`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing, asynccontextmanager
@@ -18,34 +17,20 @@ from typing import Annotated, Any
 
 import httpx
 import sqlalchemy as sa
-from fastapi import FastAPI, Header, HTTPException, Query, Request
+from fastapi import FastAPI, Header, Query
 from fastapi.responses import JSONResponse, StreamingResponse
 from hostedrooms import aio
 from hostedrooms.aio import AsyncUnitOfWork
-from hostedrooms.errors import (
-    AuthorityConflictError,
-    CapacityExceededError,
-    EventConflictError,
-    HostedRoomError,
-    InvalidInputError,
-    LedgerCapacityError,
-    LedgerPermissionError,
-    LedgerStateError,
-    MisuseError,
-    RoomConflictError,
-    RoomHistoryExpiredError,
-    RoomNotFoundError,
-    RoomProbeUnavailableError,
-    StorageError,
-    StoreUnavailableError,
-)
+from hostedrooms.errors import RoomNotFoundError
 from hostedrooms.models import rooms as hosted_rooms
 from hostedrooms.records import EventRecord, OutboundRecord
 from hostedrooms.rooms import user_event_id
 from pydantic import BaseModel, Field
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from . import problems, settings
 from .models import webhooks
+from .problems import WEBHOOK_FAILED, WEBHOOK_GONE, WEBHOOK_MISSING, Problem
 
 logger = logging.getLogger("chat_service")
 
@@ -53,40 +38,12 @@ logger = logging.getLogger("chat_service")
 #: the call failed. Injected: tests pass a fake, production :func:`http_sender`.
 Sender = Callable[[OutboundRecord], Awaitable[Mapping[str, Any]]]
 
+#: A position in a room's log, validated alike on every route that takes one: a negative one is refused as
+#: hostedrooms refuses it, an ``invalid-input`` problem (400) naming the parameter.
+SinceSeq = Annotated[int, Query(ge=0)]
+
 #: How long an outbound intent stays sendable; a retry after that is refused.
 INTENT_LIFETIME = 24 * 3600
-
-#: hostedrooms' errors by HTTP status, the first class that matches wins (subclasses before their bases).
-STATUS_BY_ERROR: tuple[tuple[type[HostedRoomError], int], ...] = (
-    (RoomHistoryExpiredError, 410),  # a disbanded room purged: its history is gone for good
-    (RoomNotFoundError, 404),
-    (LedgerCapacityError, 503),  # too many unfinished deliveries: retry once they finish
-    (CapacityExceededError, 507),  # a limit of this host (active rooms, bytes): nothing written
-    (RoomConflictError, 409),  # an id reused for other content...
-    (EventConflictError, 409),
-    (LedgerStateError, 409),  # ...a ledger request id too
-    (AuthorityConflictError, 409),  # this service no longer holds the room's authority
-    (StoreUnavailableError, 503),  # transient: retry later
-    (RoomProbeUnavailableError, 503),
-    (StorageError, 500),  # configuration, integrity, the rest: an operator must look
-    (LedgerPermissionError, 500),  # the ledger's files are unsafe: an operator must look
-    (MisuseError, 500),  # a bug in this service
-    (InvalidInputError, 400),  # the client's input was refused (``field`` names it)
-    (HostedRoomError, 400),
-)
-
-
-async def error_response(request: Request, exc: Exception) -> JSONResponse:
-    """The one place hostedrooms' errors become HTTP responses: ``{"error": class name, "detail": message}``."""
-    status = next((code for cls, code in STATUS_BY_ERROR if isinstance(exc, cls)), 500)
-    if status == 500:  # the details are for the operator's log, not the client
-        logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-    body: dict[str, Any] = {"error": type(exc).__name__, "detail": "internal error" if status == 500 else str(exc)}
-    if isinstance(exc, InvalidInputError) and exc.field is not None:
-        body["field"] = exc.field
-    headers = {"Retry-After": "1"} if status == 503 else None
-    return JSONResponse(body, status_code=status, headers=headers)
-
 
 class NewRoom(BaseModel):
     room_id: str
@@ -141,15 +98,16 @@ def create_app(
                 await engine.dispose()
 
     app = FastAPI(title="chat service", lifespan=lifespan)
-    app.add_exception_handler(HostedRoomError, error_response)
+    problems.install(app)
     _routes(app, service)
     return app
 
 
 def from_environment() -> FastAPI:
     """``uvicorn --factory chat_service:from_environment``: the database from ``$CHAT_SERVICE_DATABASE`` (default
-    ``var/chat.db``: on SQLite the ledger makes the file's folder owner-private), webhooks sent over HTTP."""
-    return create_app(os.environ.get("CHAT_SERVICE_DATABASE", "var/chat.db"), sender=http_sender())
+    ``var/chat.db``: on SQLite the ledger makes the file's folder owner-private; ``migrations/env.py`` reads the
+    same variable), webhooks sent over HTTP."""
+    return create_app(settings.database(), sender=http_sender())
 
 
 def http_sender(client: httpx.AsyncClient | None = None, *, timeout: float = 10.0) -> Sender:
@@ -196,14 +154,14 @@ def _routes(app: FastAPI, service: Service) -> None:
         return JSONResponse(dict(event), status_code=200 if event["idempotent"] else 201)
 
     @app.get("/rooms/{room_id}/events")
-    async def read(room_id: str, since_seq: int = 0, limit: int = 100) -> JSONResponse:
+    async def read(room_id: str, since_seq: SinceSeq = 0, limit: int = 100) -> JSONResponse:
         """One page of the log after ``since_seq``; pass ``cursor`` back as ``since_seq`` while ``has_more``."""
         return JSONResponse(dict(await aio.rooms.read_events(engine, room_id=room_id, since_seq=since_seq,
                                                              limit=limit)))
 
     @app.get("/rooms/{room_id}/stream")
     async def stream(
-        room_id: str, since_seq: Annotated[int, Query(ge=0)] = 0,
+        room_id: str, since_seq: SinceSeq = 0,
         last_event_id: Annotated[int | None, Header(ge=0)] = None,
     ) -> StreamingResponse:
         """Server-sent events: each event after ``since_seq`` (or after ``Last-Event-ID``, sent by a reconnecting
@@ -252,7 +210,7 @@ async def _call_webhook(service: Service, room_id: str, call: WebhookCall) -> JS
     await aio.rooms.room_state(service.engine, room_id=room_id)
     url = await _webhook_url(service.engine, room_id)
     if url is None:
-        raise HTTPException(409, f"room {room_id} has no webhook")
+        raise Problem(WEBHOOK_MISSING, f"room {room_id} has no webhook")
     ledger = service.require_ledger()
     # The intent's expiry is part of what a retry must repeat exactly: reuse the first request's.
     known = await ledger.outbound(call.request_id)
@@ -265,12 +223,14 @@ async def _call_webhook(service: Service, room_id: str, call: WebhookCall) -> JS
     if intent["state"] == "committed":
         return JSONResponse(_outcome(intent))
     if intent["state"] == "failed" or intent["expires_at"] <= service.clock():
-        raise HTTPException(410, f"webhook request {call.request_id} failed: {intent['last_error']}")
+        # The receiver's last error may name its URL's secrets: the log keeps it, the client gets the id.
+        logger.warning("webhook request %s failed for good: %s", call.request_id, intent["last_error"])
+        raise Problem(WEBHOOK_GONE, f"webhook request {call.request_id} failed for good; send a new request id")
     try:
         response = await service.sender(intent)
     except Exception as exc:  # the receiver's failure: the intent stays pending, its next try scheduled
         await ledger.defer_outbound(call.request_id, f"{type(exc).__name__}: {exc}")
-        raise HTTPException(502, f"webhook call failed; retry request {call.request_id}") from exc
+        raise Problem(WEBHOOK_FAILED, f"webhook call failed; retry request {call.request_id}") from exc
     committed = await ledger.commit_outbound(call.request_id, response)
     assert committed is not None  # prepared above; intents are never deleted while pending
     return JSONResponse(_outcome(committed), status_code=201)

@@ -1,17 +1,24 @@
 """Alembic's env.py for the chat service: the hostedrooms README's (section "Inside your application's Alembic"),
-as written."""
+as written, plus one block: the database is the service's own setting (``$CHAT_SERVICE_DATABASE``, a SQLite path
+or a ``postgresql://`` URL, :mod:`chat_service.settings`), opened as the service opens it, so ``alembic upgrade
+head`` migrates the database the service serves. ``alembic.ini`` names no URL."""
 
 from logging.config import fileConfig
 
 from alembic import context
+from hostedrooms import create_engine
 from hostedrooms import migrate as hostedrooms_migrate
 from sqlalchemy import engine_from_config, pool
 
 from chat_service.models import metadata  # the service's tables
+from chat_service.settings import database
 
 config = context.config
 if config.config_file_name is not None:
     fileConfig(config.config_file_name)
+
+if config.attributes.get("connection") is None:  # no Engine handed over (by pytest-alembic, hostedrooms.testing)
+    config.attributes["connection"] = create_engine(database(), poolclass=pool.NullPool)
 
 
 def run_migrations_online() -> None:

@@ -19,10 +19,35 @@ from hostedrooms.records import OutboundRecord
 from hostedrooms.testing import HostSetup, host_alembic
 
 from chat_service import create_app
+from chat_service.problems import PROBLEM_JSON, TYPE_BASE
 
 SERVICE = Path(__file__).resolve().parents[1]
 GATEWAY = "install:chat-test"
 NOW = 1_800_000_000.0
+
+
+#: The members a problem body may have: RFC 9457's, and this service's extension members.
+PROBLEM_MEMBERS = {"type", "title", "status", "detail", "instance"}
+EXTENSION_MEMBERS = {"field", "limit"}
+
+
+def assert_problem(response: httpx.Response, status: int, kind: str, **extensions: object) -> dict[str, Any]:
+    """``response`` is an RFC 9457 problem of ``kind`` (a name under this service's type base, or
+    ``about:blank``) with ``status``, its members well typed, ``instance`` the request's path, ``extensions`` (and
+    no other extension member) present; returns the body."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM_JSON
+    body: dict[str, Any] = response.json()
+    assert PROBLEM_MEMBERS <= body.keys() <= PROBLEM_MEMBERS | EXTENSION_MEMBERS, body
+    assert body["type"] == ("about:blank" if kind == "about:blank" else TYPE_BASE + kind)
+    assert body["status"] == status
+    assert isinstance(body["title"], str) and body["title"]
+    assert isinstance(body["detail"], str) and body["detail"]
+    assert "Traceback" not in body["detail"]
+    assert body["instance"] == response.request.url.path
+    assert {name: body[name] for name in body.keys() & EXTENSION_MEMBERS} == extensions
+    assert (response.headers.get("retry-after") == "1") is (status == 503)
+    return body
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,10 @@
 """The README's deploy, as a deploy runs it: ``hostedrooms upgrade`` then the service's ``alembic upgrade head``
-on an empty database, then the service serves it."""
+on an empty database named by ``$CHAT_SERVICE_DATABASE`` alone (the service's own setting; ``alembic.ini`` names
+no URL), then the service serves it, from the same variable."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,7 +14,8 @@ import pytest
 from hostedrooms import migrate, testing
 from hostedrooms.testing import open_engine
 
-from chat_service import create_app
+from chat_service import create_app, settings
+from chat_service.settings import DATABASE_ENV
 from conftest import SERVICE, FakeSender, served
 
 BIN = Path(sys.executable).parent
@@ -28,31 +31,27 @@ def empty_database(hostedrooms_postgres_url: str | None, tmp_path: Path) -> Iter
         yield url
 
 
-def _alembic_ini(directory: Path, url: str) -> Path:
-    """The service's alembic.ini with ``sqlalchemy.url`` pointing at ``url`` (what a deploy edits)."""
-    text = (SERVICE / "alembic.ini").read_text().replace("%(here)s", str(SERVICE))
-    assert "sqlalchemy.url = sqlite:///var/chat.db" in text
-    text = text.replace("sqlalchemy.url = sqlite:///var/chat.db", f"sqlalchemy.url = {url.replace('%', '%%')}")
-    path = directory / "alembic.ini"
-    path.write_text(text)
-    return path
-
-
-def _run(*argv: str) -> None:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+def _run(*argv: str, database: str, cwd: Path) -> None:
+    env = {**os.environ, DATABASE_ENV: database}
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, env=env, cwd=cwd)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.anyio
-async def test_deploy_then_serve(empty_database: str, tmp_path: Path) -> None:
-    ini = str(_alembic_ini(tmp_path, empty_database if "://" in empty_database else f"sqlite:///{empty_database}"))
-    _run(str(BIN / "hostedrooms"), "upgrade", "--url", empty_database)
-    _run(str(BIN / "alembic"), "-c", ini, "upgrade", "head")
-    _run(str(BIN / "alembic"), "-c", ini, "check")  # the models match the history; hostedrooms' tables ignored
+async def test_deploy_then_serve(
+        empty_database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ini = str(SERVICE / "alembic.ini")
+    _run(str(BIN / "hostedrooms"), "upgrade", "--url", empty_database, database=empty_database, cwd=tmp_path)
+    _run(str(BIN / "alembic"), "-c", ini, "upgrade", "head", database=empty_database, cwd=tmp_path)
+    # the models match the history; hostedrooms' tables ignored
+    _run(str(BIN / "alembic"), "-c", ini, "check", database=empty_database, cwd=tmp_path)
+    assert not (tmp_path / "var").exists()  # the default database was never opened
     with open_engine(empty_database) as engine:
         assert migrate.is_at_head(engine)
     sender = FakeSender()
-    async with served(create_app(empty_database, sender=sender)) as client:
+    monkeypatch.setenv(DATABASE_ENV, empty_database)
+    app = create_app(settings.database(), sender=sender)  # what from_environment() serves, with a fake sender
+    async with served(app) as client:
         created = await client.post("/rooms", json={"room_id": "r1", "name": "R", "webhook_url": "https://h.example"})
         assert created.status_code == 201
         webhook = await client.post("/rooms/r1/webhook", json={"request_id": "w1", "text": "deployed"})

@@ -1,4 +1,4 @@
-"""Rooms, idempotent appends and pages, and how hostedrooms' errors become statuses."""
+"""Rooms, idempotent appends and pages, and how hostedrooms' errors become statuses and problems."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from conftest import assert_problem
 
 pytestmark = pytest.mark.anyio
 
@@ -31,8 +33,7 @@ async def test_create_a_room_then_replay_it(client: httpx.AsyncClient) -> None:
 async def test_the_same_room_id_with_other_content_conflicts(client: httpx.AsyncClient) -> None:
     await _room(client)
     response = await client.post("/rooms", json={"room_id": "r1", "name": "Something else"})
-    assert response.status_code == 409
-    assert response.json()["error"] == "RoomConflictError"
+    assert_problem(response, 409, "room-conflict")
 
 
 async def test_a_retried_append_returns_the_same_event(client: httpx.AsyncClient) -> None:
@@ -51,8 +52,7 @@ async def test_an_event_id_reused_with_other_text_conflicts(client: httpx.AsyncC
     await _room(client)
     await _say(client, "c-1", "hello")
     response = await _say(client, "c-1", "goodbye")
-    assert response.status_code == 409
-    assert response.json()["error"] == "EventConflictError"
+    assert_problem(response, 409, "event-conflict")
 
 
 async def test_read_the_log_page_by_page(client: httpx.AsyncClient) -> None:
@@ -81,23 +81,19 @@ async def test_a_missing_room_is_404(client: httpx.AsyncClient, call: str) -> No
         response = await client.get("/rooms/nowhere/stream")
     else:
         response = await client.post("/rooms/nowhere/webhook", json={"request_id": "w1", "text": "hi"})
-    assert response.status_code == 404
-    assert response.json()["error"] == "RoomNotFoundError"
+    assert_problem(response, 404, "room-not-found")
 
 
 @pytest.mark.parametrize("params", [{"limit": 0}, {"limit": 100_000}, {"since_seq": -1}])
 async def test_input_hostedrooms_refuses_is_400(client: httpx.AsyncClient, params: dict[str, int]) -> None:
     await _room(client)
     response = await client.get("/rooms/r1/events", params=params)
-    assert response.status_code == 400
-    assert response.json()["error"] == "InvalidInputError"
-    assert response.json()["field"] == next(iter(params))
+    assert_problem(response, 400, "invalid-input", field=next(iter(params)))
 
 
 async def test_a_room_id_hostedrooms_refuses_is_400(client: httpx.AsyncClient) -> None:
     response = await _room(client, room_id="x" * 10_000)
-    assert response.status_code == 400
-    assert response.json()["field"] == "room_id"
+    assert_problem(response, 400, "invalid-input", field="room_id")
 
 
 async def test_concurrent_retries_create_one_room_and_append_one_event(client: httpx.AsyncClient) -> None:

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from chat_service import http_sender
 from chat_service.app import INTENT_LIFETIME
-from conftest import FakeClock, FakeSender
+from conftest import FakeClock, FakeSender, assert_problem
 
 pytestmark = pytest.mark.anyio
 
@@ -51,7 +51,7 @@ async def test_a_failed_call_stays_pending_and_a_retry_sends_it(
     await _room_with_webhook(client)
     sender.failing = True
     failed = await _call(client)
-    assert failed.status_code == 502
+    assert_problem(failed, 502, "webhook-failed")
     ledger = await aio.open_ledger(hostedrooms_async_engine)
     pending = await ledger.outbound("w-1")
     assert pending is not None
@@ -71,14 +71,14 @@ async def test_an_expired_intent_is_not_sent_again(
     assert (await _call(client)).status_code == 502
     sender.failing = False
     clock.now += INTENT_LIFETIME
-    assert (await _call(client)).status_code == 410
+    assert_problem(await _call(client), 410, "webhook-request-gone")
     assert len(sender.calls) == 1
 
 
 async def test_a_room_without_a_webhook_is_409(client: httpx.AsyncClient, sender: FakeSender) -> None:
     await client.post("/rooms", json={"room_id": "r1", "name": "Planning"})
     response = await _call(client)
-    assert response.status_code == 409
+    assert_problem(response, 409, "webhook-missing")
     assert sender.calls == []
 
 
@@ -107,8 +107,7 @@ async def test_http_sender_posts_the_intent_with_its_idempotency_key(
 async def test_a_blank_text_is_400(client: httpx.AsyncClient, sender: FakeSender) -> None:
     await _room_with_webhook(client)
     response = await _call(client, text="   ")
-    assert response.status_code == 400
-    assert response.json()["error"] == "LedgerInputError"
+    assert_problem(response, 400, "invalid-input", field="body")  # the ledger's refusal, named by its field
     assert sender.calls == []
 
 
@@ -116,6 +115,5 @@ async def test_a_request_id_reused_with_other_text_is_409(client: httpx.AsyncCli
     await _room_with_webhook(client)
     assert (await _call(client, text="deploy done")).status_code == 201
     response = await _call(client, text="something else")
-    assert response.status_code == 409
-    assert response.json()["error"] == "LedgerStateError"
+    assert_problem(response, 409, "request-conflict")
     assert len(sender.calls) == 1
