@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO, cast
@@ -245,16 +244,18 @@ def _status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--critical-backlog-age", type=_limit_seconds, metavar="SECONDS",
                         help="critical when the oldest unfinished ledger item is this old (default: not checked)")
     parser.add_argument("--warn-lag", type=non_negative_int, metavar="EVENTS",
-                        help="warn when a replica lags this many events (default: not checked)")
+                        help="warn when a replica lags more than this many events (0: any lag; default: not "
+                        "checked)")
     parser.add_argument("--critical-lag", type=non_negative_int, metavar="EVENTS",
-                        help="critical when a replica lags this many events (default: not checked)")
+                        help="critical when a replica lags more than this many events (0: any lag; default: not "
+                        "checked)")
     parser.add_argument("--schema-behind", choices=("ok", "warning", "critical"), default="warning",
                         help="the verdict when the store's schema is not this installation's head (default warning)")
 
 
 def _status(args: argparse.Namespace, out: TextIO) -> int:
     """``hostedrooms status``: exit 0 ok, 1 warning, 2 critical, 3 unknown (the store could not be read, or an
-    option is invalid); the error of an unknown goes to stderr too."""
+    option is invalid); an unknown's error is its one line on stdout (``UNKNOWN: ...``, or the JSON)."""
     from ..status import EXIT_CODES, UNKNOWN, Thresholds, assess, perfdata, store_status
 
     target = describe_target(args.url)
@@ -272,7 +273,7 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
                                   "error": error}) + "\n")
         else:
             out.write(f"UNKNOWN: {error}\n")
-        sys.stderr.write(f"hostedrooms: error: {error}\n")
+        # Said once, on stdout (what a monitoring system reads): an error line on stderr too showed it twice.
         return EXIT_CODES[UNKNOWN]
     verdict = assess(status, thresholds)
     if args.json:
@@ -307,14 +308,16 @@ def _status_screen(target: str, status: Any, verdict: Any, perf: str, out: TextI
         f"store       {target} ({status['backend']}), schema {schema['revision']} ({head}), at {stamp}",
         f"rooms       live {_use(room_status['live'])}; disbanded {_use(room_status['disbanded'])}",
         f"events      {room_status['events']:,} in every room's log",
-        f"bytes       {_use(room_status['bytes'])} of the gateway budget; {room_status['disbanded_bytes']:,} in "
-        "disbanded rooms",
+        f"bytes       {_use(room_status['bytes'])} of the gateway budget (MAX_GATEWAY_EVENT_BYTES, every room "
+        f"together); {room_status['disbanded_bytes']:,} in disbanded rooms",
+        f"room bytes  {_use(room_status['most_bytes'])} of the per-room cap (MAX_ROOM_EVENT_BYTES, each room "
+        "alone), in the room with the most",
     ]
     out.write("".join(terminal_text(line) + "\n" for line in lines))
     out.write("\nrooms closest to their per-room limits (events of MAX_EVENTS_PER_ROOM, bytes of "
               "MAX_ROOM_EVENT_BYTES)\n")
     print_table([(room["room_id"], _use(room["events"]), _use(room["bytes"])) for room in room_status["fullest"]],
-                ("ROOM", "EVENTS", "BYTES"), out)
+                ("ROOM", "EVENTS OF ROOM CAP", "BYTES OF ROOM CAP"), out)
     out.write("\n" + terminal_text(
         f"replicas    {_use(replica_status['rooms'])}; {replica_status['behind']:,} behind, lag "
         f"{replica_status['lag']:,} events in all, {replica_status['max_lag']:,} at most; largest "
