@@ -1,0 +1,171 @@
+"""hostedrooms.retry: jittered exponential back-off and retry(), with the clock and randomness injected."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from hostedrooms.errors import (
+    CapacityExceededError,
+    InvalidInputError,
+    StorageError,
+    StoreUnavailableError,
+)
+from hostedrooms.retry import JitteredBackoff, RetryArgumentError, retry
+
+
+def _fixed(value: float) -> Callable[[], float]:
+    return lambda: value
+
+
+def _failing(errors: list[BaseException], result: Any = "done") -> tuple[Callable[[], Any], list[int]]:
+    """A call raising ``errors`` in turn, then returning ``result``; and the list counting its calls."""
+    calls: list[int] = []
+
+    def call() -> Any:
+        calls.append(len(calls) + 1)
+        if len(calls) <= len(errors):
+            raise errors[len(calls) - 1]
+        return result
+
+    return call, calls
+
+
+# --- the delays ------------------------------------------------------------------------------------------------
+
+
+def test_ceilings_double_from_base_up_to_cap() -> None:
+    backoff = JitteredBackoff(base=0.5, cap=6.0, jitter="none")
+    assert [backoff.ceiling(attempt) for attempt in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 6.0, 6.0]
+    assert list(itertools.islice(backoff, 6)) == [0.5, 1.0, 2.0, 4.0, 6.0, 6.0]
+    assert backoff.ceiling(10_000) == 6.0  # no overflow far out
+
+
+@pytest.mark.parametrize("drawn", [0.0, 0.25, 0.5, 0.999999])
+def test_full_jitter_draws_below_the_ceiling(drawn: float) -> None:
+    backoff = JitteredBackoff(base=1.0, cap=8.0, jitter="full", random=_fixed(drawn))
+    for attempt, ceiling in zip(range(1, 7), [1.0, 2.0, 4.0, 8.0, 8.0, 8.0], strict=True):
+        delay = backoff.delay(attempt)
+        assert delay == pytest.approx(ceiling * drawn)
+        assert 0.0 <= delay < ceiling
+
+
+@pytest.mark.parametrize("drawn", [0.0, 0.5, 0.999999])
+def test_equal_jitter_keeps_half_the_ceiling(drawn: float) -> None:
+    backoff = JitteredBackoff(base=2.0, cap=16.0, jitter="equal", random=_fixed(drawn))
+    for attempt, ceiling in zip(range(1, 6), [2.0, 4.0, 8.0, 16.0, 16.0], strict=True):
+        delay = backoff.delay(attempt)
+        assert delay == pytest.approx(ceiling / 2 + ceiling / 2 * drawn)
+        assert ceiling / 2 <= delay < ceiling
+
+
+def test_a_random_source_out_of_range_cannot_leave_the_bounds() -> None:
+    assert JitteredBackoff(base=1.0, cap=1.0, random=_fixed(7.0)).delay(1) == 1.0
+    assert JitteredBackoff(base=1.0, cap=1.0, random=_fixed(-3.0)).delay(1) == 0.0
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"base": -1}, "base"), ({"base": float("nan")}, "base"), ({"cap": float("inf")}, "cap"),
+    ({"base": True}, "base"), ({"base": "1"}, "base"), ({"base": 2.0, "cap": 1.0}, "base"),
+    ({"jitter": "half"}, "jitter"), ({"random": 0.5}, "random")])
+def test_bad_backoff_arguments_are_refused(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(RetryArgumentError) as caught:
+        JitteredBackoff(**kwargs)
+    assert caught.value.field == field and isinstance(caught.value, InvalidInputError)
+
+
+@pytest.mark.parametrize("attempt", [0, -1, True, 1.0])
+def test_a_bad_attempt_number_is_refused(attempt: Any) -> None:
+    with pytest.raises(RetryArgumentError):
+        JitteredBackoff().delay(attempt)
+
+
+# --- retry() ---------------------------------------------------------------------------------------------------
+
+
+def test_retries_store_unavailable_then_returns() -> None:
+    call, calls = _failing([StoreUnavailableError("locked"), StoreUnavailableError("locked")], result=42)
+    slept: list[float] = []
+    told: list[tuple[int, str, float]] = []
+    result = retry(call, attempts=5, base=1.0, cap=3.0, sleep=slept.append, random=_fixed(0.5),
+                   on_retry=lambda attempt, error, delay: told.append((attempt, str(error), delay)))
+    assert result == 42 and calls == [1, 2, 3]
+    assert slept == [0.5, 1.0]  # full jitter at 0.5 of the ceilings 1 and 2
+    assert told == [(1, "locked", 0.5), (2, "locked", 1.0)]
+
+
+def test_each_wait_is_bounded_by_its_ceiling_and_the_cap() -> None:
+    call, _ = _failing([StoreUnavailableError("down")] * 9)
+    slept: list[float] = []
+    retry(call, attempts=10, base=0.25, cap=2.0, sleep=slept.append, random=_fixed(0.999))
+    ceilings = [0.25, 0.5, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]
+    assert len(slept) == 9
+    assert all(0.0 <= delay < ceiling for delay, ceiling in zip(slept, ceilings, strict=True))
+    assert max(slept) < 2.0
+
+
+def test_the_last_error_is_raised_after_the_attempts() -> None:
+    errors = [StoreUnavailableError(f"down {n}") for n in range(1, 4)]
+    call, calls = _failing(list(errors))
+    slept: list[float] = []
+    with pytest.raises(StoreUnavailableError) as caught:
+        retry(call, attempts=3, base=1.0, cap=1.0, jitter="none", sleep=slept.append)
+    assert caught.value is errors[2] and calls == [1, 2, 3]
+    assert slept == [1.0, 1.0]  # no wait after the last attempt
+
+
+def test_one_attempt_never_waits() -> None:
+    error = StoreUnavailableError("down")
+    call, calls = _failing([error])
+    slept: list[float] = []
+    with pytest.raises(StoreUnavailableError) as caught:
+        retry(call, attempts=1, sleep=slept.append)
+    assert caught.value is error and calls == [1] and slept == []
+
+
+@pytest.mark.parametrize("error", [
+    InvalidInputError("bad room_id", field="room_id"), CapacityExceededError("full", limit="MAX_ACTIVE_ROOMS"),
+    StorageError("disk"), ValueError("not ours")])
+def test_other_errors_pass_through_at_once(error: BaseException) -> None:
+    call, calls = _failing([error])
+    slept: list[float] = []
+    with pytest.raises(type(error)) as caught:
+        retry(call, attempts=5, sleep=slept.append)
+    assert caught.value is error and calls == [1] and slept == []
+
+
+def test_a_retryable_error_then_another_passes_the_other_through() -> None:
+    final = CapacityExceededError("full", limit="MAX_EVENTS_PER_ROOM")
+    call, calls = _failing([StoreUnavailableError("down"), final])
+    slept: list[float] = []
+    with pytest.raises(CapacityExceededError) as caught:
+        retry(call, attempts=5, sleep=slept.append, random=_fixed(0.0))
+    assert caught.value is final and calls == [1, 2] and slept == [0.0]
+
+
+def test_retry_on_names_what_is_retried() -> None:
+    call, calls = _failing([TimeoutError("slow")], result="ok")
+    assert retry(call, retry_on=(TimeoutError,), sleep=lambda _: None) == "ok" and calls == [1, 2]
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"attempts": 0}, "attempts"), ({"attempts": 1001}, "attempts"), ({"attempts": True}, "attempts"),
+    ({"attempts": 2.0}, "attempts"), ({"base": -0.1}, "base"), ({"cap": float("nan")}, "cap"),
+    ({"base": 5.0, "cap": 1.0}, "base"), ({"jitter": "random"}, "jitter"), ({"retry_on": StoreUnavailableError},
+                                                                            "retry_on"),
+    ({"retry_on": ()}, "retry_on"), ({"retry_on": ("StoreUnavailableError",)}, "retry_on"),
+    ({"sleep": None}, "sleep"), ({"random": 0.3}, "random"), ({"on_retry": "log"}, "on_retry")])
+def test_bad_arguments_are_refused_before_any_call(kwargs: dict[str, Any], field: str) -> None:
+    calls: list[int] = []
+    with pytest.raises(RetryArgumentError) as caught:
+        retry(lambda: calls.append(1), **kwargs)
+    assert caught.value.field == field and calls == []
+
+
+def test_a_call_that_is_not_callable_is_refused() -> None:
+    with pytest.raises(RetryArgumentError) as caught:
+        retry("append", attempts=2)  # type: ignore[arg-type]
+    assert caught.value.field == "call"
