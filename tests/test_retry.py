@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -169,3 +170,73 @@ def test_a_call_that_is_not_callable_is_refused() -> None:
     with pytest.raises(RetryArgumentError) as caught:
         retry("append", attempts=2)  # type: ignore[arg-type]
     assert caught.value.field == "call"
+
+
+# --- the command line's follow loops ---------------------------------------------------------------------------
+
+
+def _room_with_events(engine: Any, count: int) -> list[dict[str, Any]]:
+    from hostedrooms import rooms
+
+    gateway = "install:gw-a"
+    rooms.create_room(engine, room_id="r", name="r", members=[], authority_gateway_id=gateway, now=1)
+    return [dict(rooms.append_event(engine, room_id="r", event_id=f"e-{n}", kind="message.user",
+                                    actor={"kind": "user", "id": "u"}, payload={"n": n},
+                                    authority_gateway_id=gateway, authority_epoch=1, now=1 + n))
+            for n in range(1, count + 1)]
+
+
+def _follow_cli(monkeypatch: pytest.MonkeyPatch, follow: Callable[..., Any], attempts: int = 10) -> list[float]:
+    import types
+
+    from hostedrooms.cli import inspect as cli
+
+    slept: list[float] = []
+    monkeypatch.setattr(cli, "room_service", types.SimpleNamespace(follow=follow))
+    monkeypatch.setattr(cli, "follow_sleep", slept.append)
+    monkeypatch.setattr(cli, "follow_backoff", JitteredBackoff(base=1.0, cap=60.0, random=_fixed(0.5)))
+    monkeypatch.setattr(cli, "follow_attempts", attempts)
+    return slept
+
+
+def test_log_follow_follows_again_from_the_last_event_after_store_unavailable(
+        engine: Any, target: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from factories import run_cli
+
+    events = _room_with_events(engine, 3)
+    calls: list[tuple[int, int | None]] = []
+
+    def follow(_engine: Any, room_id: str, since: int, *, limit: int, poll_interval: float,
+               last_event: dict[str, Any] | None) -> Any:
+        calls.append((since, None if last_event is None else last_event["seq"]))
+        if len(calls) == 1:
+            yield events[0]
+            raise StoreUnavailableError("the server closed the connection")
+        if len(calls) == 2:
+            raise StoreUnavailableError("connection refused")
+        yield from events[since:]
+
+    slept = _follow_cli(monkeypatch, follow)
+    code, out, _ = run_cli(capsys, "log", "--url", target, "r", "--follow", "--json")
+    assert code == 0
+    assert [json.loads(line)["seq"] for line in out.splitlines()] == [1, 2, 3]  # none skipped, none repeated
+    assert calls == [(0, None), (1, 1), (1, 1)]  # resumed after seq 1, that event checked
+    assert slept == [0.5, 1.0]  # full jitter at 0.5 of 1 s, then of 2 s
+
+
+def test_log_follow_gives_up_after_its_attempts_with_the_last_error(
+        engine: Any, target: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from factories import run_cli
+
+    _room_with_events(engine, 1)
+    calls: list[int] = []
+
+    def follow(*_args: Any, **_kwargs: Any) -> Any:
+        calls.append(1)
+        raise StoreUnavailableError(f"down {len(calls)}")
+        yield  # a generator, as follow() is
+
+    slept = _follow_cli(monkeypatch, follow, attempts=3)
+    code, out, err = run_cli(capsys, "log", "--url", target, "r", "--follow")
+    assert code == 1 and out == "" and len(calls) == 3 and slept == [0.5, 1.0]
+    assert "down 3" in err

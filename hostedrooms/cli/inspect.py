@@ -21,10 +21,11 @@ from sqlalchemy import Engine
 
 from .. import rooms as room_service
 from ..display import terminal_text
-from ..errors import HostedRoomError, StorageError, describe_target, translate
+from ..errors import HostedRoomError, StorageError, StoreUnavailableError, describe_target, translate
 from ..limits import MAX_LOG_LIMIT
 from ..queries import listings
 from ..records import EventRecord
+from ..retry import JitteredBackoff
 from ..rooms import decode_rows
 from ..validation import INT64_MAX, stored_json
 from .support import (
@@ -43,6 +44,11 @@ __all__ = ["COMMANDS", "status_clock"]
 _log = logging.getLogger("hostedrooms.cli")  # the console script's one logger, whatever module logs
 #: Where ``status`` reads the time, once per run (tests replace it).
 status_clock: Callable[[], float] = time.time
+#: ``log --follow`` after a StoreUnavailableError: the waits before following again (full jitter, doubling from
+#: 1 s to 60 s), how they are slept (tests replace it), and the failures in a row after which it gives up.
+follow_backoff = JitteredBackoff(base=1.0, cap=60.0, jitter="full")
+follow_sleep: Callable[[float], object] = time.sleep
+follow_attempts = 10
 #: Where a log row holds its seq, actor and payload texts.
 _SEQ, _ACTOR, _PAYLOAD = (listings.LOG_COLUMNS.index(name) for name in ("seq", "actor_json", "payload_json"))
 
@@ -154,15 +160,33 @@ def _print_log(engine: Engine, args: argparse.Namespace, out: TextIO) -> None:
 
 def _follow_log(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     """``log --follow``: every event after ``--since`` as it commits (hostedrooms.rooms.follow: NOTIFY on
-    PostgreSQL, ``--interval`` polling on SQLite), until the room is disbanded."""
+    PostgreSQL, ``--interval`` polling on SQLite), until the room is disbanded.
+
+    A StoreUnavailableError (the store unreachable past the follower's own reconnect deadline) does not end it:
+    it follows again from the last event printed (checked unchanged, as a resumed follow() checks it) after a
+    jittered, doubling wait (:data:`follow_backoff`), and gives up, raising the error, after
+    :data:`follow_attempts` failures in a row (an event printed starts the count again)."""
     page_size = min(args.limit, MAX_LOG_LIMIT)
     _log.info("following room %s after seq %s", args.room, args.since, extra={"event": "log.follow", "room": args.room,
                                                                             "seq": args.since})
-    with contextlib.closing(room_service.follow(engine, args.room, args.since, limit=page_size,
-                                                poll_interval=args.interval)) as feed:
-        for event in feed:
-            out.write((_event_json(event) if args.json else _followed_line(event)) + "\n")
-            out.flush()
+    since, last, failures = args.since, None, 0
+    while True:
+        try:
+            with contextlib.closing(room_service.follow(engine, args.room, since, limit=page_size,
+                                                        poll_interval=args.interval, last_event=last)) as feed:
+                for event in feed:
+                    out.write((_event_json(event) if args.json else _followed_line(event)) + "\n")
+                    out.flush()
+                    since, last, failures = event["seq"], event, 0
+            break
+        except StoreUnavailableError as error:
+            failures += 1
+            if failures >= follow_attempts:
+                raise
+            delay = follow_backoff.delay(failures)
+            _log.warning("following room %s again after seq %s in %.2f s: %s", args.room, since, delay, error,
+                         extra={"event": "log.follow_retry", "room": args.room, "seq": since})
+            follow_sleep(delay)
     _log.info("room %s ended (disbanded)", args.room, extra={"event": "log.follow_ended", "room": args.room})
     return EXIT_OK
 
