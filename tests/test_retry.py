@@ -240,3 +240,36 @@ def test_log_follow_gives_up_after_its_attempts_with_the_last_error(
     code, out, err = run_cli(capsys, "log", "--url", target, "r", "--follow")
     assert code == 1 and out == "" and len(calls) == 3 and slept == [0.5, 1.0]
     assert "down 3" in err
+
+
+def test_replicator_run_waits_jittered_doubling_delays_after_failed_passes(engine: Any) -> None:
+    """``replicate --follow`` is ``Replicator.run``: a failed pass is retried after an equal-jitter wait."""
+    import threading
+
+    from hostedrooms.standby import Replicator
+    from hostedrooms.standby.source import EnginePageSource
+
+    class Unreachable(EnginePageSource):
+        def list_rooms(self, *, after: str | None = None, limit: int = 500) -> Any:
+            raise StoreUnavailableError("the source is restarting")
+
+    class Stop(threading.Event):
+        """Records each wait instead of waiting; set after the fifth."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.waits: list[float | None] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            self.waits.append(timeout)
+            if len(self.waits) == 5:
+                self.set()
+            return self.is_set()
+
+    stop, failed = Stop(), []
+    Replicator(Unreachable(engine), engine, local_gateway_id="install:gw-b").run(
+        interval=1.0, max_error_delay=6.0, stop=stop, random=_fixed(0.5),
+        on_pass=lambda report: failed.append(bool(report.error)))
+    assert failed == [True] * 5
+    # Ceilings 1, 2, 4, 6, 6 (capped); equal jitter at 0.5: three quarters of each.
+    assert stop.waits == [0.75, 1.5, 3.0, 4.5, 4.5]
