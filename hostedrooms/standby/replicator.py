@@ -285,7 +285,9 @@ class Replicator:
         stops early (the source or the store unreachable, a listing refused) is retried after a wait below
         ``interval``, doubling up to ``max_error_delay``, jittered (:class:`hostedrooms.retry.JitteredBackoff`,
         equal jitter: between half and all of it, drawn with ``random``) so that standbys that failed together do
-        not come back together. Nothing a source returns ends it: a pass reports it."""
+        not come back together. Nothing a source returns ends it: a pass reports it. A negative or non-finite
+        ``max_error_delay`` (or a negative ``interval``) raises :class:`hostedrooms.retry.RetryArgumentError`
+        before the first pass."""
         stop = stop if stop is not None else threading.Event()
         waker = waker if waker is not None else IntervalWaker()
         backoff = JitteredBackoff(base=min(interval, max_error_delay), cap=max_error_delay, jitter="equal",
