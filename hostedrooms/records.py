@@ -418,11 +418,13 @@ class OutboundRecord(TypedDict):
 class CapUse(TypedDict):
     """How much of one limit is used: ``used`` of ``limit``, and ``percent`` (``used / limit * 100``, rounded to
     two decimals; 100.0 for a limit of 0). Counts and bytes may pass a limit (the control reserves, a lowered
-    limit): ``percent`` then exceeds 100."""
+    limit): ``percent`` then exceeds 100. ``limit_name`` names the limit (``MAX_GATEWAY_EVENT_BYTES``, the
+    gateway's budget for every room together, is not ``MAX_ROOM_EVENT_BYTES``, one room's cap)."""
 
     used: int
     limit: int
     percent: float
+    limit_name: str
 
 
 class RoomUse(TypedDict):

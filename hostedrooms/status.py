@@ -69,10 +69,14 @@ EXIT_CODES: Mapping[str, int] = {OK: 0, WARNING: 1, CRITICAL: 2, UNKNOWN: 3}
 MAX_TOP = 500
 
 
-def _cap(used: int, limit: int) -> CapUse:
+def _cap(used: int, limit: int, limit_name: str) -> CapUse:
     # A limit of 0 admits nothing: it is full.
     percent = round(used * 100 / limit, 2) if limit > 0 else 100.0
-    return {"used": used, "limit": limit, "percent": percent}
+    return {"used": used, "limit": limit, "percent": percent, "limit_name": limit_name}
+
+
+def _of(used: int, lim: Limits, limit_name: str) -> CapUse:
+    return _cap(used, int(getattr(lim, limit_name)), limit_name)
 
 
 def _age(now: float, created_at: Any) -> float | None:
@@ -119,16 +123,16 @@ def _rooms(uow: UnitOfWork, lim: Limits, top: int) -> RoomsStatus:
     events_limit, bytes_limit = float(max(1, lim.MAX_EVENTS_PER_ROOM)), float(max(1, lim.MAX_ROOM_EVENT_BYTES))
     rows = reads.fullest_rooms(connection, uow.backend, events_limit, bytes_limit, top) if top else []
     fullest: list[RoomUse] = [
-        {"room_id": str(room_id), "events": _cap(int(events_used), lim.MAX_EVENTS_PER_ROOM),
-         "bytes": _cap(int(bytes_used), lim.MAX_ROOM_EVENT_BYTES)} for room_id, events_used, bytes_used in rows]
+        {"room_id": str(room_id), "events": _of(int(events_used), lim, "MAX_EVENTS_PER_ROOM"),
+         "bytes": _of(int(bytes_used), lim, "MAX_ROOM_EVENT_BYTES")} for room_id, events_used, bytes_used in rows]
     return {
-        "live": _cap(live_rooms, lim.MAX_ACTIVE_ROOMS),
-        "disbanded": _cap(disbanded, lim.MAX_DISBANDED_ROOM_TOMBSTONES),
+        "live": _of(live_rooms, lim, "MAX_ACTIVE_ROOMS"),
+        "disbanded": _of(disbanded, lim, "MAX_DISBANDED_ROOM_TOMBSTONES"),
         "events": events,
-        "bytes": _cap(uow.rooms.gateway_bytes(), lim.MAX_GATEWAY_EVENT_BYTES),
+        "bytes": _of(uow.rooms.gateway_bytes(), lim, "MAX_GATEWAY_EVENT_BYTES"),
         "disbanded_bytes": disbanded_bytes,
-        "most_events": _cap(most_events, lim.MAX_EVENTS_PER_ROOM),
-        "most_bytes": _cap(most_bytes, lim.MAX_ROOM_EVENT_BYTES),
+        "most_events": _of(most_events, lim, "MAX_EVENTS_PER_ROOM"),
+        "most_bytes": _of(most_bytes, lim, "MAX_ROOM_EVENT_BYTES"),
         "fullest": fullest,
     }
 
@@ -141,10 +145,10 @@ def _replicas(uow: UnitOfWork, lim: Limits, top: int, now: float) -> ReplicasSta
         most_behind.append({
             "room_id": str(room_id), "authority": {"gateway_id": str(gateway), "epoch": int(epoch)},
             "last_seq": int(last_seq), "latest_seq": int(latest_seq), "lag": max(0, int(latest_seq) - int(last_seq)),
-            "bytes": _cap(int(event_bytes), lim.MAX_REPLICA_EVENT_BYTES), "updated_at": float(updated_at),
+            "bytes": _of(int(event_bytes), lim, "MAX_REPLICA_EVENT_BYTES"), "updated_at": float(updated_at),
             "since_update": max(0.0, now - float(updated_at))})
-    return {"rooms": _cap(count, lim.MAX_REPLICA_ROOMS), "behind": behind_count, "lag": lag_total,
-            "max_lag": max_lag, "largest": _cap(largest, lim.MAX_REPLICA_EVENT_BYTES), "most_behind": most_behind}
+    return {"rooms": _of(count, lim, "MAX_REPLICA_ROOMS"), "behind": behind_count, "lag": lag_total,
+            "max_lag": max_lag, "largest": _of(largest, lim, "MAX_REPLICA_EVENT_BYTES"), "most_behind": most_behind}
 
 
 def _by_state(found: Mapping[str, tuple[int, Any]], states: tuple[str, ...], now: float) -> dict[str, Backlog]:
@@ -164,7 +168,7 @@ def _ledger(connection: Connection, lim: Limits, now: float) -> LedgerStatus:
     return {
         "deliveries": cast(DeliveryBacklog, delivery_states),
         "outbound": cast(OutboundBacklog, outbound_states),
-        "in_flight": _cap(in_flight, lim.MAX_NONTERMINAL_DELIVERIES),
+        "in_flight": _of(in_flight, lim, "MAX_NONTERMINAL_DELIVERIES"),
         "responses_pending": reads.responses_pending(connection),
         "backlog": {"count": sum(item["count"] for item in waiting), "oldest_age": max(ages) if ages else None},
     }
@@ -207,7 +211,8 @@ class Thresholds:
     """Where :func:`assess` warns and where it goes critical. ``warn_percent``/``critical_percent``: of any limit
     (the live rooms, the gateway's bytes net of disbanded rooms, the fullest room's events and bytes, the
     replicas and the largest replica, the ledger's in-flight deliveries). ``*_backlog_age``: seconds since the
-    oldest unfinished ledger item was created; ``*_lag``: a replica's lag in events; ``schema_behind``: the
+    oldest unfinished ledger item was created; ``*_lag``: a replica's lag in events, crossed when passed (0: any
+    lag); ``schema_behind``: the
     verdict when the store's schema is not this installation's head (``ok`` to ignore). None: not checked.
     A warning threshold above its critical one is refused (InvalidInputError)."""
 
@@ -235,7 +240,7 @@ def _caps(status: StoreStatus) -> list[tuple[str, str, CapUse]]:
     room_status, replica_status = status["rooms"], status["replicas"]
     gateway = room_status["bytes"]
     # Disbanded rooms' bytes are pruned before an append is refused: only the rest can fill the gateway.
-    live_bytes = _cap(max(0, gateway["used"] - room_status["disbanded_bytes"]), gateway["limit"])
+    live_bytes = _cap(max(0, gateway["used"] - room_status["disbanded_bytes"]), gateway["limit"], gateway["limit_name"])
     return [
         ("rooms.live", "MAX_ACTIVE_ROOMS", room_status["live"]),
         ("rooms.bytes", "MAX_GATEWAY_EVENT_BYTES (live rooms)", live_bytes),
@@ -248,18 +253,21 @@ def _caps(status: StoreStatus) -> list[tuple[str, str, CapUse]]:
 
 
 def _crossed(check: str, value: float, warn: float | None, critical: float | None,
-             describe: str) -> Finding | None:
+             describe: str, *, above: bool = False) -> Finding | None:
+    """The finding of ``value`` against its thresholds: reached (``>=``), or with ``above`` passed (``>``)."""
     for state, threshold in ((CRITICAL, critical), (WARNING, warn)):
-        if threshold is not None and value >= threshold:
+        if threshold is not None and (value > threshold if above else value >= threshold):
             return {"check": check, "state": state, "value": float(value), "threshold": float(threshold),
-                    "message": f"{describe} (>= {threshold:g})"}
+                    "message": f"{describe} ({'>' if above else '>='} {threshold:g})"}
     return None
 
 
 def assess(status: StoreStatus, thresholds: Thresholds | None = None) -> Assessment:
     """The monitoring verdict of ``status`` against ``thresholds`` (default: :class:`Thresholds`' defaults, 80%
-    and 95% of every limit). A value at a threshold crosses it. The disbanded rooms are not checked against
-    MAX_DISBANDED_ROOM_TOMBSTONES: at the cap the oldest tombstone is purged, by design, and nothing is refused."""
+    and 95% of every limit). A percent or an age at its threshold crosses it; a replica lag crosses its
+    threshold when above it (Nagios's convention: ``warn_lag=0`` warns at any lag and never at none). The
+    disbanded rooms are not checked against MAX_DISBANDED_ROOM_TOMBSTONES: at the cap the oldest tombstone is
+    purged, by design, and nothing is refused."""
     rules = thresholds if thresholds is not None else Thresholds()
     findings: list[Finding] = []
     for check, limit_name, use in _caps(status):
@@ -272,8 +280,10 @@ def assess(status: StoreStatus, thresholds: Thresholds | None = None) -> Assessm
                          f"the oldest unfinished ledger item is {age:,.0f} s old")
         findings += [found] if found else []
     max_lag = status["replicas"]["max_lag"]
+    # A lag is always there (0: caught up), so its thresholds are Nagios's: crossed when passed, and
+    # --warn-lag 0 warns at any lag, never at none.
     found = _crossed("replicas.lag", max_lag, rules.warn_lag, rules.critical_lag,
-                     f"a replica is {max_lag:,} events behind its source's last reported seq")
+                     f"a replica is {max_lag:,} events behind its source's last reported seq", above=True)
     findings += [found] if found else []
     schema = status["schema"]
     if not schema["at_head"] and rules.schema_behind != OK:

@@ -69,6 +69,7 @@ from .backends import (
 from .engine_profile import known_runtime, runtime_of
 from .errors import translate
 from .filewatch import FileWatch, watch_writes
+from .retry import JitteredBackoff
 from .validation import interval
 
 __all__ = [
@@ -89,7 +90,8 @@ SETTLE_SPAN = 0.1
 #: ``reconnect_deadline``, counted from the loss, or from when it joined if later).
 RECONNECT_DEADLINE = 30.0
 #: The back-off between reconnection attempts: the first delay, doubling to at most the cap (each drawn at random
-#: between half and all of it, so the waiters of many processes do not reconnect in step).
+#: between half and all of it, :class:`hostedrooms.retry.JitteredBackoff`'s equal jitter, so the waiters of many
+#: processes do not reconnect in step).
 RECONNECT_FIRST = 0.05
 RECONNECT_CAP = 2.0
 
@@ -257,7 +259,9 @@ class SharedWaiter:
     def _back_off(self, exc: BaseException, lost: float, attempt: int) -> bool:
         """Wait before reconnection ``attempt`` (jittered, doubling up to :data:`RECONNECT_CAP`), failing with
         ``exc`` each subscription whose ``reconnect_deadline`` passed meanwhile; False once nobody waits."""
-        delay = min(RECONNECT_CAP, RECONNECT_FIRST * 2 ** min(attempt - 1, 16)) * random.uniform(0.5, 1.0)
+        # Equal jitter (between half and all of the doubled delay), read at call time: tests lower the constants.
+        delay = JitteredBackoff(base=min(RECONNECT_FIRST, RECONNECT_CAP), cap=RECONNECT_CAP, jitter="equal",
+                                random=random.random).delay(attempt)
         until = time.monotonic() + delay
         with selectors.DefaultSelector() as selector:
             selector.register(self._wake_r, selectors.EVENT_READ)

@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO, cast
@@ -22,10 +21,11 @@ from sqlalchemy import Engine
 
 from .. import rooms as room_service
 from ..display import terminal_text
-from ..errors import HostedRoomError, StorageError, describe_target, translate
+from ..errors import HostedRoomError, StorageError, StoreUnavailableError, describe_target, translate
 from ..limits import MAX_LOG_LIMIT
 from ..queries import listings
 from ..records import EventRecord
+from ..retry import JitteredBackoff
 from ..rooms import decode_rows
 from ..validation import INT64_MAX, stored_json
 from .support import (
@@ -44,6 +44,11 @@ __all__ = ["COMMANDS", "status_clock"]
 _log = logging.getLogger("hostedrooms.cli")  # the console script's one logger, whatever module logs
 #: Where ``status`` reads the time, once per run (tests replace it).
 status_clock: Callable[[], float] = time.time
+#: ``log --follow`` after a StoreUnavailableError: the waits before following again (full jitter, doubling from
+#: 1 s to 60 s), how they are slept (tests replace it), and the failures in a row after which it gives up.
+follow_backoff = JitteredBackoff(base=1.0, cap=60.0, jitter="full")
+follow_sleep: Callable[[float], object] = time.sleep
+follow_attempts = 10
 #: Where a log row holds its seq, actor and payload texts.
 _SEQ, _ACTOR, _PAYLOAD = (listings.LOG_COLUMNS.index(name) for name in ("seq", "actor_json", "payload_json"))
 
@@ -155,15 +160,33 @@ def _print_log(engine: Engine, args: argparse.Namespace, out: TextIO) -> None:
 
 def _follow_log(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     """``log --follow``: every event after ``--since`` as it commits (hostedrooms.rooms.follow: NOTIFY on
-    PostgreSQL, ``--interval`` polling on SQLite), until the room is disbanded."""
+    PostgreSQL, ``--interval`` polling on SQLite), until the room is disbanded.
+
+    A StoreUnavailableError (the store unreachable past the follower's own reconnect deadline) does not end it:
+    it follows again from the last event printed (checked unchanged, as a resumed follow() checks it) after a
+    jittered, doubling wait (:data:`follow_backoff`), and gives up, raising the error, after
+    :data:`follow_attempts` failures in a row (an event printed starts the count again)."""
     page_size = min(args.limit, MAX_LOG_LIMIT)
     _log.info("following room %s after seq %s", args.room, args.since, extra={"event": "log.follow", "room": args.room,
                                                                             "seq": args.since})
-    with contextlib.closing(room_service.follow(engine, args.room, args.since, limit=page_size,
-                                                poll_interval=args.interval)) as feed:
-        for event in feed:
-            out.write((_event_json(event) if args.json else _followed_line(event)) + "\n")
-            out.flush()
+    since, last, failures = args.since, None, 0
+    while True:
+        try:
+            with contextlib.closing(room_service.follow(engine, args.room, since, limit=page_size,
+                                                        poll_interval=args.interval, last_event=last)) as feed:
+                for event in feed:
+                    out.write((_event_json(event) if args.json else _followed_line(event)) + "\n")
+                    out.flush()
+                    since, last, failures = event["seq"], event, 0
+            break
+        except StoreUnavailableError as error:
+            failures += 1
+            if failures >= follow_attempts:
+                raise
+            delay = follow_backoff.delay(failures)
+            _log.warning("following room %s again after seq %s in %.2f s: %s", args.room, since, delay, error,
+                         extra={"event": "log.follow_retry", "room": args.room, "seq": since})
+            follow_sleep(delay)
     _log.info("room %s ended (disbanded)", args.room, extra={"event": "log.follow_ended", "room": args.room})
     return EXIT_OK
 
@@ -245,16 +268,18 @@ def _status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--critical-backlog-age", type=_limit_seconds, metavar="SECONDS",
                         help="critical when the oldest unfinished ledger item is this old (default: not checked)")
     parser.add_argument("--warn-lag", type=non_negative_int, metavar="EVENTS",
-                        help="warn when a replica lags this many events (default: not checked)")
+                        help="warn when a replica lags more than this many events (0: any lag; default: not "
+                        "checked)")
     parser.add_argument("--critical-lag", type=non_negative_int, metavar="EVENTS",
-                        help="critical when a replica lags this many events (default: not checked)")
+                        help="critical when a replica lags more than this many events (0: any lag; default: not "
+                        "checked)")
     parser.add_argument("--schema-behind", choices=("ok", "warning", "critical"), default="warning",
                         help="the verdict when the store's schema is not this installation's head (default warning)")
 
 
 def _status(args: argparse.Namespace, out: TextIO) -> int:
     """``hostedrooms status``: exit 0 ok, 1 warning, 2 critical, 3 unknown (the store could not be read, or an
-    option is invalid); the error of an unknown goes to stderr too."""
+    option is invalid); an unknown's error is its one line on stdout (``UNKNOWN: ...``, or the JSON)."""
     from ..status import EXIT_CODES, UNKNOWN, Thresholds, assess, perfdata, store_status
 
     target = describe_target(args.url)
@@ -272,7 +297,7 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
                                   "error": error}) + "\n")
         else:
             out.write(f"UNKNOWN: {error}\n")
-        sys.stderr.write(f"hostedrooms: error: {error}\n")
+        # Said once, on stdout (what a monitoring system reads): an error line on stderr too showed it twice.
         return EXIT_CODES[UNKNOWN]
     verdict = assess(status, thresholds)
     if args.json:
@@ -307,14 +332,16 @@ def _status_screen(target: str, status: Any, verdict: Any, perf: str, out: TextI
         f"store       {target} ({status['backend']}), schema {schema['revision']} ({head}), at {stamp}",
         f"rooms       live {_use(room_status['live'])}; disbanded {_use(room_status['disbanded'])}",
         f"events      {room_status['events']:,} in every room's log",
-        f"bytes       {_use(room_status['bytes'])} of the gateway budget; {room_status['disbanded_bytes']:,} in "
-        "disbanded rooms",
+        f"bytes       {_use(room_status['bytes'])} of the gateway budget (MAX_GATEWAY_EVENT_BYTES, every room "
+        f"together); {room_status['disbanded_bytes']:,} in disbanded rooms",
+        f"room bytes  {_use(room_status['most_bytes'])} of the per-room cap (MAX_ROOM_EVENT_BYTES, each room "
+        "alone), in the room with the most",
     ]
     out.write("".join(terminal_text(line) + "\n" for line in lines))
     out.write("\nrooms closest to their per-room limits (events of MAX_EVENTS_PER_ROOM, bytes of "
               "MAX_ROOM_EVENT_BYTES)\n")
     print_table([(room["room_id"], _use(room["events"]), _use(room["bytes"])) for room in room_status["fullest"]],
-                ("ROOM", "EVENTS", "BYTES"), out)
+                ("ROOM", "EVENTS OF ROOM CAP", "BYTES OF ROOM CAP"), out)
     out.write("\n" + terminal_text(
         f"replicas    {_use(replica_status['rooms'])}; {replica_status['behind']:,} behind, lag "
         f"{replica_status['lag']:,} events in all, {replica_status['max_lag']:,} at most; largest "

@@ -2,7 +2,8 @@
 
 Each wrapper takes ``db_path`` first (a SQLite file path, a SQLAlchemy URL string, or an Engine) and the
 reference's keyword arguments, and calls :mod:`hostedrooms.rooms`. Like the reference, it is annotated with loose
-types: ``Any`` arguments, and ``dict[str, Any]`` results (the service's typed result, cast: the same dict). The
+types: ``Any`` arguments, and ``dict[str, Any]`` results (the service's typed result, cast: the same dict; but
+``read_events``' page has the reference's keys only, without the store's ``lineage``). The
 ``MAX_*`` limits are read once per call (:func:`facade_limits`) from ``hostedrooms.compat.hosted_rooms`` (which
 re-exports them) and passed down, so lowering one there takes effect. The engine is resolved only after the
 arguments validated, so bad input never creates or migrates a database.
@@ -227,10 +228,17 @@ def disband_room(
 def read_events(
     db_path: DbPath, *, room_id: Any, since_seq: Any = 0, limit: Any = 100, include_disbanded: bool = False
 ) -> dict[str, Any]:
-    """Read a monotonic room-log delta after ``since_seq``."""
-    return cast("dict[str, Any]", _rooms.read_events(
+    """Read a monotonic room-log delta after ``since_seq``.
+
+    The page has exactly the reference's keys (``events``, ``cursor``, ``latest_seq``, ``has_more``,
+    ``authority``): the store's ``lineage``, which :func:`hostedrooms.rooms.read_events` adds for followers and
+    standbys, is left out, so code comparing whole pages (as the reference's own tests do) sees the same dict.
+    """
+    page = _rooms.read_events(
         _engine(db_path), room_id=room_id, since_seq=since_seq, limit=limit, include_disbanded=include_disbanded,
-        limits=facade_limits()))
+        limits=facade_limits())
+    return {"events": page["events"], "cursor": page["cursor"], "latest_seq": page["latest_seq"],
+            "has_more": page["has_more"], "authority": page["authority"]}
 
 
 def prune_disbanded_rooms(db_path: DbPath, *, now: float | None = None) -> int:

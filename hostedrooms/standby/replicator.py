@@ -10,6 +10,7 @@ behind, else when its :class:`~hostedrooms.standby.wake.Waker` says the source c
 
 from __future__ import annotations
 
+import random as _random
 import threading
 import time
 from collections import deque
@@ -21,6 +22,7 @@ from ..engines import EngineSource, resolve_engine
 from ..errors import HostedRoomError
 from ..limits import Limits
 from ..replicas import prune_disbanded_replicas
+from ..retry import JitteredBackoff
 from ..telemetry import traced
 from .bounds import DEFAULT_MAX_SECONDS_PER_PASS, PASS_ERRORS, Backoff, BoundReached, PassBounds, ReplicatorOptions
 from .catchup import RoomPass
@@ -276,13 +278,20 @@ class Replicator:
     # -- following ---------------------------------------------------------------------------------------------
 
     def run(self, *, interval: float = 1.0, waker: Waker | None = None, stop: threading.Event | None = None,
-            on_pass: Callable[[PassReport], None] | None = None, max_error_delay: float = 60.0) -> None:
+            on_pass: Callable[[PassReport], None] | None = None, max_error_delay: float = 60.0,
+            random: Callable[[], float] | None = None) -> None:
         """Run passes until ``stop`` is set: again at once while a pass made progress and left rooms behind (or
         stopped at a bound); otherwise when ``waker`` reports a change or after ``interval`` seconds. A pass that
-        stops early (the source or the store unreachable, a listing refused) is retried after ``interval``,
-        doubling up to ``max_error_delay``. Nothing a source returns ends it: a pass reports it."""
+        stops early (the source or the store unreachable, a listing refused) is retried after a wait below
+        ``interval``, doubling up to ``max_error_delay``, jittered (:class:`hostedrooms.retry.JitteredBackoff`,
+        equal jitter: between half and all of it, drawn with ``random``) so that standbys that failed together do
+        not come back together. Nothing a source returns ends it: a pass reports it. A negative or non-finite
+        ``max_error_delay`` (or a negative ``interval``) raises :class:`hostedrooms.retry.RetryArgumentError`
+        before the first pass."""
         stop = stop if stop is not None else threading.Event()
         waker = waker if waker is not None else IntervalWaker()
+        backoff = JitteredBackoff(base=min(interval, max_error_delay), cap=max_error_delay, jitter="equal",
+                                  random=random if random is not None else _random.random)
         errors = 0
         while not stop.is_set():
             waker.arm()
@@ -291,7 +300,7 @@ class Replicator:
                 on_pass(report)
             if report.error:
                 errors += 1
-                stop.wait(min(max_error_delay, interval * 2 ** min(errors - 1, 16)))
+                stop.wait(backoff.delay(errors))
                 continue
             errors = 0
             if report.events and (report.count(BEHIND) or report.bound):
