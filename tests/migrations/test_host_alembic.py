@@ -27,7 +27,8 @@ from hostedrooms.db import create_engine
 from hostedrooms.models import metadata as hostedrooms_metadata
 
 BIN = Path(sys.executable).parent
-HOOK_LINE = "        hostedrooms_migrate.upgrade_with_host(context, connection)  # hostedrooms: the one-command shape\n"
+HOOK_LINE = ("        hostedrooms_migrate.upgrade_with_host(context, connection)"
+             "  # hostedrooms first: the one-command shape\n")
 
 HOST_MODELS = '''
 import sqlalchemy as sa

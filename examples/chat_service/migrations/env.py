@@ -31,9 +31,9 @@ def run_migrations_online() -> None:
             include_name=hostedrooms_migrate.host_include_name,  # hostedrooms
             include_object=hostedrooms_migrate.host_include_object,  # hostedrooms
         )
+        hostedrooms_migrate.upgrade_with_host(context, connection)  # hostedrooms first: the one-command shape
         with context.begin_transaction():
             context.run_migrations()
-        hostedrooms_migrate.upgrade_with_host(context, connection)  # hostedrooms: the one-command shape
 
 
 run_migrations_online()

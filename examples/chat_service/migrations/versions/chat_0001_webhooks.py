@@ -10,8 +10,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # The key refers to hostedrooms' table, so hostedrooms' schema must exist first on PostgreSQL: deploy with
-    # `hostedrooms upgrade` before `alembic upgrade head` (README.md). SQLite checks keys only when rows change.
+    # The key refers to hostedrooms' table, so hostedrooms' schema must exist first on PostgreSQL: env.py upgrades
+    # hostedrooms before this runs (or deploy with `hostedrooms upgrade` first). SQLite checks keys only on writes.
     op.create_table(
         "chat_webhooks",
         sa.Column("room_id", sa.Text, primary_key=True),
