@@ -281,10 +281,14 @@ class AlembicContext(Protocol):
 
 
 def upgrade_with_host(context: AlembicContext, connection: Connection, revision: str = "head") -> bool:
-    """From a host application's ``env.py``, after its ``context.configure(...)``: upgrade hostedrooms on
-    ``connection`` when the host's run is an upgrade (``alembic upgrade``, or a runner such as pytest-alembic
-    upgrading), and do nothing otherwise (``check``, ``revision --autogenerate``, ``downgrade``, ``stamp``,
-    ``current``, ``--sql``). Returns whether it ran.
+    """From a host application's ``env.py``, after its ``context.configure(...)`` and before its
+    ``context.run_migrations()``: upgrade hostedrooms on ``connection`` when the host's run is an upgrade
+    (``alembic upgrade``, or a runner such as pytest-alembic upgrading), and do nothing otherwise (``check``,
+    ``revision --autogenerate``, ``downgrade``, ``stamp``, ``current``, ``--sql``). Returns whether it ran.
+
+    Called first, it commits hostedrooms' head before any host revision runs, so a host revision may refer to
+    hostedrooms' tables (a foreign key to ``hosted_rooms``; PostgreSQL checks it at ``CREATE TABLE``): Alembic's
+    ``depends_on`` cannot name hostedrooms' revisions, which live in their own history and version table.
     """
     if context.is_offline_mode() or not _is_upgrade(context.get_context()):
         return False
