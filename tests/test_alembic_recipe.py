@@ -24,7 +24,7 @@ from test_readme import readme_block
 from hostedrooms import migrate, testing
 from hostedrooms.models import metadata as hostedrooms_metadata
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = next(path for path in Path(__file__).resolve().parents if (path / "pyproject.toml").is_file())
 RECIPE = ROOT / "docs" / "recipes" / "host_alembic"
 BIN = Path(sys.executable).parent
 HOSTEDROOMS = set(hostedrooms_metadata.tables) | {migrate.VERSION_TABLE}
