@@ -123,10 +123,11 @@ def retry(
     (to log it).
 
     :returns: what ``call`` returned on the first attempt that did not raise.
-    :raises: the error of the last attempt, as it was raised, once ``attempts`` are spent; at once, any error not in
-        ``retry_on``; :class:`RetryArgumentError` for a bad argument (``attempts`` an integer from 1 to 1000,
-        ``base``/``cap`` finite seconds with ``base <= cap``, ``jitter`` one of :data:`JITTERS`, ``retry_on`` a
-        tuple of exception classes, ``call``/``sleep``/``random``/``on_retry`` callables), before any call.
+    :raises BaseException: the error of the last attempt, as it was raised, once ``attempts`` are spent; at once,
+        any error not in ``retry_on``.
+    :raises RetryArgumentError: a bad argument (``attempts`` an integer from 1 to 1000, ``base``/``cap`` finite
+        seconds with ``base <= cap``, ``jitter`` one of :data:`JITTERS`, ``retry_on`` a tuple of exception classes,
+        ``call``/``sleep``/``random``/``on_retry`` callables), before any call.
     """
     _callable(call, "call")
     if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= MAX_ATTEMPTS:

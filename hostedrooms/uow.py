@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
 from sqlalchemy import Connection, Engine, Executable, Result
 from sqlalchemy import exc as sa_exc
@@ -41,32 +41,53 @@ from .backends import Backend, backend_for
 from .db import reject_async
 from .errors import translate
 from .statements import DIRECT_BEGUN, DirectConnection, begin_unit, end_unit
-from .store import PerBackend, ReplicaStore, RoomStore, replica_store, room_store
-from .store.bound import BoundStore
-from .store.ledger import LedgerStore
-from .store.peers import PeerStore
 from .wakeup import committed
 
+if TYPE_CHECKING:  # the stores import the models: the unit imports them at first use (see _Bound)
+    from .store import PerBackend, ReplicaStore, RoomStore
+    from .store.bound import BoundStore
+    from .store.ledger import LedgerStore
+    from .store.peers import PeerStore
+
 _S = TypeVar("_S")
-_B = TypeVar("_B", bound=BoundStore)
+_B = TypeVar("_B", bound="BoundStore")
 
 
 class _Bound(Generic[_B]):
     """Builds a unit's copy of a backend's store prototype, bound to the unit's connection (BoundStore.bind,
-    inline: it runs once per unit of work, on every append)."""
+    inline: it runs once per unit of work, on every append).
 
-    def __init__(self, stores: PerBackend[_B]) -> None:
-        self._stores = stores
+    The registry (``store.room_store``, by name) is imported at a backend's first unit, not with this module:
+    importing hostedrooms (``hostedrooms.errors``, as a released migration does) must not import the live models
+    (tests/migrations/test_frozen_migrations.py)."""
+
+    def __init__(self, registry: str) -> None:
+        self._registry = registry
         self._prototypes: dict[Backend, _B] = {}
 
     def __call__(self, uow: UnitOfWork) -> _B:
         prototype = self._prototypes.get(uow.backend)
         if prototype is None:
-            prototype = self._prototypes[uow.backend] = self._stores(uow.backend)
+            from . import store as store_package
+
+            stores: PerBackend[_B] = getattr(store_package, self._registry)
+            prototype = self._prototypes[uow.backend] = stores(uow.backend)
         store: _B = object.__new__(type(prototype))
         store.__dict__.update(prototype.__dict__)
         store.connection = uow.connection
         return store
+
+
+def _peer_store() -> type[PeerStore]:
+    from .store.peers import PeerStore  # at first use: see _Bound
+
+    return PeerStore
+
+
+def _ledger_store() -> type[LedgerStore]:
+    from .store.ledger import LedgerStore  # at first use: see _Bound
+
+    return LedgerStore
 
 
 class _UnitStore(Generic[_S]):
@@ -96,13 +117,13 @@ class UnitOfWork:
     bound to the connection (``rooms``, ``replicas``, ``peers``, ``ledger``)."""
 
     #: The room store of this unit's backend, on this unit's connection.
-    rooms: _UnitStore[RoomStore] = _UnitStore(_Bound(room_store))
+    rooms: _UnitStore[RoomStore] = _UnitStore(_Bound("room_store"))
     #: The replica store of this unit's backend, on this unit's connection.
-    replicas: _UnitStore[ReplicaStore] = _UnitStore(_Bound(replica_store))
+    replicas: _UnitStore[ReplicaStore] = _UnitStore(_Bound("replica_store"))
     #: The peer routing store (links, grants, reservations, receipts) on this unit's connection.
-    peers: _UnitStore[PeerStore] = _UnitStore(lambda uow: PeerStore(uow.backend, uow.connection))
+    peers: _UnitStore[PeerStore] = _UnitStore(lambda uow: _peer_store()(uow.backend, uow.connection))
     #: The delivery ledger's store on this unit's connection.
-    ledger: _UnitStore[LedgerStore] = _UnitStore(lambda uow: LedgerStore(uow.backend, uow.connection))
+    ledger: _UnitStore[LedgerStore] = _UnitStore(lambda uow: _ledger_store()(uow.backend, uow.connection))
 
     def __init__(self, engine: Engine, *, write: bool = True, statement_snapshots: bool = False) -> None:
         reject_async(engine)
