@@ -15,7 +15,7 @@ docstring in it is rewritten before it is parsed:
   imported are followed to where they are defined, so the link finds the page that renders them.
 
 Fenced code blocks and double-backtick literals are left alone, so a docstring can still show a role as code.
-``tests/test_api_docs.py`` builds the site and fails on any raw role in the HTML.
+``tests/packaging/test_api_docs.py`` builds the site and fails on any raw role in the HTML.
 """
 
 from __future__ import annotations

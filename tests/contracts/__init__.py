@@ -9,5 +9,5 @@ classes are not collected (their names do not start with ``Test``); each is subc
 (``TestRoomStoreSQLite``, ``TestRoomStorePostgreSQL``), which only names the backend (:class:`.support.OnBackend`).
 
 **A new backend is done when it passes these**: add its ``Test...<Backend>`` subclass to each module. The service
-tests beside them (``tests/test_rooms_contract.py`` and the like) prove the same behaviour end to end.
+tests beside them (``tests/services/test_rooms_contract.py`` and the like) prove the same behaviour end to end.
 """

@@ -196,7 +196,7 @@ def test_the_verdict_at_and_across_each_threshold(known: Engine) -> None:
     assert _verdict(known, **quiet, warn_backlog_age=10, critical_backlog_age=1000) == (
         "critical", ["critical:ledger.backlog_age"])
     # The most lagging replica is 10 events behind.
-    # Lag thresholds are crossed when passed (Nagios's convention; tests/test_status_fixes.py).
+    # Lag thresholds are crossed when passed (Nagios's convention; tests/services/test_status_fixes.py).
     assert _verdict(known, **quiet, warn_lag=9, critical_lag=10) == ("warning", ["warning:replicas.lag"])
     assert _verdict(known, **quiet, warn_lag=3, critical_lag=9) == ("critical", ["critical:replicas.lag"])
     assert _verdict(known, **quiet, warn_lag=10) == ("ok", [])
