@@ -6,7 +6,7 @@ library. Schemas are PostgreSQL's: on SQLite these tests are skipped (the refusa
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from factories import run_cli
 from hostedrooms import fleet, migrate, testing
 from hostedrooms.cli.store import fleet_lines
 from hostedrooms.errors import InvalidInputError, StoreConfigurationError
+from hostedrooms.uow import UnitOfWork
 
 OLD = "0008_budget_shards"
 #: The index the head revision creates; a schema already holding one of that name cannot be upgraded.
@@ -71,10 +72,10 @@ def fleet_url(request: pytest.FixtureRequest, backend: str) -> Iterator[str]:
         yield url
 
 
-def _run_bounded(call: object) -> object:
+def _run_bounded(call: Callable[[], fleet.FleetReport]) -> fleet.FleetReport:
     """``call()`` in a thread, joined with a bound (a deadlocked fleet run fails the test)."""
-    result: list[object] = []
-    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)  # type: ignore[operator]
+    result: list[fleet.FleetReport] = []
+    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
     thread.start()
     thread.join(timeout=BOUND)
     assert not thread.is_alive(), f"a fleet upgrade took over {BOUND} s: deadlocked?"
@@ -84,9 +85,8 @@ def _run_bounded(call: object) -> object:
 def test_fleet_upgrades_all_but_the_broken_one_then_a_rerun_finishes_it(fleet_url: str) -> None:
     kinds = _create_fleet(fleet_url, "gw")
     head = migrate.head_revision()
-    schemas = sorted(sum(kinds.values(), []))
+    schemas = sorted(name for names in kinds.values() for name in names)
     report = _run_bounded(lambda: fleet.upgrade_schemas(fleet_url, schemas, workers=3))
-    assert isinstance(report, fleet.FleetReport)
     assert [outcome.schema for outcome in report.outcomes] == schemas  # the order given
     assert sorted(report.of("upgraded")) == kinds["fresh"] + kinds["old"]
     assert report.of("current") == kinds["head"]
@@ -103,7 +103,6 @@ def test_fleet_upgrades_all_but_the_broken_one_then_a_rerun_finishes_it(fleet_ur
 
     _mend(fleet_url, "gw_broken")
     rerun = _run_bounded(lambda: fleet.upgrade_schemas(fleet_url, schemas, workers=3))
-    assert isinstance(rerun, fleet.FleetReport)
     assert rerun.of("upgraded") == ["gw_broken"] and rerun.ok
     assert sorted(rerun.of("current")) == sorted(set(schemas) - {"gw_broken"})
     assert migrate.current_revision(fleet_url, schema="gw_broken") == head
@@ -116,7 +115,7 @@ def test_the_cli_agrees_with_the_library(fleet_url: str, capsys: pytest.CaptureF
         connection.exec_driver_sql("CREATE SCHEMA cli_other")  # holds a table of its own: never selected
         connection.exec_driver_sql("CREATE TABLE cli_other.host_table (id int)")
     selected = fleet.select_schemas(fleet_url, "cli\\_%")
-    assert selected == sorted(sum(kinds.values(), []))
+    assert selected == sorted(name for names in kinds.values() for name in names)
     code, out, err = run_cli(capsys, "upgrade", "--url", fleet_url, "--schema-pattern", "cli\\_%", "--workers", "2")
     assert code == 1, err
     lines = out.splitlines()
@@ -154,16 +153,18 @@ def test_two_fleet_runs_at_once_do_not_deadlock(fleet_url: str) -> None:
         assert migrate.is_at_head(fleet_url, schema=schema)
 
 
-def test_a_held_migration_lock_fails_that_schema_only_within_lock_timeout(fleet_url: str) -> None:
+def test_a_held_migration_lock_fails_that_schema_alone_after_lock_timeout(fleet_url: str) -> None:
+    """Another upgrader holds gw_held's own migration lock: gw_held fails after ``lock_timeout``, gw_free (whose
+    lock is another key) upgrades meanwhile; nothing waits without a bound."""
     migrate.upgrade(fleet_url, OLD, schema="gw_held")
-    with testing.open_engine(fleet_url) as holder, holder.connect() as connection:
-        connection.exec_driver_sql("LOCK TABLE gw_held.hosted_room_replica_events IN ACCESS EXCLUSIVE MODE")
+    with testing.open_engine(fleet_url, schema="gw_held") as held, UnitOfWork(held) as holder:
+        holder.backend.lock_migrations(holder.connection)
         report = _run_bounded(lambda: fleet.upgrade_schemas(
             fleet_url, ["gw_held", "gw_free"], workers=2, lock_timeout=1.0))
-        connection.rollback()
-    assert isinstance(report, fleet.FleetReport)
     assert _statuses(report) == {"gw_held": "failed", "gw_free": "upgraded"}
     assert "lock timeout" in (report.outcomes[0].error or "")
+    assert migrate.current_revision(fleet_url, schema="gw_held") == OLD
+    assert fleet.upgrade_schemas(fleet_url, ["gw_held", "gw_free"], workers=1).of("upgraded") == ["gw_held"]
 
 
 def test_passwords_are_never_shown(fleet_url: str) -> None:
