@@ -139,10 +139,16 @@ def upgrade_schemas(url: str, schemas: Sequence[str], *, workers: int = 4,
 def _in_workers(url: str, names: list[str], workers: int, lock_timeout: float | None) -> list[SchemaOutcome]:
     """Each schema upgraded by one of ``workers`` fresh processes (spawned: no state of this one is inherited)."""
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    try:
         futures: list[Future[SchemaOutcome]] = [
             pool.submit(upgrade_one, url, name, lock_timeout) for name in names]
         return [_outcome_of(name, future) for name, future in zip(names, futures, strict=True)]
+    except BaseException:  # Ctrl-C: no schema not yet started is started (a rerun resumes)
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def _outcome_of(name: str, future: Future[SchemaOutcome]) -> SchemaOutcome:
