@@ -8,6 +8,8 @@
     python bench/run.py --compare read        # hostedrooms beside its peers, alternating rounds (bench/compare.py)
     python bench/run.py --fleet               # N gateways x W writers on one PostgreSQL: schema/database per
                                               # gateway, direct and through PgBouncer (bench/fleet.py)
+    python bench/run.py --fleet-upgrade       # one `hostedrooms upgrade --schemas-from` over 1,000 fresh schemas vs
+                                              # separate processes (bench/fleet_upgrade.py)
     python bench/run.py --scale [--postgres]  # latency curves as logs, rooms and payloads grow (bench/scale.py)
     python bench/run.py --telemetry-overhead  # OpenTelemetry on vs off (bench/telemetry_overhead.py)
     python bench/run.py --ledger --reference ../shared/reference   # the delivery ledger beside the reference
@@ -98,6 +100,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=1, help="--fleet: events per call (default 1: append_event)")
     parser.add_argument("--pool-size", type=int, default=None,
                         help="--fleet: PgBouncer server connections per gateway (default: --writers)")
+    parser.add_argument("--fleet-upgrade", action="store_true",
+                        help="one fleet upgrade vs separate upgrade processes on PostgreSQL (--url, else a throwaway "
+                             "cluster); see bench/fleet_upgrade.py")
+    parser.add_argument("--schemas", type=int, default=1000, help="--fleet-upgrade: schemas (default 1,000)")
+    parser.add_argument("--sample", type=int, default=50,
+                        help="--fleet-upgrade: separate processes actually run (default 50; extrapolated)")
+    parser.add_argument("--workers", type=int, default=4, help="--fleet-upgrade: the command's --workers (4)")
     parser.add_argument("--contenders", help="comparison contenders besides hostedrooms, comma-separated "
                                              "(default: all that apply; see bench/contenders/)")
     parser.add_argument("--telemetry-overhead", action="store_true",
@@ -149,6 +158,10 @@ def _run_alone(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
         _raise_limits()
         return run_overhead(synchronous=args.synchronous, rounds=args.rounds, per_round=50 if args.quick else 200)
+    if args.fleet_upgrade:
+        from bench.fleet_upgrade import run_fleet_upgrade
+
+        return run_fleet_upgrade(args.url, schemas=args.schemas, sample=args.sample, workers=args.workers)
     if args.compare and args.workloads:
         parser.error("--workloads picks bench/run.py's workloads; --compare names comparison workloads")
     if args.rounds is None:

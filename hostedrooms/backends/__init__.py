@@ -27,6 +27,7 @@ from .pg_namespaces import (
     check_listen_through,
     check_schema_name,
     creating_schemas,
+    fleet_schemas,
     namespace_of,
     pooler_of,
     scoped_channel,
@@ -39,6 +40,6 @@ from .sqlite import SQLITE_LINEAGE, SQLiteBackend
 __all__ = [
     "LEDGER_WORK_CHANNEL", "LEGACY_SCHEMA", "MIGRATION_LOCK_KEY", "POOLERS", "ROOM_EVENTS_CHANNEL", "SQLITE_LINEAGE",
     "Backend", "Pooler", "PostgreSQLBackend", "SQLiteBackend", "UpsertInsert", "backend_for", "backend_for_url",
-    "backend_named", "check_listen_through", "check_schema_name", "creating_schemas", "namespace_of", "pooler_of",
-    "sa_create_engine", "scoped_channel", "scoped_key", "use_pooler",
+    "backend_named", "check_listen_through", "check_schema_name", "creating_schemas", "fleet_schemas",
+    "namespace_of", "pooler_of", "sa_create_engine", "scoped_channel", "scoped_key", "use_pooler",
 ]

@@ -18,14 +18,15 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import URL, Engine, event
+from sqlalchemy import URL, Connection, Engine, event, text
 from sqlalchemy.engine import Dialect
 
 from ..engine_profile import Pooler, known_record, record_of
 from ..errors import SchemaMissingError, StoreConfigurationError, describe_target
 
 __all__ = [
-    "LEGACY_SCHEMA", "POOLERS", "check_listen_through", "check_schema_name", "creating_schemas", "namespace_of",
+    "LEGACY_SCHEMA", "POOLERS", "check_listen_through", "check_schema_name", "creating_schemas", "fleet_schemas",
+    "namespace_of",
     "pooler_of", "remember_namespace", "scoped_channel", "scoped_key", "use_pooler",
 ]
 
@@ -215,3 +216,20 @@ def refuse_split_path(current: str | None, found: list[str], url: URL) -> None:
             f"the search_path of hosted room store {describe_target(url)} resolves hostedrooms tables to schema(s) "
             f"{', '.join(found)} while new tables go to {current}; one gateway needs one schema: pass "
             "schema=NAME (or --schema NAME), or set search_path to that schema alone")
+
+
+#: The schemas whose name is ``LIKE :pattern`` and that hold hostedrooms' version table or nothing at all (an empty
+#: schema a database owner created for a gateway); the system schemas never.
+_FLEET_SCHEMAS = (
+    "SELECT n.nspname::text FROM pg_catalog.pg_namespace n WHERE n.nspname LIKE :pattern "
+    "AND n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema' "
+    "AND (EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid "
+    "AND c.relname = 'hostedrooms_alembic_version' AND c.relkind IN ('r', 'p')) "
+    "OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid)) ORDER BY 1")
+
+
+def fleet_schemas(connection: Connection, pattern: str) -> list[str]:
+    """The schemas a fleet upgrade selects for the ``LIKE`` ``pattern``: those holding hostedrooms' version table,
+    and the empty ones; a name hostedrooms would refuse as ``schema=`` is left out."""
+    names = connection.execute(text(_FLEET_SCHEMAS), {"pattern": pattern}).scalars()
+    return [name for name in names if _SCHEMA_NAME.fullmatch(name) and len(name.encode()) <= _MAX_IDENTIFIER_BYTES]

@@ -4,23 +4,38 @@ and ``demo`` (the failover story on two fresh stores). Each command's arguments 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TextIO
 
-from .. import migrate
+from .. import fleet, migrate
 from ..db import looks_like_target
 from ..display import terminal_text
 from ..errors import HostedRoomError
 from ..integrity import repair_budget, verify
-from .support import EXIT_FAILED, EXIT_OK, Command, Progress, engine_of, require_schema
+from .support import EXIT_FAILED, EXIT_OK, Command, Progress, engine_of, positive_int, require_schema
 
-__all__ = ["COMMANDS"]
+__all__ = ["COMMANDS", "fleet_lines"]
 
 
 def _upgrade_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("revision", nargs="?", default="head")
+    fleet = parser.add_argument_group(
+        "a fleet (PostgreSQL: many gateways' schemas of --url, to head, in one run; exit 0 only when all are at head)")
+    fleet.add_argument("--schemas", metavar="A,B,C", help="comma-separated schema names")
+    fleet.add_argument("--schemas-from", metavar="FILE",
+                       help="a file of schema names, one a line (# comments and blank lines skipped; - for stdin)")
+    fleet.add_argument("--schema-pattern", metavar="LIKE",
+                       help="every schema whose name is LIKE this (gw_%%) and that holds hostedrooms' version table "
+                            "or nothing at all")
+    fleet.add_argument("--workers", type=positive_int, default=4,
+                       help="schemas migrated at once, each in a worker process (default 4; 1: in this process)")
+    fleet.add_argument("--lock-timeout", type=float, metavar="SECONDS",
+                       help="a schema whose migration waits longer for a lock fails (default: wait)")
 
 
 def _upgrade(args: argparse.Namespace, out: TextIO) -> int:
+    if args.schemas is not None or args.schemas_from is not None or args.schema_pattern is not None:
+        return _upgrade_fleet(args, out)
     migrate.check_revision(args.revision)
     progress = Progress()
     progress(f"upgrading to {args.revision} ...")
@@ -32,6 +47,55 @@ def _upgrade(args: argparse.Namespace, out: TextIO) -> int:
 
 
 UPGRADE = Command("upgrade", "migrate the schema (default: to head)", _upgrade, _upgrade_arguments)
+
+
+def _fleet_schemas(args: argparse.Namespace) -> list[str]:
+    """The schemas named by ``--schemas``, ``--schemas-from`` and ``--schema-pattern`` (all of them together)."""
+    names = [name.strip() for name in (args.schemas or "").split(",") if name.strip()]
+    if args.schemas_from is not None:
+        if args.schemas_from == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            with open(args.schemas_from, encoding="utf-8") as listed:
+                lines = listed.read().splitlines()
+        names += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if args.schema_pattern is not None:
+        names += fleet.select_schemas(args.url, args.schema_pattern)
+    return names
+
+
+def _upgrade_fleet(args: argparse.Namespace, out: TextIO) -> int:
+    """Upgrade every schema selected to head; one line per schema, then the totals; exit 0 when all are at head."""
+    if args.schema is not None:
+        raise HostedRoomError("--schema names one gateway; a fleet is named by --schemas, --schemas-from or "
+                              "--schema-pattern alone")
+    if args.revision != "head":
+        raise HostedRoomError("a fleet upgrade goes to head; upgrade one schema to a revision with --schema NAME")
+    names = _fleet_schemas(args)
+    if not names:
+        raise HostedRoomError("no schema selected (--schemas, --schemas-from or --schema-pattern named none)")
+    progress = Progress()
+    progress(f"upgrading {len(names)} schema(s), {args.workers} at a time ...")
+    report = fleet.upgrade_schemas(args.url, names, workers=args.workers, lock_timeout=args.lock_timeout)
+    progress.done()
+    for line in fleet_lines(report):
+        out.write(f"{terminal_text(line)}\n")
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def fleet_lines(report: fleet.FleetReport) -> list[str]:
+    """What ``upgrade --schemas`` prints for ``report``: a line per schema, then the totals."""
+    lines = []
+    for outcome in report.outcomes:
+        if outcome.status == "upgraded":
+            lines.append(f"{outcome.schema}: upgraded {outcome.before or '(none)'} -> {outcome.after}")
+        elif outcome.status == "current":
+            lines.append(f"{outcome.schema}: already at head ({outcome.after})")
+        else:
+            lines.append(f"{outcome.schema}: FAILED at {outcome.before or '(none)'}: {outcome.error}")
+    lines.append(f"fleet: {len(report.of('upgraded'))} upgraded, {len(report.of('current'))} already at head, "
+                 f"{len(report.of('failed'))} failed, of {len(report.outcomes)} (head {report.head})")
+    return lines
 
 
 def _revisions(args: argparse.Namespace) -> tuple[str | None, str | None]:
