@@ -51,7 +51,7 @@ RECLAIM_STEP = "replicator.reclaim_blocked"
 @dataclass(frozen=True, slots=True)
 class Reclaim:
     """What a pass did with one fenced room: ``status`` RECLAIMED (``epoch``: held here again at it), FENCED,
-    or a refusal (``refused``, with ``reason``)."""
+    or a refusal (``refused``, the replicator's REFUSED status, with ``reason``)."""
 
     room_id: str
     status: str

@@ -229,9 +229,8 @@ class Replicator:
             report.error = f"giving back fenced rooms: {exc}"
             return
         for outcome in done:
-            status = REFUSED if outcome.status == "refused" else outcome.status
             holder = self._reclaims.local if outcome.status == RECLAIMED else self._reclaims.holder
-            self._report_room(report, [], (RoomReport(outcome.room_id, status, authority_gateway_id=holder,
+            self._report_room(report, [], (RoomReport(outcome.room_id, outcome.status, authority_gateway_id=holder,
                                                       authority_epoch=outcome.epoch, reason=outcome.reason), False))
 
     def _report_room(self, report: PassReport, resume: list[str | None],
