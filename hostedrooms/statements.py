@@ -276,19 +276,48 @@ class HotStatement:
         """Execute on ``connection`` (inside its transaction); returns an open cursor-like object (``fetchone``,
         ``fetchall``, ``rowcount``; close it) whose rows are plain tuples on both paths."""
         plan = self._plan(connection.dialect)
-        if connection.fast if type(connection) is DirectConnection else _fast(connection):
-            return _direct(connection, plan.text, self._parameters(plan, params), plan.cursor_options)
-        return _Rows(connection.exec_driver_sql(plan.text, self._parameters(plan, params)))
+        return _execute(connection, plan, self._parameters(plan, params))
 
     def run_many(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         """Execute once per row in one driver ``executemany`` (observed: through ``exec_driver_sql``, whose cursor
         events fire once, with ``executemany=True``)."""
         plan = self._plan(connection.dialect)
-        parameters = [self._parameters(plan, row) for row in rows]
-        if connection.fast if type(connection) is DirectConnection else _fast(connection):
-            _direct(connection, plan.text, parameters, plan.cursor_options, many=True).close()
-            return
-        connection.exec_driver_sql(plan.text, parameters)
+        _execute_many(connection, plan, [self._parameters(plan, row) for row in rows])
+
+    # -- rows the caller binds itself (positional paramstyles) --
+
+    def positional_processors(
+        self, connection: Connection, columns: Sequence[str]
+    ) -> Mapping[str, Callable[[Any], Any]] | None:
+        """When the driver takes this statement's parameters as a tuple of exactly ``columns``' values in that
+        order (a positional paramstyle, no literal binds of the statement's own): the bind processor of each of
+        those columns that has one, by name, which the caller applies itself before :meth:`run_bound` or
+        :meth:`run_many_bound` (as :meth:`run` would apply it); otherwise None (use :meth:`run`, :meth:`run_many`).
+        """
+        plan = self._plan(connection.dialect)
+        if plan.order is None or plan.defaults or plan.order != tuple(columns):
+            return None
+        return plan.processors
+
+    def run_bound(self, connection: Connection, row: tuple[Any, ...]) -> int:
+        """Execute once with ``row``, already the driver's positional parameters (:meth:`positional_processors`);
+        returns how many rows the statement changed."""
+        cursor = _execute(connection, self._positional_plan(connection), row)
+        try:
+            return int(cursor.rowcount)
+        finally:
+            cursor.close()
+
+    def run_many_bound(self, connection: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+        """:meth:`run_many` for rows that are already the driver's positional parameters
+        (:meth:`positional_processors`): the same ``executemany`` with the same values, no mapping picked apart."""
+        _execute_many(connection, self._positional_plan(connection), rows)
+
+    def _positional_plan(self, connection: Connection) -> _Plan:
+        plan = self._plan(connection.dialect)
+        if plan.order is None or plan.defaults:
+            raise TypeError("this statement takes its parameters by name on this dialect")
+        return plan
 
     def first(self, connection: Connection, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """Execute and return the first row as a tuple (or None)."""
@@ -306,6 +335,21 @@ class HotStatement:
             return int(cursor.rowcount)
         finally:
             cursor.close()
+
+
+def _execute(connection: Connection, plan: _Plan, parameters: Any) -> Any:
+    """Run ``plan`` once with the driver's ``parameters`` on the unobserved or the observed path."""
+    if connection.fast if type(connection) is DirectConnection else _fast(connection):
+        return _direct(connection, plan.text, parameters, plan.cursor_options)
+    return _Rows(connection.exec_driver_sql(plan.text, parameters))
+
+
+def _execute_many(connection: Connection, plan: _Plan, parameters: Sequence[Any]) -> None:
+    """Run ``plan`` once per item of ``parameters`` (the driver's) in one ``executemany``, on either path."""
+    if connection.fast if type(connection) is DirectConnection else _fast(connection):
+        _direct(connection, plan.text, parameters, plan.cursor_options, many=True).close()
+        return
+    connection.exec_driver_sql(plan.text, parameters)
 
 
 def _bind_processors(bind_names: Mapping[Any, str], dialect: Dialect) -> dict[str, Callable[[Any], Any]]:

@@ -167,6 +167,11 @@ def _compact_encoder(ensure_ascii: bool) -> Callable[[Any], str]:
 
 
 _COMPACT = {ascii_only: _compact_encoder(ascii_only) for ascii_only in (True, False)}
+# The stored texts' encoder of a dict (non-ASCII kept), called straight: what _COMPACT[False] runs for one, without
+# its wrapper. (CPython always has the C accelerator; without it, the wrapper.)
+_ENCODE_OBJECT: Callable[[Any, int], Any] | None = (
+    None if c_make_encoder is None
+    else c_make_encoder(None, _not_serializable, encode_basestring, None, ":", ",", True, False, False))
 _DIGEST = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
@@ -228,6 +233,23 @@ def canonical_json_sized(
     depth = limits.MAX_JSON_DEPTH
     if len(text) > 2 * depth and not json_depth_within(text, depth):
         raise refusal(error, f"{label} is nested too deeply", label)
+    return text, size
+
+
+def canonical_object(value: dict[Any, Any], max_bytes: int) -> tuple[str, int] | None:
+    """:func:`canonical_json_sized`'s text and size for a ``dict`` that passes it (non-ASCII kept), else None: the
+    caller then calls :func:`canonical_json_sized`, which raises the error. The same encoder and the same checks,
+    with none of the per-call set-up (a batch append runs this once per item)."""
+    if _ENCODE_OBJECT is None:  # pragma: no cover - CPython always has the C accelerator
+        return None
+    try:
+        text = "".join(_ENCODE_OBJECT(value, 0))
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    except (TypeError, ValueError, RecursionError):
+        return None
+    depth = limits.MAX_JSON_DEPTH
+    if size > max_bytes or (len(text) > 2 * depth and not json_depth_within(text, depth)):
+        return None
     return text, size
 
 

@@ -14,16 +14,14 @@ from ..engines import EngineSource, resolve_engine
 from ..errors import InvalidInputError
 from ..limits import Limits, in_force
 from ..records import Actor, Authority, EventPage, EventRecord, NewEvent, ReplayPage
-from ..store import RowLike
+from ..store import EventRows, RowLike
 from ..telemetry import count_appended, traced
 from ..uow import UnitOfWork
-from ..validation import clock
+from ..validation import clock, decode_json
 from .pages import appended, event_to_dict, fit_page, parse_all, replay_page
 from .rules import (
-    _EVENT_FIELDS,
     PreparedEvent,
     _actor_id,
-    _BatchMemo,
     _bounded_limit,
     _epoch,
     _non_negative,
@@ -31,6 +29,7 @@ from .rules import (
     _validated_event,
     max_event_bytes,
     room_stop_event,
+    validated_items,
 )
 from .transaction import require_room, run_room_write
 
@@ -117,18 +116,7 @@ def append_events(
         raise InvalidInputError("events must be a non-empty list", field="events")
     if len(events) > lim.MAX_LOG_LIMIT:
         raise InvalidInputError("too many events", field="events")
-    prepared: list[tuple[PreparedEvent, dict[str, str]]] = []
-    memo = _BatchMemo(gateway_id, epoch)
-    for item in events:
-        if type(item) is not dict and not isinstance(item, Mapping):  # (the exact type first: the ABC check is slow)
-            raise InvalidInputError("each event must be an object", field="events")
-        if not item.keys() <= _EVENT_FIELDS:
-            unknown = sorted(str(name) for name in item.keys() - _EVENT_FIELDS)
-            raise InvalidInputError(f"unknown event fields: {', '.join(unknown)}", field="events")
-        event, actor, _, _ = _validated_event(
-            item.get("event_id"), item.get("kind"), item.get("actor"), item.get("payload"), gateway_id, epoch, lim,
-            memo)
-        prepared.append((event, actor))
+    prepared = validated_items(events, gateway_id, epoch, lim)
     return _append(engine, lim, room_id, prepared, gateway_id, epoch, clock(now))
 
 
@@ -149,6 +137,8 @@ def _results(
 ) -> list[EventRecord]:
     """Each item's dict: the first item of each written event id is the fresh row (its actor as given, its
     payload parsed once for the lot); a replay, or a repeat of an item written by this call, is idempotent."""
+    if type(written) is EventRows and len(written) == len(prepared):
+        return _fresh(prepared, written)
     if len(written) == len(prepared) == 1:  # the commonest case: one new event
         return [appended(written[0], dict(prepared[0][1]))]
     if len(written) == len(prepared):  # every item is new and written in order
@@ -165,6 +155,18 @@ def _results(
         else:
             results.append(event_to_dict(replays.get(event_id) or fresh[event_id], idempotent=True))
     return results
+
+
+def _fresh(prepared: _Prepared, written: EventRows) -> list[EventRecord]:
+    """:func:`_results` of an append that wrote every item, in order (a one-statement append's rows): the same
+    dicts, built from the validated events themselves instead of from row dicts."""
+    room_id, first, now = written.room_id, written.first_seq, written.now
+    payloads = ([decode_json(prepared[0][0].payload_json)] if len(prepared) == 1
+                else parse_all([event.payload_json for event, _ in prepared]))
+    return [{"room_id": room_id, "seq": first + index, "event_id": event.event_id, "kind": event.kind,
+             "actor": dict(actor), "authority_epoch": event.authority_epoch, "payload": payload, "created_at": now,
+             "idempotent": False}
+            for index, ((event, actor), payload) in enumerate(zip(prepared, payloads, strict=True))]
 
 
 @traced("read_events")

@@ -252,7 +252,7 @@ class RoomTransaction:
 
     def append(
         self, room_id: str, events: Sequence[PreparedEvent], *, gateway_id: str, epoch: int, now: float
-    ) -> tuple[list[dict[str, Any]], Mapping[str, RowLike]]:
+    ) -> tuple[Sequence[RowLike], Mapping[str, RowLike]]:
         """Append ``events`` under the authority fence (``gateway_id``, ``epoch``): the rows written, in order, and
         the stored rows of the events that are replays (by event id).
 

@@ -21,6 +21,7 @@ from ..backends import Backend
 from .replicas import ReplicaStore
 from .rooms import (
     REPLAY_COLUMNS,
+    EventRows,
     PostgreSQLRoomStore,
     RoomChange,
     RoomStore,
@@ -32,6 +33,7 @@ from .rooms import (
 __all__ = [
     "REPLAY_COLUMNS",
     "ROOM_CREATION_LOCK_KEY",
+    "EventRows",
     "PerBackend",
     "PostgreSQLRoomStore",
     "ReplicaStore",

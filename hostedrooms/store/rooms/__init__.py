@@ -10,6 +10,7 @@ from __future__ import annotations
 from .base import (
     REPLAY_COLUMNS,
     EventLike,
+    EventRows,
     OneStatementAppend,
     RoomChange,
     RoomStore,
@@ -23,6 +24,7 @@ from .sqlite import SQLiteRoomStore
 __all__ = [
     "REPLAY_COLUMNS",
     "EventLike",
+    "EventRows",
     "OneStatementAppend",
     "PostgreSQLRoomStore",
     "RoomChange",

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from sqlalchemy import (
     BigInteger,
@@ -61,6 +61,7 @@ __all__ = [
     "REPLAY_COLUMNS",
     "ROOM_CREATION_LOCK_KEY",
     "EventLike",
+    "EventRows",
     "OneStatementAppend",
     "RoomChange",
     "RoomStore",
@@ -72,7 +73,7 @@ __all__ = [
 RowLike = Mapping[Any, Any]
 #: What :meth:`RoomStore.append_one_statement` returns when it applies: the rows it wrote, or (having written
 #: nothing) the stored rows of the events' ids, by id.
-OneStatementAppend = tuple[list[dict[str, Any]], dict[str, RowLike]]
+OneStatementAppend = tuple[Sequence[RowLike], dict[str, RowLike]]
 
 _rooms = models.rooms
 _events = models.events
@@ -80,6 +81,12 @@ _retired = models.retired_ids
 _budget = models.budget
 _EVENT_COLUMNS = [column.name for column in _events.c]
 _ROOM_COLUMNS = tuple(column.name for column in _rooms.c)
+# :meth:`RoomStore.insert_written` builds each row as a tuple in _EVENT_COLUMNS' order; these two columns hold the
+# same value in every row of one append.
+if _EVENT_COLUMNS != ["room_id", "seq", "event_id", "kind", "actor_json", "authority_epoch", "payload_json",
+                      "created_at"]:  # pragma: no cover - a model change must change insert_written too
+    raise RuntimeError("insert_written's tuples no longer follow the event table's columns")
+_SHARED_EVENT_COLUMNS = frozenset({"room_id", "created_at"})
 # The claim lookup repeats idx_hosted_room_events_claims' condition as written (a literal, not a bound kind), so
 # both planners can use that partial index instead of walking the room's log backwards.
 _CLAIM_EVENT = (
@@ -189,6 +196,34 @@ def event_rows(room_id: str, first_seq: int, events: Sequence[EventLike], now: f
          "actor_json": event.actor_json, "authority_epoch": event.authority_epoch,
          "payload_json": event.payload_json, "created_at": now}
         for index, event in enumerate(events)]
+
+
+class EventRows(Sequence[dict[str, Any]]):
+    """The rows an append wrote at ``first_seq`` onwards: :func:`event_rows`' dicts, each built only when read
+    (the one-statement append inserts them as driver tuples, and the append's results are built from the events
+    themselves, so most appends never build them)."""
+
+    __slots__ = ("events", "first_seq", "now", "room_id")
+
+    def __init__(self, room_id: str, first_seq: int, events: Sequence[EventLike], now: float) -> None:
+        self.room_id, self.first_seq, self.events, self.now = room_id, first_seq, events, now
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return [self[position] for position in range(*index.indices(len(self.events)))]
+        position = range(len(self.events))[index]  # (IndexError as a list raises it; negative indexes count back)
+        return event_rows(self.room_id, self.first_seq + position, [self.events[position]], self.now)[0]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(event_rows(self.room_id, self.first_seq, self.events, self.now))
 
 
 class RoomStore(BoundStore):
@@ -436,6 +471,27 @@ class RoomStore(BoundStore):
             self._insert_event.rowcount(self.connection, rows[0])
         else:
             self._insert_event.run_many(self.connection, rows)
+
+    def insert_written(self, rows: EventRows) -> None:
+        """:meth:`insert_events` for an append's rows, the same statement with the same values: where the driver
+        takes positional parameters and only the columns every row shares (room id, time) have bind processors,
+        each row goes to it as one tuple built straight from its event (those values processed once)."""
+        statement = self._insert_event
+        processors = statement.positional_processors(self.connection, _EVENT_COLUMNS)
+        if processors is None or not processors.keys() <= _SHARED_EVENT_COLUMNS:
+            self.insert_events(rows)
+            return
+        room_id, first, now = rows.room_id, rows.first_seq, rows.now
+        if (process := processors.get("room_id")) is not None:
+            room_id = process(room_id)
+        if (process := processors.get("created_at")) is not None and now is not None:
+            now = process(now)
+        tuples = [(room_id, first + index, event.event_id, event.kind, event.actor_json, event.authority_epoch,
+                   event.payload_json, now) for index, event in enumerate(rows.events)]
+        if len(tuples) == 1:
+            statement.run_bound(self.connection, tuples[0])
+        else:
+            statement.run_many_bound(self.connection, tuples)
 
     def copy_replica_log(self, room_id: str) -> None:
         """Copy the replica log of ``room_id`` into its room log, row for row (replica promotion)."""

@@ -23,9 +23,9 @@ from .base import (
     ONE_STATEMENT_ADVANCE,
     ONE_STATEMENT_GUARDS,
     EventLike,
+    EventRows,
     OneStatementAppend,
     RoomStore,
-    event_rows,
     int64,
 )
 
@@ -89,6 +89,6 @@ class SQLiteRoomStore(RoomStore):
         if advanced is None:
             return None
         self._charge.rowcount(self.connection, params)
-        rows = event_rows(room_id, int(advanced[0]) - len(events), events, now)
-        self.insert_events(rows)
+        rows = EventRows(room_id, int(advanced[0]) - len(events), events, now)
+        self.insert_written(rows)
         return rows, {}
