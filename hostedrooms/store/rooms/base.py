@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Protocol, overload
 
 from sqlalchemy import (
@@ -87,6 +88,7 @@ if _EVENT_COLUMNS != ["room_id", "seq", "event_id", "kind", "actor_json", "autho
                       "created_at"]:  # pragma: no cover - a model change must change insert_written too
     raise RuntimeError("insert_written's tuples no longer follow the event table's columns")
 _SHARED_EVENT_COLUMNS = frozenset({"room_id", "created_at"})
+_control, _size = attrgetter("control"), attrgetter("size")
 # The claim lookup repeats idx_hosted_room_events_claims' condition as written (a literal, not a bound kind), so
 # both planners can use that partial index instead of walking the room's log backwards.
 _CLAIM_EVENT = (
@@ -515,7 +517,7 @@ class RoomStore(BoundStore):
         reserve is left to the full path. A stored (or repeated) event_id the backend does not probe for surfaces as the
         unique constraint.
         """
-        if len(events) > 1 and any(event.control for event in events):
+        if len(events) > 1 and any(map(_control, events)):
             return None
         control = events[0].control
         count_reserve = limits.CONTROL_EVENT_COUNT_RESERVE if control else 0
@@ -524,7 +526,7 @@ class RoomStore(BoundStore):
         params = {
             "fast_room_id": room_id, "fast_gateway_id": gateway_id, "fast_epoch": events[0].authority_epoch,
             "fast_count": count, "fast_max_events": limits.MAX_EVENTS_PER_ROOM + count_reserve - count + 1,
-            "fast_size": sum(event.size for event in events),
+            "fast_size": sum(map(_size, events)),
             "fast_max_room_bytes": limits.MAX_ROOM_EVENT_BYTES + byte_reserve,
             "fast_spread_limit": limits.MAX_GATEWAY_EVENT_BYTES, "fast_now": now}
         try:
