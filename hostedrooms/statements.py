@@ -10,7 +10,11 @@ pays the compilation once and then hands the driver the compiled text and the pa
 What it keeps from ``execute()``: the SQL text comes from the Core statement (never written by hand or built
 from input); parameters go to the driver as bound parameters; bind processors run; results are the driver's
 rows as plain tuples (no result processors, on either path). Statements that need per-call compilation (``IN``
-lists, literal execution, escaped bind names) are refused when first compiled.
+lists, literal execution, escaped bind names) are refused when first compiled. A caller that builds many rows
+itself (an append's event rows) may hand them over as the driver's positional tuples
+(:meth:`HotStatement.run_many_bound`) where :meth:`HotStatement.positional_processors` says the driver takes
+exactly those columns in that order, applying the bind processors it names itself: the same values reach the
+driver, with no mapping built and picked apart per row.
 
 Two paths, and only SQLAlchemy's public API on both:
 

@@ -364,13 +364,13 @@ class RoomStoreContract(OnBackend):
             written, stored = self.append_once(engine, events[:1])
             assert received(expected=True) == (["room-1"] if backend_for(engine).notifies else [])
         batch, _ = self.append_once(engine, [*events[1:], Ev("e3")])
-        assert stored == {} and [row["seq"] for row in written + batch] == [1, 2, 3]
+        assert stored == {} and [row["seq"] for row in [*written, *batch]] == [1, 2, 3]
         with UnitOfWork(engine) as uow:  # the full path, on the twin room
             full = uow.rooms.append_locked("room-2", 1, events[:1], now=2000.0)
             full += uow.rooms.append_locked("room-2", 2, [*events[1:], Ev("e3")], now=2000.0) or []
             uow.commit()
         assert [row[1:] for row in _events_of(engine)] == [row[1:] for row in _events_of(engine, "room-2")]
-        assert [{**row, "room_id": "room-2"} for row in written + batch] == full
+        assert [{**row, "room_id": "room-2"} for row in [*written, *batch]] == full
         one, other = _room(engine), _room(engine, "room-2")
         assert (one["next_seq"], one["event_bytes"]) == (other["next_seq"], other["event_bytes"]) == (
             4, sum(e.size for e in events) + Ev("e3").size)
