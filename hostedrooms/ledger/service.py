@@ -43,6 +43,12 @@ class DeliveryLedger(Deliveries, ResponseIntents, OutboundIntents, Retention):
     def backlog(self) -> dict[tuple[str, str], int]:
         """The non-terminal rows by ``(table, state)``: ``("deliveries", state)`` for each non-terminal delivery
         state and ``("outbound", "pending")``, zeros included (one read transaction; the
-        ``hostedrooms.ledger.backlog`` gauge of :func:`hostedrooms.ledger.observe_ledger`)."""
+        ``hostedrooms.ledger.backlog`` gauge of :func:`hostedrooms.ledger.observe_ledger`).
+
+        :returns: the row count of each ``(table, state)``.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
 
         return self._read(lambda uow: uow.ledger.backlog())
