@@ -214,7 +214,11 @@ def describe_target(url: URL | str) -> str:
     """Render a database target for messages, with any password masked: the ``user:***@`` of a URL and every
     secret query parameter (``?password=***``). A string is masked as text (:func:`mask_url_text`), never parsed
     (a parser that split a raw ``@`` of a password elsewhere would show the rest of it); a plain path is returned
-    as it is, a ``password=`` in it (a libpq keyword DSN) masked."""
+    as it is, a ``password=`` in it (a libpq keyword DSN) masked.
+
+    :param url: a database URL, as a SQLAlchemy URL or as text, or a file path.
+    :returns: the target as text, every password masked.
+    """
     if isinstance(url, str):
         return mask_url_text(url) if "://" in url else redact(url)
     base = url.set(query={}).render_as_string(hide_password=True)
@@ -233,7 +237,11 @@ def mask_url_text(text: str) -> str:
 
     The user info ends at the LAST ``@`` of the text: a password may hold a raw ``@``, ``/``, ``?`` or ``#``, so
     everything between ``user:`` and that ``@`` is masked (more than the password, never less, when an ``@``
-    follows in the path or the query)."""
+    follows in the path or the query).
+
+    :param text: one URL as text.
+    :returns: ``text`` with its user info and secret query parameters masked.
+    """
     scheme, sep, rest = text.partition("://")
     if not sep:
         return redact(text)
@@ -253,7 +261,11 @@ def redact(text: str) -> str:
     """``text`` (a message, a usage error, a log line) with every password it may quote masked: the user info of
     each ``scheme://`` URL in it (up to the last ``@`` before the next URL or the end of the line, see
     :func:`mask_url_text`), secret query parameters, and ``password=...`` keywords. Text without a secret is
-    returned unchanged."""
+    returned unchanged.
+
+    :param text: any text.
+    :returns: ``text`` with every password it quotes masked.
+    """
     lines = []
     for line in text.split("\n"):
         marks = list(_SCHEME_MARK.finditer(line))
@@ -325,7 +337,11 @@ def _says_database_missing(text: str) -> bool:
 
 
 def is_missing_database(exc: BaseException) -> bool:
-    """Whether a driver error (or SQLAlchemy's wrapper of one) says the database itself does not exist."""
+    """Whether a driver error (or SQLAlchemy's wrapper of one) says the database itself does not exist.
+
+    :param exc: a driver error, or SQLAlchemy's wrapper of one.
+    :returns: True when it says the database does not exist.
+    """
     original = getattr(exc, "orig", None) or exc
     if getattr(original, "sqlstate", None) == _MISSING_DATABASE_SQLSTATE:
         return True
@@ -408,6 +424,10 @@ def translate(exc: BaseException, target: URL | str) -> BaseException:
     Callers ``raise translate(exc, url) from exc`` so the driver error stays available as ``__cause__``.
     Integrity violations become :class:`StoreIntegrityError`; transient failures :class:`StoreUnavailableError`;
     configuration problems a :class:`StoreConfigurationError` subclass; anything else :class:`StorageError`.
+
+    :param exc: the exception caught.
+    :param target: the database it came from (named, password masked, in the message).
+    :returns: the hostedrooms error to raise in its place, or ``exc`` itself when it is no SQLAlchemy error.
     """
     if isinstance(exc, HostedRoomError) or not isinstance(exc, sa_exc.SQLAlchemyError):
         return exc
