@@ -117,6 +117,22 @@ def create_async_engine(
     ``schema``: the gateway's PostgreSQL schema, as for :func:`hostedrooms.create_engine` (the twin uses it too);
     ``pooler`` and ``listen_url`` too: under ``pooler="transaction"`` neither the AsyncEngine nor its twin prepares
     statements on the server, and wake-ups ``LISTEN`` on ``listen_url``.
+
+    :param target: a SQLite file path, a database URL, or an AsyncEngine to adopt (configured in place).
+    :param synchronous: SQLite only: ``FULL`` (the default) or ``NORMAL``, as for :func:`hostedrooms.create_engine`.
+    :param busy_timeout: seconds a statement waits for another writer's lock before it fails.
+    :param create: SQLite: whether a missing file (and its folder) is created.
+    :param services: ``"threads"`` or ``"awaited"``: how hostedrooms' calls run for this engine.
+    :param schema: PostgreSQL: this gateway's schema, as for :func:`hostedrooms.create_engine`.
+    :param pooler: PostgreSQL: None, ``"session"`` or ``"transaction"``, as for :func:`hostedrooms.create_engine`.
+    :param listen_url: a direct connection for the waiting connection, bypassing the pooler.
+    :param engine_kwargs: passed to :func:`sqlalchemy.ext.asyncio.create_async_engine` (a path or URL only).
+    :returns: the AsyncEngine every :mod:`hostedrooms.aio` call takes.
+    :raises MisuseError: ``target`` is a synchronous Engine, or ``synchronous`` or ``services`` is not an option.
+    :raises InvalidInputError: ``busy_timeout`` or ``create`` is invalid.
+    :raises StoreConfigurationError: an invalid ``schema``, ``pooler`` or ``listen_url``, or a target that cannot be
+        understood.
+    :raises StoreMissingError: ``create=False`` and the SQLite file does not exist.
     """
     check_synchronous(synchronous)
     if isinstance(target, AsyncEngine):

@@ -49,7 +49,12 @@ class AsyncDeliveryLedger:
         """An async context manager whose ``await wait(timeout)`` returns once a ledger transition made work due
         (a delivery authorised or queued, a response or outbound intent prepared) or ``timeout`` passed; enter it
         before reading the queues, so no wake-up is missed between the read and the wait; ``reconnect_deadline`` as
-        the synchronous ``work_wakeup``."""
+        the synchronous ``work_wakeup``.
+
+        :param poll_interval: SQLite: how often to look for a commit, in seconds (default: the waiter's).
+        :param reconnect_deadline: how long ``wait`` may go without a waiting connection, in seconds.
+        :returns: the wake-up, to use as an async context manager.
+        """
         return ledger_wakeup(self.engine, poll_interval=poll_interval, reconnect_deadline=reconnect_deadline)
 
     prepare = method(DeliveryLedger.prepare)

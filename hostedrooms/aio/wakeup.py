@@ -142,7 +142,13 @@ class AsyncWakeup:
             raise driver_error(engine, subscription.error) from subscription.error
 
     async def wait(self, timeout: float) -> bool:
-        """Until a commit may have changed what is waited for (True) or ``timeout`` seconds passed (False)."""
+        """Until a commit may have changed what is waited for (True) or ``timeout`` seconds passed (False).
+
+        :param timeout: the longest wait, in seconds.
+        :returns: True when woken by a commit, False when ``timeout`` passed.
+        :raises StorageError: the waiting connection failed for good (:class:`~hostedrooms.errors.StoreUnavailableError`
+            once no new one served for ``reconnect_deadline`` seconds).
+        """
         assert self._subscription is not None, "wake-up not entered"
         woken = await self._subscription.wait(timeout)
         self._raise_failure()

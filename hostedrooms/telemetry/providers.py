@@ -107,6 +107,9 @@ def configure(*, tracer_provider: Any = None, meter_provider: Any = None) -> Non
     Call with no argument to go back to the global providers (``opentelemetry.trace.set_tracer_provider`` and
     ``opentelemetry.metrics.set_meter_provider``). A provider left None records nothing of its kind.
     Needs the OpenTelemetry API (the ``otel`` extra) only to be useful: the providers are the caller's objects.
+
+    :param tracer_provider: the OpenTelemetry tracer provider, or None.
+    :param meter_provider: the OpenTelemetry meter provider, or None.
     """
     global _override
     with _lock:
