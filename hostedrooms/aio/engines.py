@@ -111,18 +111,15 @@ def create_async_engine(
     A path means a SQLite file through ``aiosqlite``, with the same WAL, ``synchronous`` (``FULL`` unless told),
     ``BEGIN IMMEDIATE`` and busy-timeout behaviour as the synchronous engine; a ``postgresql://`` URL uses psycopg
     3's async mode. An AsyncEngine is used as given (its synchronous side gets hostedrooms' connection hooks).
-    Bad targets raise :class:`~hostedrooms.errors.HostedRoomError` as ``create_engine`` does; a synchronous
-    Engine, or an option it does not offer, :class:`~hostedrooms.errors.MisuseError`. ``services``: how
-    hostedrooms' calls run for this engine, ``"threads"`` or ``"awaited"`` (see :mod:`hostedrooms.aio.engines`).
-    ``schema``: the gateway's PostgreSQL schema, as for :func:`hostedrooms.create_engine` (the twin uses it too);
-    ``pooler`` and ``listen_url`` too: under ``pooler="transaction"`` neither the AsyncEngine nor its twin prepares
-    statements on the server, and wake-ups ``LISTEN`` on ``listen_url``.
+    ``schema``, ``pooler`` and ``listen_url`` hold for the synchronous twin too: under ``pooler="transaction"``
+    neither prepares statements on the server, and wake-ups ``LISTEN`` on ``listen_url``.
 
     :param target: a SQLite file path, a database URL, or an AsyncEngine to adopt (configured in place).
     :param synchronous: SQLite only: ``FULL`` (the default) or ``NORMAL``, as for :func:`hostedrooms.create_engine`.
     :param busy_timeout: seconds a statement waits for another writer's lock before it fails.
     :param create: SQLite: whether a missing file (and its folder) is created.
-    :param services: ``"threads"`` or ``"awaited"``: how hostedrooms' calls run for this engine.
+    :param services: ``"threads"`` or ``"awaited"``: how hostedrooms' calls run for this engine (see
+        :mod:`hostedrooms.aio.engines`).
     :param schema: PostgreSQL: this gateway's schema, as for :func:`hostedrooms.create_engine`.
     :param pooler: PostgreSQL: None, ``"session"`` or ``"transaction"``, as for :func:`hostedrooms.create_engine`.
     :param listen_url: a direct connection for the waiting connection, bypassing the pooler.
