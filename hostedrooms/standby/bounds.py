@@ -148,7 +148,13 @@ class Backoff:
         self._lock = threading.Lock()  # a replicator's workers share it
 
     def refuse(self, room_id: str, reason: str, now: float) -> float:
-        """Record a refusal; return the delay before the room is read again."""
+        """Record a refusal; return the delay before the room is read again.
+
+        :param room_id: the room refused.
+        :param reason: why, for the pass's report.
+        :param now: the time, in the replicator's monotonic seconds.
+        :returns: the delay, in seconds.
+        """
         with self._lock:
             failures = self._rooms.pop(room_id, (0, 0.0, ""))[0] + 1
             delay = float(min(self.maximum, self.base * 2.0 ** min(failures - 1, 30)))
@@ -158,7 +164,12 @@ class Backoff:
         return delay
 
     def waiting(self, room_id: str, now: float) -> tuple[float, str] | None:
-        """(seconds left, reason) while the room is backed off, else None."""
+        """(seconds left, reason) while the room is backed off, else None.
+
+        :param room_id: the room.
+        :param now: the time, in the replicator's monotonic seconds.
+        :returns: ``(seconds left, reason)``, or None when the room may be read.
+        """
         with self._lock:
             entry = self._rooms.get(room_id)
         if entry is None or entry[1] <= now:
@@ -170,7 +181,10 @@ class Backoff:
             self._rooms.pop(room_id, None)
 
     def keep_only(self, room_ids: set[str]) -> None:
-        """Forget rooms the source no longer lists (bounded by the rooms of one listing)."""
+        """Forget rooms the source no longer lists (bounded by the rooms of one listing).
+
+        :param room_ids: the rooms the source still lists.
+        """
         with self._lock:
             for room_id in [room for room in self._rooms if room not in room_ids]:
                 del self._rooms[room_id]

@@ -151,7 +151,15 @@ class HttpPageSource:
 
     def list_rooms(self, *, after: str | None = None, limit: int = LISTING_PAGE) -> list[RoomHead]:
         """The peer's listing page: its room ids checked (identifiers, ascending after ``after``, at most
-        ``limit``); every other field of a head as the peer sent it (see :meth:`_head`)."""
+        ``limit``); every other field of a head as the peer sent it (see :meth:`_head`).
+
+        :param after: list the rooms whose id sorts after this one (None: from the first).
+        :param limit: the most rooms to list.
+        :returns: the room heads, in room id order.
+        :raises SourceUnavailableError: the peer could not be reached or did not answer in time.
+        :raises SourceAuthenticationError: the peer refused this standby's token.
+        :raises SourceProtocolError: the answer is not a valid listing.
+        """
         query = {"limit": str(limit)} | ({"after": after} if after is not None else {})
         answer = self._get("/rooms", query)
         rooms = answer.get("rooms")

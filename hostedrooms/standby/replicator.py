@@ -145,6 +145,8 @@ class Replicator:
         A pass that cannot list the source or read the local store stops early with ``error`` set; one that
         reaches a bound stops with ``bound`` set (and the next pass resumes the listing); rooms it reached keep
         their reports. Room-level refusals never stop a pass, and nothing a source returns makes it raise.
+
+        :returns: the pass's report.
         """
         started = self._monotonic()
         report = PassReport()
@@ -286,7 +288,17 @@ class Replicator:
         equal jitter: between half and all of it, drawn with ``random``) so that standbys that failed together do
         not come back together. Nothing a source returns ends it: a pass reports it. A negative or non-finite
         ``max_error_delay`` (or a negative ``interval``) raises :class:`hostedrooms.retry.RetryArgumentError`
-        before the first pass."""
+        before the first pass.
+
+        :param interval: seconds between passes when nothing wakes it.
+        :param waker: says when the source may have changed (default: an :class:`IntervalWaker`).
+        :param stop: set it to end the loop (default: a new event, never set).
+        :param on_pass: called with each pass's report, or None.
+        :param max_error_delay: the longest wait after failed passes, in seconds.
+        :param random: returns a float in ``[0, 1)`` for the jitter (default: :func:`random.random`).
+        :raises hostedrooms.retry.RetryArgumentError: ``interval`` or ``max_error_delay`` is invalid (before the
+            first pass).
+        """
         stop = stop if stop is not None else threading.Event()
         waker = waker if waker is not None else IntervalWaker()
         backoff = JitteredBackoff(base=min(interval, max_error_delay), cap=max_error_delay, jitter="equal",

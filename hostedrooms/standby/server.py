@@ -69,7 +69,12 @@ def _int_param(query: Mapping[str, list[str]], name: str, default: int) -> int:
 def answer(source: PageSource, target: str) -> tuple[int, bytes]:
     """Answer ``GET target`` (the path and query below the mount point, e.g. ``/rooms?limit=10``) from
     ``source``: the HTTP status and the JSON body. Never raises for a request; storage failures are reported
-    without their details (they name the authority's database)."""
+    without their details (they name the authority's database).
+
+    :param source: the source to read.
+    :param target: the request's path and query.
+    :returns: ``(HTTP status, JSON body)``.
+    """
     try:
         parts = urllib.parse.urlsplit(target)
         query = urllib.parse.parse_qs(parts.query, max_num_fields=8)
@@ -366,7 +371,11 @@ class PageServer(ThreadingHTTPServer):
         super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """Quiet for a connection the client or the server cut (evicted, reset, timed out); else the default."""
+        """Quiet for a connection the client or the server cut (evicted, reset, timed out); else the default.
+
+        :param request: the request's socket.
+        :param client_address: the client's address.
+        """
         if isinstance(sys.exc_info()[1], OSError):
             return
         super().handle_error(request, client_address)

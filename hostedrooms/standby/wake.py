@@ -31,7 +31,12 @@ class Waker(Protocol):
 
     def wait(self, timeout: float, stop: threading.Event) -> bool:
         """Block until the source may have changed since :meth:`arm` (True), ``timeout`` seconds pass or ``stop``
-        is set (False)."""
+        is set (False).
+
+        :param timeout: the longest wait, in seconds.
+        :param stop: ends the wait when set.
+        :returns: True when the source may have changed, False on ``timeout`` or ``stop``.
+        """
         ...
 
 
