@@ -109,5 +109,6 @@ def _opener(
     return open_ledger
 
 
-#: ``await open_ledger(engine, clock=..., path=..., limits=...)``: the arguments of DeliveryLedger's constructor.
 open_ledger = _opener(DeliveryLedger)
+"""``await open_ledger(engine, clock=..., path=..., limits=...)``: :class:`~hostedrooms.ledger.DeliveryLedger`'s
+constructor for asyncio (the same arguments and checks), returning an :class:`AsyncDeliveryLedger`."""
