@@ -178,12 +178,25 @@ def hostedrooms() -> griffe.ModulesCollection:
 def test_every_rendered_function_documents_its_parameters_and_returns(hostedrooms: griffe.ModulesCollection) -> None:
     functions = rendered_functions(ROOT / "docs", hostedrooms)
     # The walk reaches the pages' objects: the public operations, methods of classes and the ledger's page.
-    for path in ("hostedrooms.rooms.events.append_event", "hostedrooms.ledger.service.DeliveryLedger.claim_file",
-                 "hostedrooms.uow.UnitOfWork.one_statement", "hostedrooms.standby.failover.failover"):
+    for path in ("hostedrooms.rooms.events.append_event", "hostedrooms.ledger.deliveries.Deliveries.prepare",
+                 "hostedrooms.uow.UnitOfWork.one_statement", "hostedrooms.standby.failover.failover",
+                 "hostedrooms.aio.follow.follow"):
         assert path in functions, path
     assert not any(".RoomTransaction." in path for path in functions), "an internal class is walked"
     missing = undocumented(ROOT / "docs", hostedrooms)
     assert missing == [], "\n".join(missing)
+
+
+@pytest.mark.parametrize(("module_name", "page"), [("hostedrooms.standby", "standby"), ("hostedrooms.aio", "aio")])
+def test_pages_listing_objects_one_by_one_name_every_export(module_name: str, page: str) -> None:
+    """A page that lists its objects one by one (to put the user-facing calls first) forgets none of ``__all__``."""
+    import importlib
+
+    text = (ROOT / "docs" / "api" / f"{page}.md").read_text(encoding="utf-8")
+    exported = importlib.import_module(module_name).__all__
+    missing = [name for name in exported
+               if not re.search(rf"{re.escape(module_name)}\.(?:\w+\.)*{re.escape(name)}\b", text)]
+    assert missing == [], f"docs/api/{page}.md does not name {missing}"
 
 
 SAMPLE = '''
