@@ -6,7 +6,8 @@ submodule, an imported name only where ``__all__`` exports it), as mkdocs.yml co
 function or method shown, the Sphinx-style docstring (parsed by griffe's sphinx parser, as the site is) must have
 a ``:param name:`` for every parameter but ``self``/``cls`` (``*args`` and ``**kwargs`` may share one entry),
 no ``:param:`` for a parameter the signature does not have, a ``:returns:`` when the return annotation is not
-``None``, and a ``:raises X:`` only for an exception class that exists.
+``None``, and a ``:raises X:`` only for an exception class that exists. A page that lists its objects one by
+one (standby, aio) must name every export of its module.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import pytest
 ROOT = next(folder for folder in Path(__file__).resolve().parents if (folder / "pyproject.toml").is_file())
 pytest.importorskip("griffe", reason="the docs extra is not installed (pip install -e '.[docs]')")
 import griffe  # noqa: E402
-import yaml  # noqa: E402
+
+yaml = pytest.importorskip("yaml", reason="PyYAML comes with the docs extra (mkdocs)")
 
 DIRECTIVE_RE = re.compile(r"^:::\s+(?P<path>[\w.]+)\s*$")
 NO_RETURN = {"None", "NoReturn", "Never", "typing.NoReturn", "typing.Never"}
@@ -50,10 +52,10 @@ def directives(page: str) -> list[tuple[str, dict[str, Any]]]:
 
 def _target(obj: griffe.Object | griffe.Alias) -> griffe.Object | None:
     """The object an alias points to (None for one that leaves the loaded packages)."""
-    if not obj.is_alias:
-        return obj  # type: ignore[return-value]
+    if isinstance(obj, griffe.Object):
+        return obj
     try:
-        return obj.final_target  # type: ignore[union-attr,return-value]
+        return obj.final_target
     except (griffe.AliasResolutionError, griffe.CyclicAliasError):
         return None
 
