@@ -289,7 +289,7 @@ class Deliveries(Retrying):
         :param result_text: the result, of which only the SHA-256 is stored.
         :param error: why it failed, or None.
         :returns: the finished delivery, or None when it is missing or in no state that may finish so.
-        :raises LedgerInputError: ``envelope_id`` is not storable text.
+        :raises LedgerInputError: ``envelope_id`` is not storable text, or ``result_text`` is not UTF-8 encodable text.
         :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
             access).
         :raises StorageError: the database failed underneath; nothing was committed.
