@@ -83,7 +83,11 @@ class InvalidInputError(HostedRoomError):
     """An argument is invalid (wrong type, shape, size or range), found before any transaction opened (only a
     ``since_seq`` ahead of a room's log is found reading it): nothing was written. Not retryable as is; fix the
     input. ``field`` names the argument as the message labels it (``"room_id"``, ``"actor.kind"``, ``"payload"``;
-    within a batch, the item's field: ``"event_id"``), or is None where no single field is at fault."""
+    within a batch, the item's field: ``"event_id"``), or is None where no single field is at fault.
+
+    :param message: the message.
+    :param field: the argument at fault, or None.
+    """
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
@@ -94,7 +98,11 @@ class CapacityExceededError(HostedRoomError):
     """A write would exceed a capacity limit of this host (active rooms, a room's events or bytes, the gateway's
     bytes, stored links, in-flight deliveries); nothing was written. ``limit`` names the limit constant of
     :mod:`hostedrooms.limits` (``"MAX_ACTIVE_ROOMS"``, ``"MAX_GATEWAY_EVENT_BYTES"``, ...). Retrying the same call
-    succeeds only once room is made (rooms disbanded and pruned, deliveries finished) or the limit is raised."""
+    succeeds only once room is made (rooms disbanded and pruned, deliveries finished) or the limit is raised.
+
+    :param message: the message.
+    :param limit: the name of the limit that is full, or None.
+    """
 
     def __init__(self, message: str, *, limit: str | None = None) -> None:
         super().__init__(message)
@@ -179,7 +187,14 @@ class StoreLineageError(StorageError):
     standby lacked it, and its seq may hold another event now). Raised to a reader resuming with what it last
     saw (``follow()``'s cursor, its ``last_event``); never retryable as is: what the caller derived from the lost
     events must be reconciled by someone. ``room_id`` and ``seq`` name the event; ``previous`` and ``current``
-    are the lineages (either may be None where unknown)."""
+    are the lineages (either may be None where unknown).
+
+    :param message: the message.
+    :param room_id: the room of the event, or None.
+    :param seq: the event's seq, or None.
+    :param previous: the lineage the event was read under, or None.
+    :param current: the store's lineage now, or None.
+    """
 
     def __init__(self, message: str, *, room_id: str | None = None, seq: int | None = None,
                  previous: str | None = None, current: str | None = None) -> None:

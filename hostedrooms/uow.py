@@ -114,7 +114,14 @@ class _UnitStore(Generic[_S]):
 
 class UnitOfWork:
     """A context manager around one transaction on ``engine``; exposes ``connection``, ``session`` and the stores
-    bound to the connection (``rooms``, ``replicas``, ``peers``, ``ledger``)."""
+    bound to the connection (``rooms``, ``replicas``, ``peers``, ``ledger``).
+
+    :param engine: the store's Engine.
+    :param write: False for a read-only unit.
+    :param statement_snapshots: a read-only unit whose statements each read their own snapshot (PostgreSQL opens
+        no transaction).
+    :raises MisuseError: ``engine`` is an asyncio engine.
+    """
 
     #: The room store of this unit's backend, on this unit's connection.
     rooms: _UnitStore[RoomStore] = _UnitStore(_Bound("room_store"))

@@ -24,7 +24,12 @@ P = ParamSpec("P")
 
 
 class AsyncDeliveryLedger:
-    """A :class:`~hostedrooms.ledger.DeliveryLedger` for asyncio (build it with :func:`open_ledger`)."""
+    """A :class:`~hostedrooms.ledger.DeliveryLedger` for asyncio (build it with :func:`open_ledger`).
+
+    :param ledger: the synchronous ledger each call runs.
+    :param runner: the engine's runner that runs it.
+    :param engine: the AsyncEngine.
+    """
 
     def __init__(self, ledger: DeliveryLedger, runner: Runner, engine: AsyncEngine) -> None:
         self._sync, self._runner, self.engine = ledger, runner, engine

@@ -36,7 +36,12 @@ R = TypeVar("R")
 
 
 class AsyncUnitOfWork:
-    """An async context manager around one transaction on an AsyncEngine (see the module docstring)."""
+    """An async context manager around one transaction on an AsyncEngine (see the module docstring).
+
+    :param engine: the AsyncEngine.
+    :param write: False for a read-only unit.
+    :raises MisuseError: ``engine`` is not an AsyncEngine.
+    """
 
     def __init__(self, engine: AsyncEngine, *, write: bool = True) -> None:
         self.engine = require_async_engine(engine)

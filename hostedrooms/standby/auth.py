@@ -54,7 +54,11 @@ _MAX_FILE_BYTES = MAX_TOKEN_CHARS + 2
 
 class PageToken:
     """A checked bearer token. Its ``repr``/``str`` never show the value; :meth:`matches` compares in constant
-    time (SHA-256 digests of both sides through :func:`hmac.compare_digest`, so not even the length leaks)."""
+    time (SHA-256 digests of both sides through :func:`hmac.compare_digest`, so not even the length leaks).
+
+    :param value: the token, as str or bytes.
+    :raises InvalidInputError: ``value`` is not a token (its length or characters).
+    """
 
     __slots__ = ("_digest", "_value")
 

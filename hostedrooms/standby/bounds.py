@@ -140,7 +140,12 @@ class Backoff:
     """Per-room back-off after a refusal: ``base`` seconds, doubling per consecutive refusal up to ``maximum``.
 
     At most ``max_rooms`` rooms are remembered (the oldest refusal is forgotten first), so a source listing
-    ever new rooms to refuse cannot grow it."""
+    ever new rooms to refuse cannot grow it.
+
+    :param base: the first delay, in seconds.
+    :param maximum: the longest delay, in seconds.
+    :param max_rooms: the most rooms remembered.
+    """
 
     def __init__(self, base: float = 1.0, maximum: float = 300.0, *, max_rooms: int = 4096) -> None:
         self.base, self.maximum, self.max_rooms = base, maximum, max_rooms

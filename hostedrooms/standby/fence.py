@@ -183,7 +183,12 @@ def give_back(authority: Engine, fence: Fence, *, holder: str, now: float | None
 class FencedSource:
     """A :class:`~hostedrooms.standby.source.PageSource` over the old authority's store showing each fenced room
     as the old authority left it: its lineage before the fence and its events up to the fence (the fence itself,
-    and any room not fenced, are not shown). What it serves is checked by the replicator like any source's."""
+    and any room not fenced, are not shown). What it serves is checked by the replicator like any source's.
+
+    :param source: the old authority's store.
+    :param fences: the fences by room id (refused ones are left out).
+    :param holder: the gateway the rooms were fenced to.
+    """
 
     def __init__(self, source: EnginePageSource, fences: dict[str, Fence], *, holder: str) -> None:
         self.source = source

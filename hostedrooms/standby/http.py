@@ -97,6 +97,16 @@ class HttpPageSource:
     peer sends. ``max_response_bytes``: the largest answer read (default: MAX_LOG_PAGE_BYTES plus 1 MiB, since a
     page fits MAX_LOG_PAGE_BYTES as JSON and members fit MAX_MEMBERS_JSON_BYTES). Redirects are not followed.
     Thread-safe (requests are serialised).
+
+    :param base_url: the page server's URL.
+    :param timeout: seconds for a whole request.
+    :param max_response_bytes: the largest answer read, or None for the default.
+    :param headers: more request headers, or None.
+    :param ssl_context: the TLS context for ``https://``, or None for the default.
+    :param limits: the limits pages are checked against (default: :mod:`hostedrooms.limits`).
+    :param token: the server's bearer token, or None.
+    :raises HostedRoomError: an argument is invalid.
+    :raises InvalidInputError: ``token`` or ``limits`` is invalid.
     """
 
     def __init__(

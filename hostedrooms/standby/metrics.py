@@ -64,6 +64,8 @@ class StandbyMetrics:
 
     Call :meth:`on_pass` with each pass's report; :meth:`serve` starts the HTTP endpoint (a daemon thread) and
     :meth:`close` stops it. ``monotonic`` times the lag seconds (:class:`~hostedrooms.standby.lag.LagBook`).
+
+    :param monotonic: the clock the lag seconds are timed with.
     """
 
     def __init__(self, *, monotonic: Callable[[], float] = time.monotonic) -> None:

@@ -88,6 +88,27 @@ class Replicator:
     ``source_gateway_id``: the gateway whose own store the source is (the operator's word; None: not said). With
     it, each pass also gives back the local rooms that gateway's failover fenced here and never promoted, once
     the fence is ``reclaim_after`` seconds old (:mod:`hostedrooms.standby.reclaim`; needs ``local_gateway_id``).
+
+    :param source: the authority's page source.
+    :param target: this gateway's store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param local_gateway_id: this gateway's id, or None.
+    :param page_limit: events per page.
+    :param max_pages_per_room: pages one pass reads from one room, or None.
+    :param backoff: the back-off of refused rooms (default: a new :class:`Backoff`).
+    :param now: returns the time in Unix seconds.
+    :param monotonic: returns monotonic seconds.
+    :param on_page: called after each stored page, or None.
+    :param on_room: called with each room's report, or None.
+    :param workers: rooms handled at once (1 to 64).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :param prune_disbanded_after: seconds a disbanded room's replica is kept, or None to keep it.
+    :param max_rooms_per_pass: rooms one pass lists, or None.
+    :param max_pages_per_pass: pages one pass reads, or None.
+    :param max_bytes_per_pass: event bytes one pass reads, or None.
+    :param max_seconds_per_pass: seconds one pass may take, or None.
+    :param source_gateway_id: the gateway whose own store the source is, or None.
+    :param reclaim_after: seconds a fence must be old before its room is given back.
+    :raises HostedRoomError: an option is invalid.
     """
 
     def __init__(self, source: PageSource, target: EngineSource, *, local_gateway_id: Any = None,

@@ -187,6 +187,11 @@ class EnginePageSource:
     The change token is SQLite's ``PRAGMA data_version`` on one connection held for the purpose (it changes
     whenever another connection commits to the file), and on PostgreSQL the :func:`room_counters` sums. A probe
     that fails answers a fresh token (so the caller runs a pass, which reports the real error) and reconnects.
+
+    :param target: the authority's store: an Engine, a path or a URL.
+    :param limits: the limits pages are read with (default: :mod:`hostedrooms.limits`).
+    :raises StoreMissingError: a SQLite ``target`` does not exist.
+    :raises StoreConfigurationError: ``target`` cannot be understood.
     """
 
     def __init__(self, target: Engine | str | os.PathLike[str], *, limits: Limits | None = None) -> None:

@@ -24,7 +24,11 @@ SCOPE = "hostedrooms"
 
 
 class Signals:
-    """The tracer and instruments of one pair of providers (either may be None: not configured)."""
+    """The tracer and instruments of one pair of providers (either may be None: not configured).
+
+    :param tracer_provider: an OpenTelemetry tracer provider, or None.
+    :param meter_provider: an OpenTelemetry meter provider, or None.
+    """
 
     def __init__(self, tracer_provider: Any, meter_provider: Any) -> None:
         self.tracer = None if tracer_provider is None else tracer_provider.get_tracer(SCOPE, __version__)

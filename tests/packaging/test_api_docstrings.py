@@ -6,8 +6,9 @@ submodule, an imported name only where ``__all__`` exports it), as mkdocs.yml co
 function or method shown, the Sphinx-style docstring (parsed by griffe's sphinx parser, as the site is) must have
 a ``:param name:`` for every parameter but ``self``/``cls`` (``*args`` and ``**kwargs`` may share one entry),
 no ``:param:`` for a parameter the signature does not have, a ``:returns:`` when the return annotation is not
-``None``, and a ``:raises X:`` only for an exception class that exists. A page that lists its objects one by
-one (standby, aio) must name every export of its module.
+``None``, and a ``:raises X:`` only for an exception class that exists. A class's constructor is shown with the
+class (``merge_init_into_class``), so the class docstring documents its parameters (a dataclass's fields are
+its attributes). A page that lists its objects one by one (standby, aio) must name every export of its module.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def rendered(obj: griffe.Object, options: dict[str, Any], *, root: bool = True) 
                 yield from rendered(target, options, root=False)
 
 
-def _documented(obj: griffe.Function) -> tuple[set[str], bool, list[str]]:
+def _documented(obj: griffe.Object) -> tuple[set[str], bool, list[str]]:
     """The parameter names a docstring documents, whether it has ``:returns:``, and the exceptions it names."""
     if obj.docstring is None:
         return set(), False, []
@@ -121,9 +122,27 @@ def _exception_exists(name: str, obj: griffe.Function, collection: griffe.Module
     return False
 
 
-def faults(obj: griffe.Function, collection: griffe.ModulesCollection) -> list[str]:
-    """What ``obj``'s docstring lacks or gets wrong (empty when it is complete)."""
+def constructor(cls: griffe.Class, shown: set[str]) -> griffe.Function | None:
+    """The ``__init__`` whose parameters ``cls``'s docstring must document (mkdocs shows it with the class:
+    merge_init_into_class), or None: a dataclass's fields are documented as its attributes, and an inherited
+    ``__init__`` of a class the pages show (``shown``) is documented there."""
+    init = _target(cls.all_members["__init__"]) if "__init__" in cls.all_members else None
+    if init is None or not isinstance(init, griffe.Function) or cls.has_labels("dataclass"):
+        return None
+    owner = init.parent
+    if owner is not None and owner.path != cls.path and owner.path in shown:
+        return None
+    return init
+
+
+def faults(obj: griffe.Function, collection: griffe.ModulesCollection,
+           documented_elsewhere: griffe.Object | None = None) -> list[str]:
+    """What ``obj``'s docstring lacks or gets wrong (empty when it is complete). ``documented_elsewhere``: the
+    class whose docstring documents its ``__init__`` too (mkdocs merges the two)."""
     documented, has_returns, raises = _documented(obj)
+    if documented_elsewhere is not None:
+        more, _, more_raises = _documented(documented_elsewhere)
+        documented, raises = documented | more, raises + more_raises
     problems: list[str] = []
     params = [param for param in obj.parameters if param.name not in ("self", "cls")]
     star = {param.name for param in params if param.kind in (griffe.ParameterKind.var_positional,
@@ -143,15 +162,20 @@ def faults(obj: griffe.Function, collection: griffe.ModulesCollection) -> list[s
 
 
 def rendered_functions(docs: Path, collection: griffe.ModulesCollection) -> dict[str, griffe.Function]:
-    """Every function and method the pages under ``docs`` render, by path."""
-    found: dict[str, griffe.Function] = {}
+    """Every function and method the pages under ``docs`` render, by path, with each class's own ``__init__``."""
+    shown: dict[str, griffe.Object] = {}
     for page in sorted(docs.rglob("*.md")):
         for path, options in directives(page.read_text(encoding="utf-8")):
             start = _target(collection[path])
             assert start is not None, f"{page}: ::: {path} does not resolve"
-            for obj in rendered(start, options):
-                if obj.is_function and not obj.has_labels("property"):
-                    found[obj.path] = obj  # type: ignore[assignment]
+            shown.update((obj.path, obj) for obj in rendered(start, options))
+    found: dict[str, griffe.Function] = {}
+    for path, obj in shown.items():
+        if isinstance(obj, griffe.Function) and not obj.has_labels("property"):
+            found[path] = obj
+        init = constructor(obj, set(shown)) if isinstance(obj, griffe.Class) else None
+        if init is not None:
+            found[f"{path}.__init__"] = init
     return found
 
 
@@ -160,7 +184,8 @@ def undocumented(docs: Path, collection: griffe.ModulesCollection) -> list[str]:
     return [
         f"{path}: {problem}"
         for path, obj in sorted(rendered_functions(docs, collection).items())
-        for problem in faults(obj, collection)
+        for problem in faults(obj, collection, collection[path.removesuffix(".__init__")]
+                              if path.endswith(".__init__") else None)
     ]
 
 
@@ -204,7 +229,7 @@ def test_pages_listing_objects_one_by_one_name_every_export(module_name: str, pa
 SAMPLE = '''
 """A module."""
 
-__all__ = ["Thing", "documented", "undocumented"]
+__all__ = ["Box", "Sized", "Thing", "documented", "undocumented"]
 
 
 def documented(a: int, *args: int, flag: bool = False, **kwargs: int) -> int:
@@ -241,6 +266,17 @@ class Thing:
 
     def _hidden(self, y: int) -> int:
         return y
+
+
+class Sized:
+    """Its constructor's ``size`` is not documented."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+class Box(Sized):
+    """Its inherited constructor is Sized's, whose own page entry documents it (or not): no fault here."""
 '''
 
 
@@ -252,6 +288,7 @@ def test_the_check_lists_what_a_function_lacks(tmp_path: Path) -> None:
     (docs / "all.md").write_text("# sample\n\n::: sample_pkg\n")
     collection = _load("sample_pkg", search_paths=[str(tmp_path)])
     assert undocumented(docs, collection) == [
+        "sample_pkg.Sized.__init__: :param size: missing",
         "sample_pkg.Thing.method: :param x: missing",
         "sample_pkg.undocumented: :param flag: missing",
         "sample_pkg.undocumented: :param b: is not a parameter",
