@@ -158,8 +158,8 @@ def host_alembic(config: str | os.PathLike[str] | Config = "alembic.ini", revisi
         [sa.Engine], None]:
     """A ``hostedrooms_host_setup`` that runs the host application's own Alembic history onto the template:
     ``alembic upgrade <revision>`` with ``config`` (an ini file's path, or a ``Config``), handing the template's
-    Engine to the host's ``env.py`` in ``config.attributes["connection"]`` (as pytest-alembic does; the README's
-    ``env.py`` picks it up)."""
+    Engine to the host's ``env.py`` in ``config.attributes["connection"]`` (as pytest-alembic does; the host
+    ``env.py`` of docs/host-alembic.md picks it up)."""
 
     def upgrade(engine: sa.Engine) -> None:
         alembic_config = config if isinstance(config, Config) else Config(os.fspath(config))

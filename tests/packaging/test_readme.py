@@ -137,8 +137,8 @@ def test_every_shell_block_parses() -> None:
 def test_asyncio_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     block = readme_block("from hostedrooms import aio")
-    assert "<!-- tested: asyncio" in README.read_text(encoding="utf-8")
-    exec(compile(block, "README asyncio", "exec"), {"__name__": "readme"})  # its asserts check the follower
+    assert "<!-- tested: asyncio" in (DOCS / "asyncio.md").read_text(encoding="utf-8")
+    exec(compile(block, "docs/asyncio.md example", "exec"), {"__name__": "readme"})  # its asserts check the follower
     assert (tmp_path / "state-async.db").exists()
 
 
