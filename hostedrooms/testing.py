@@ -196,8 +196,8 @@ def host_alembic(config: str | os.PathLike[str] | Config = "alembic.ini", revisi
         [sa.Engine], None]:
     """A ``hostedrooms_host_setup`` that runs the host application's own Alembic history onto the template:
     ``alembic upgrade <revision>`` with ``config`` (an ini file's path, or a ``Config``), handing the template's
-    Engine to the host's ``env.py`` in ``config.attributes["connection"]`` (as pytest-alembic does; the README's
-    ``env.py`` picks it up).
+    Engine to the host's ``env.py`` in ``config.attributes["connection"]`` (as pytest-alembic does; the host
+    ``env.py`` of docs/host-alembic.md picks it up).
 
     :param config: the host's ``alembic.ini`` path, or an Alembic ``Config``.
     :param revision: the host's revision to upgrade to.
