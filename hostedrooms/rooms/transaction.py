@@ -408,8 +408,10 @@ def _held_attempt(
     """The one-statement append on ``held`` (given back however it ends); None when it declined or the driver
     failed (nothing was written: the statement is its own transaction)."""
     error: BaseException | None = None
-    forkgate.enter()  # no fork while this thread is inside the driver
+    gated = False
     try:
+        forkgate.enter()  # no fork while this thread is inside the driver
+        gated = True
         connection = held.open()
         store: RoomStore | None = held.extra
         if store is None:  # bound once per held Connection (its shard: the server process's, known once)
@@ -429,4 +431,5 @@ def _held_attempt(
         try:
             held.release(error)
         finally:
-            forkgate.leave()
+            if gated:
+                forkgate.leave()

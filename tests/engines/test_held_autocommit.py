@@ -244,15 +244,20 @@ def test_observed_engines_run_the_held_statement_through_sqlalchemy(
     event.listen(room, "before_cursor_execute", cursor)
     try:
         message(room, "room-1", "e2")
+        assert seen == ["WITH"]  # the one statement, on SQLAlchemy's path
+        # A replay answered by the statement, a conflict by the full path: the held connection stays clean.
+        assert message(room, "room-1", "e2")["idempotent"] is True
+        with pytest.raises(hostedrooms.EventConflictError):
+            message(room, "room-1", "e2", text="other")
     finally:
         event.remove(room, "before_cursor_execute", cursor)
-    assert seen == ["WITH"]  # the one statement, on SQLAlchemy's path
+    count = len(seen)
     message(room, "room-1", "e3")
-    assert seen == ["WITH"]  # unobserved again: straight on the cursor
+    assert len(seen) == count  # unobserved again: straight on the cursor
     with caplog.at_level(logging.INFO, logger="sqlalchemy.engine.Engine"):
         message(room, "room-1", "e4")
     assert any(record.getMessage().startswith("WITH stored") for record in caplog.records)
-    assert _raw(room) is raw and taken == {"held": 4, "pooled": 0}  # all on the one held connection
+    assert _raw(room) is raw and taken == {"held": 6, "pooled": 0}  # all on the one held connection
     assert not _held(room).connection.in_transaction()  # type: ignore[union-attr]
     assert _seqs(room) == [1, 2, 3, 4]
 
