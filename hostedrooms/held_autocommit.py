@@ -23,7 +23,9 @@ What it keeps:
   that come and go never leak one.
 - A connection that an attempt left broken (invalidated, closed) or in a transaction, or that an interrupt
   (``KeyboardInterrupt``, a cancelled task's thread) stopped mid-statement, is closed and dropped; the next attempt
-  of that thread opens another.
+  of that thread opens another. A driver error is raised as a unit of work raises it (the pooled path raises the
+  same); one that lost the server drops, at their next use, every connection the engine held before it, as
+  SQLAlchemy's pool does with its own.
 - ``engine.dispose()`` closes them (at once, or as the attempt using one ends); a forked child never uses nor
   closes its parent's (they stay referenced, untouched), and opens its own.
 - Whether the statement skips SQLAlchemy is decided per attempt (:mod:`hostedrooms.statements`): with nothing
@@ -62,7 +64,7 @@ _IDLE = 0
 class HeldConnection:
     """One thread's held connection of one engine (lent to that thread only, one attempt at a time)."""
 
-    __slots__ = ("backend_pid", "busy", "connection", "extra", "slot", "thread")
+    __slots__ = ("backend_pid", "busy", "connection", "epoch", "extra", "slot", "thread")
 
     def __init__(self, slot: _Slot, thread: threading.Thread) -> None:
         self.slot = slot
@@ -71,6 +73,8 @@ class HeldConnection:
         self.connection: DirectConnection | None = None
         #: The server process of the connection (None until opened).
         self.backend_pid: int | None = None
+        #: The slot's :attr:`_Slot.epoch` when the connection was opened.
+        self.epoch = 0
         #: What the user keeps for this connection (the services: their store bound to it); reset when a new
         #: ``Connection`` is built.
         self.extra: Any = None
@@ -81,12 +85,17 @@ class HeldConnection:
 
         A new Connection over the same DBAPI connection serves when statement logging switched since the last was
         built (SQLAlchemy reads it once per Connection)."""
-        engine = self.slot.engine
+        slot = self.slot
+        engine = slot.engine
         logged = statements_logged(engine)
         connection = self.connection
+        if connection is not None and self.epoch != slot.epoch:  # opened before another one lost its server
+            self.connection, self.extra = None, None
+            _close(connection, invalidate=True)
+            connection = None
         if connection is None:
             try:
-                fairy: Any = self.slot.pool.connect()
+                fairy: Any = slot.pool.connect()
             except engine.dialect.loaded_dbapi.Error as exc:
                 raise sa_exc.DBAPIError.instance(
                     None, None, exc, engine.dialect.loaded_dbapi.Error, hide_parameters=engine.hide_parameters,
@@ -94,6 +103,7 @@ class HeldConnection:
                     dialect=engine.dialect) from exc
             connection = self._build(fairy, logged)
             self.backend_pid = int(fairy.dbapi_connection.info.backend_pid)
+            self.epoch = slot.epoch
         elif connection.built_logging != logged:
             connection = self._build(connection.connection, logged)
         connection.fast = not logged and not listened(engine)  # this attempt's path
@@ -118,6 +128,8 @@ class HeldConnection:
         connection = self.connection
         slot = self.slot
         interrupted = error is not None and not isinstance(error, Exception)
+        if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
+            slot.epoch += 1  # as SQLAlchemy's pool does: every connection opened before is dropped at its next use
         try:
             if connection is not None and not interrupted and not connection.closed and connection.in_transaction():
                 if error is None:
@@ -164,6 +176,8 @@ class _Slot:
         self.pool: Pool = engine.pool.recreate()  # its own: the same connect hooks, none of the services' slots
         self.held: dict[int, HeldConnection] = {}
         self.retired = False
+        #: Bumped when an attempt finds its server gone (a restart, a failover): older connections are dropped.
+        self.epoch = 0
 
     def lend(self) -> HeldConnection | None:
         """The calling thread's connection, marked busy; None: nested in an attempt, the bound reached, retired."""

@@ -52,6 +52,7 @@ from ..errors import (
     EventConflictError,
     RoomHistoryExpiredError,
     RoomNotFoundError,
+    translate,
 )
 from ..limits import Limits, in_force
 from ..store import ROOM_CREATION_LOCK_KEY, RoomChange, RoomStore, RowLike, room_store
@@ -383,8 +384,9 @@ def append_room(
     """A lone :meth:`RoomTransaction.append` (the rows written, the stored replays) as one room write, its first
     attempt on the calling thread's held autocommit connection where the engine holds one
     (:mod:`hostedrooms.held_autocommit`): the one-statement append alone, with no unit of work around it. Anything
-    else than rows written or a whole replay (the statement declined, a driver error, no connection to lend) leaves
-    the decision to :func:`run_room_write` (on the full path when the held attempt ran: it wrote nothing)."""
+    else than rows written or a whole replay (the statement declined, no connection to lend) leaves the decision to
+    :func:`run_room_write` (on the full path when the held attempt ran: it wrote nothing); a driver error is raised
+    as the pooled attempt raises it."""
     bound = resolve_engine(engine)
     store = room_store(backend_for(bound))
     tried = False
@@ -405,8 +407,8 @@ def _held_attempt(
     engine: Engine, held: held_autocommit.HeldConnection, prototype: RoomStore, limits: Limits, room_id: str,
     events: Sequence[PreparedEvent], gateway_id: str, now: float,
 ) -> tuple[list[dict[str, Any]], dict[str, RowLike]] | None:
-    """The one-statement append on ``held`` (given back however it ends); None when it declined or the driver
-    failed (nothing was written: the statement is its own transaction)."""
+    """The one-statement append on ``held`` (given back however it ends); None when it declined. A driver error is
+    raised translated, as from a unit of work (the statement is its own transaction: nothing was written)."""
     error: BaseException | None = None
     gated = False
     try:
@@ -419,11 +421,9 @@ def _held_attempt(
             store.own_shard = (held.backend_pid or 0) % store.budget_shards
             held.extra = store
         return store.append_one_statement(room_id, events, gateway_id=gateway_id, now=now, limits=limits)
-    except sa_exc.SQLAlchemyError as exc:  # not an outcome the statement declines with: the full path decides
+    except sa_exc.SQLAlchemyError as exc:  # raised as a unit of work raises it (nothing was written)
         error = exc
-        _log.debug("held append failed, taking the full path: %s", type(exc.orig if isinstance(
-            exc, sa_exc.DBAPIError) else exc).__name__, extra={"event": "room.held_failed"})
-        return None
+        raise translate(exc, engine.url) from exc
     except BaseException as exc:
         error = exc
         raise

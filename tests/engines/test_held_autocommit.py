@@ -136,17 +136,36 @@ def test_dispose_closes_held_connections_at_once_or_when_their_attempt_ends(room
     assert message(room, "room-1", "e3")["seq"] == 3 and verify(room) == []
 
 
-def test_a_broken_held_connection_is_dropped_and_the_append_still_succeeds(room: Engine) -> None:
+def test_a_lost_server_raises_as_the_pooled_path_does_and_every_older_connection_is_dropped(room: Engine) -> None:
     message(room, "room-1", "e1")
     pid = int(_raw(room).info.backend_pid)
-    with room.connect() as connection:
-        assert connection.execute(sa.select(sa.func.pg_terminate_backend(pid))).scalar_one() is True
-    appended = message(room, "room-1", "e2")  # the held attempt fails: the full path appends
-    assert appended["seq"] == 2 and appended["idempotent"] is False
-    assert _held(room).connection is None  # dropped
-    message(room, "room-1", "e3")
+    others: list[Any] = []
+    opened, lost = threading.Event(), threading.Event()
+
+    def other_thread() -> None:  # another thread's held connection: opened before the loss, used again after it
+        message(room, "room-1", "o1")
+        others.append(_raw(room))
+        opened.set()
+        lost.wait(timeout=60)
+        message(room, "room-1", "o2")
+        others.append(_raw(room))
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    try:
+        assert opened.wait(timeout=60)
+        with room.connect() as connection:
+            assert connection.execute(sa.select(sa.func.pg_terminate_backend(pid))).scalar_one() is True
+        with pytest.raises(hostedrooms.StoreUnavailableError):  # as a pooled unit whose connection was killed
+            message(room, "room-1", "e2")
+        assert _held(room).connection is None  # dropped
+    finally:
+        lost.set()
+        thread.join(timeout=60)
+    assert len(others) == 2 and others[1] is not others[0] and others[0].closed  # dropped at its next use
+    assert message(room, "room-1", "e2")["seq"] == 4  # nothing was written by the failed call
     assert int(_raw(room).info.backend_pid) != pid
-    assert _seqs(room) == [1, 2, 3] and verify(room) == []
+    assert _seqs(room) == [1, 2, 3, 4] and verify(room) == []
 
 
 def test_a_connection_left_in_a_transaction_or_interrupted_is_dropped(room: Engine) -> None:
