@@ -98,6 +98,15 @@ class Hostedrooms(HostedroomsSchema):
     def backend_pid(self) -> int | None:
         if not self.ctx.postgres:
             return None
+        from hostedrooms import held_autocommit
+
+        held = held_autocommit.take(self.engine)  # the connection this thread's single appends run on, if held
+        if held is not None:
+            try:
+                held.open()
+                return held.backend_pid
+            finally:
+                held.release()
         scalar, connection = _engine_scalar(self.engine)
         try:
             return int(scalar("SELECT pg_backend_pid()"))
