@@ -121,6 +121,29 @@ class Hostedrooms(HostedroomsSchema):
 
 
 
+class HostedroomsPooled(Hostedrooms):
+    """The synchronous API with no held autocommit connection (:mod:`hostedrooms.held_autocommit`): a PostgreSQL
+    single append's first attempt in a pooled unit of work, as before the held path (``--contenders
+    hostedrooms-pooled``: the held path's before and after in the same alternating rounds)."""
+
+    name = "hostedrooms-pooled"
+    label = "hostedrooms, pooled first attempt"
+    dialects = frozenset({"postgresql"})
+    default = False
+
+    def drive(self, method: str, indexes: range) -> int:
+        from hostedrooms import held_autocommit
+
+        with held_autocommit.without_held_connections():
+            return super().drive(method, indexes)
+
+    def backend_pid(self) -> int | None:
+        from hostedrooms import held_autocommit
+
+        with held_autocommit.without_held_connections():
+            return super().backend_pid()
+
+
 class RawIngestLoop(Hostedrooms):
     """The loop every user would write: list the rooms, then per room read_events pages and ingest_page them,
     with nothing else (no lineage checks, no local-room fence, no reports): the floor of a catch-up."""
