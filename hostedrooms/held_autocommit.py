@@ -11,7 +11,8 @@ every other write, reads) keeps taking pooled connections.
 Which engines hold them: those :func:`hostedrooms.create_engine` built for PostgreSQL with psycopg's synchronous
 driver and SQLAlchemy's queue pool (:func:`allow`), not behind a pooler in transaction mode (a server connection
 is not the client's between statements there), never an AsyncEngine's ``sync_engine`` (its driver calls are
-awaited), never an engine a host built itself and gave hostedrooms (adopted: left as the host configured it).
+awaited; the synchronous twin whose worker threads run the asyncio API's services is an engine of the first kind),
+never an engine a host built itself and gave hostedrooms (adopted: left as the host configured it).
 
 What it keeps:
 

@@ -7,6 +7,7 @@ tests/services/test_rooms_paths.py's comparison (it runs all three).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -279,6 +280,26 @@ def test_observed_engines_run_the_held_statement_through_sqlalchemy(
     assert _raw(room) is raw and taken == {"held": 6, "pooled": 0}  # all on the one held connection
     assert not _held(room).connection.in_transaction()  # type: ignore[union-attr]
     assert _seqs(room) == [1, 2, 3, 4]
+
+
+def test_the_asyncio_api_appends_on_its_twins_held_connections(target: str) -> None:
+    async def append_twice() -> tuple[list[int], Engine]:
+        async_engine = aio.create_async_engine(target)
+        try:
+            await aio.rooms.create_room(async_engine, room_id="room-1", name="Team", members=[],
+                                        authority_gateway_id="g1")
+            seqs = [(await aio.rooms.append_event(
+                async_engine, room_id="room-1", event_id=f"e{n}", kind="message.user",
+                actor={"kind": "user", "id": "u"},
+                payload={"text": "hi"}, authority_gateway_id="g1", authority_epoch=1))["seq"] for n in (1, 2)]
+            twin = (await aio.engines.runner_for(async_engine)).engine
+            assert held_autocommit.held_count(twin) >= 1  # the worker threads', on the synchronous twin
+            return seqs, twin
+        finally:
+            await async_engine.dispose()
+
+    seqs, twin = asyncio.run(append_twice())
+    assert seqs == [1, 2] and held_autocommit.held_count(twin) == 0  # disposed with the AsyncEngine
 
 
 def test_only_engines_built_for_psycopg_without_a_transaction_pooler_hold_connections(target: str) -> None:
