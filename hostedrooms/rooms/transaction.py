@@ -30,8 +30,10 @@ SQLite serialises write transactions (``BEGIN IMMEDIATE``). On PostgreSQL (READ 
   (replica row), budget shard(s), so no cycle can form; a transaction holding one shard never asks for the
   others (it restarts instead).
 
-The one-statement append (PostgreSQL) takes its shard inside its own statement, in autocommit; SQLite's exclusive
-writer reads and updates the one counter row instead of summing every room.
+The one-statement append (PostgreSQL) takes its shard inside its own statement, in autocommit; on the thread's held
+connection (:func:`append_room`, :mod:`hostedrooms.held_autocommit`) that is the connection's own shard, by primary
+key, waiting for a writer that holds it (the lock order is unchanged: the room row first); SQLite's exclusive writer
+reads and updates the one counter row instead of summing every room.
 """
 
 from __future__ import annotations
