@@ -25,8 +25,9 @@ What it keeps:
 - A connection that an attempt left broken (invalidated, closed) or in a transaction, or that an interrupt
   (``KeyboardInterrupt``, a cancelled task's thread) stopped mid-statement, is closed and dropped; the next attempt
   of that thread opens another. A driver error is raised as a unit of work raises it (the pooled path raises the
-  same); one that lost the server drops, at their next use, every connection the engine held before it, as
-  SQLAlchemy's pool does with its own.
+  same); one that lost the server drops, at their next use, every connection the engine held before it, and closes
+  the services' idle pooled connections, as SQLAlchemy does when a pooled connection loses its server; and a
+  pooled connection invalidated (SQLAlchemy's ``invalidate`` pool event) drops the held ones at their next use.
 - ``engine.dispose()`` closes them (at once, or as the attempt using one ends); a forked child never uses nor
   closes its parent's (they stay referenced, untouched), and opens its own.
 - Whether the statement skips SQLAlchemy is decided per attempt (:mod:`hostedrooms.statements`): with nothing
@@ -43,7 +44,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import Pool, QueuePool
 
@@ -92,7 +93,7 @@ class HeldConnection:
         connection = self.connection
         if connection is not None and self.epoch != slot.epoch:  # opened before another one lost its server
             self.connection, self.extra = None, None
-            _close(connection, invalidate=True)
+            _close(connection)
             connection = None
         if connection is None:
             try:
@@ -130,7 +131,11 @@ class HeldConnection:
         slot = self.slot
         interrupted = error is not None and not isinstance(error, Exception)
         if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
-            slot.epoch += 1  # as SQLAlchemy's pool does: every connection opened before is dropped at its next use
+            # As SQLAlchemy does when a pooled connection finds its server gone: every connection opened before is
+            # dropped, here at its next use, and the services' idle pooled connections are closed.
+            slot.epoch += 1
+            with contextlib.suppress(Exception):
+                slot.engine.pool.dispose()
         try:
             if connection is not None and not interrupted and not connection.closed and connection.in_transaction():
                 if error is None:
@@ -145,7 +150,7 @@ class HeldConnection:
                 retired = slot.retired
             if connection is not None and (interrupted or retired or not _clean(connection)):
                 self.connection, self.extra = None, None
-                _close(connection, invalidate=interrupted)
+                _close(connection, interrupted=interrupted)
             if retired:
                 slot.forget(self)
 
@@ -157,12 +162,17 @@ def _clean(connection: DirectConnection) -> bool:
     return raw is not None and not raw.closed and int(raw.info.transaction_status) == _IDLE
 
 
-def _close(connection: DirectConnection, *, invalidate: bool = False) -> None:
-    """Close a held connection (rolled back by the pool if a transaction is open; ``invalidate``: its socket is
-    closed and never reused, for a statement stopped midway)."""
+def _close(connection: DirectConnection, *, interrupted: bool = False) -> None:
+    """Close a held connection for good: detached from the private pool first (a public ``detach()``), so the pool
+    never hands it out again and no ``invalidate`` event makes the other threads drop theirs. One an interrupt
+    stopped mid-statement is invalidated instead (its socket closed, nothing asked of it), as SQLAlchemy treats an
+    interrupt inside ``execute()``; one already invalidated (a lost server) is closed as it is."""
     with contextlib.suppress(Exception):  # a broken connection: nothing left to release
-        if invalidate and not connection.closed:
-            connection.invalidate()
+        if not connection.closed and not connection.invalidated:
+            if interrupted:
+                connection.invalidate()
+            else:
+                connection.connection.detach()
         connection.close()
 
 
@@ -271,6 +281,16 @@ def allow(engine: Engine) -> None:
 
     dispose.__doc__ = original.__doc__
     engine.dispose = dispose  # type: ignore[method-assign]
+
+    def invalidated(_dbapi_connection: Any, _record: Any, _exception: BaseException | None) -> None:
+        # A connection of the engine was invalidated (a pooled unit found its server gone, a failed commit): drop
+        # every held connection at its next use, as the pool recycles its own. (The private pools share the
+        # engine pool's events: a held connection's invalidation lands here too.)
+        slot = holder.slot
+        if slot is not None:
+            slot.epoch += 1
+
+    event.listen(engine.pool, "invalidate", invalidated)
 
 
 def take(engine: Engine) -> HeldConnection | None:

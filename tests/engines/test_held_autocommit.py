@@ -166,7 +166,13 @@ def test_a_lost_server_raises_as_the_pooled_path_does_and_every_older_connection
     assert len(others) == 2 and others[1] is not others[0] and others[0].closed  # dropped at its next use
     assert message(room, "room-1", "e2")["seq"] == 4  # nothing was written by the failed call
     assert int(_raw(room).info.backend_pid) != pid
-    assert _seqs(room) == [1, 2, 3, 4] and verify(room) == []
+    # A pooled connection invalidated (as SQLAlchemy does when one finds its server gone): the held ones go too.
+    raw = _raw(room)
+    with room.connect() as connection:
+        connection.invalidate()
+    message(room, "room-1", "e3")
+    assert _raw(room) is not raw and raw.closed
+    assert _seqs(room) == [1, 2, 3, 4, 5] and verify(room) == []
 
 
 def test_a_connection_left_in_a_transaction_or_interrupted_is_dropped(room: Engine) -> None:
