@@ -25,6 +25,7 @@ from urllib.parse import unquote
 from sqlalchemy import URL, Engine, make_url
 from sqlalchemy import exc as sa_exc
 
+from . import held_autocommit
 from .backends import (
     POOLERS,
     Backend,
@@ -334,6 +335,7 @@ def build_configured(
     engine = cast(Engine, getattr(built, "sync_engine", built))
     refuse_translate_map(engine)
     install(engine, EngineProfile(backend, synchronous, busy_timeout, schema, pooled))
+    held_autocommit.allow(engine)  # PostgreSQL's one-statement append on a connection held per thread, where it can
     return built
 
 
