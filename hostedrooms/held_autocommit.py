@@ -18,10 +18,10 @@ What it keeps:
 
 - The connections come from a private copy of the engine's pool (``engine.pool.recreate()``: the same connect
   hooks, ``search_path`` among them; none of the services' pool slots), as the SQLite held writer's does.
-- At most as many as the engine's pool size are held at once (the server never sees more than twice the pool's
-  connections from one engine). A thread that needs one when all are held by live threads takes the pooled path;
-  a connection held by a thread that has exited is taken back first (given to the asking thread), so thread pools
-  that come and go never leak one.
+- At most as many as the engine's pool size are held at once (``create_engine(held_connections=N)`` sets another
+  bound; 0 holds none), beside the pool's ``pool_size + max_overflow``. A thread that needs one when all are held
+  by live threads takes the pooled path; a connection held by a thread that has exited is taken back first (given
+  to the asking thread), so thread pools that come and go never leak one.
 - A connection that an attempt left broken (invalidated, closed) or in a transaction, or that an interrupt
   (``KeyboardInterrupt``, a cancelled task's thread) stopped mid-statement, is closed and dropped; the next attempt
   of that thread opens another. A driver error is raised as a unit of work raises it (the pooled path raises the
@@ -257,17 +257,18 @@ class _Holder:
 _slots_lock = threading.Lock()
 
 
-def allow(engine: Engine) -> None:
-    """Let ``engine`` (just built by :func:`hostedrooms.create_engine`) hold connections where it can (see the
-    module docstring); its ``dispose()`` then closes them too."""
+def allow(engine: Engine, limit: int | None = None) -> None:
+    """Let ``engine`` (just built by :func:`hostedrooms.create_engine`) hold up to ``limit`` connections (None: its
+    pool size; 0: none) where it can (see the module docstring); its ``dispose()`` then closes them too."""
     profile = profile_of(engine)
-    if (engine.dialect.is_async or engine.dialect.driver != "psycopg" or type(engine.pool) is not QueuePool
-            or profile is None or (profile.pooler is not None and profile.pooler.mode == "transaction")):
+    if (limit == 0 or engine.dialect.is_async or engine.dialect.driver != "psycopg"
+            or type(engine.pool) is not QueuePool or profile is None
+            or (profile.pooler is not None and profile.pooler.mode == "transaction")):
         return
     runtime = runtime_of(engine)
     if runtime.held_autocommit is not None:
         return
-    holder = runtime.held_autocommit = _Holder(max(1, engine.pool.size()))
+    holder = runtime.held_autocommit = _Holder(max(1, engine.pool.size()) if limit is None else limit)
     original = engine.dispose
 
     def dispose(close: bool = True) -> None:

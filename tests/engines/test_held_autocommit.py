@@ -21,7 +21,7 @@ from sqlalchemy import Engine, event
 from waits import wait_child
 
 import hostedrooms
-from hostedrooms import aio, held_autocommit, models, rooms, verify
+from hostedrooms import aio, errors, held_autocommit, models, rooms, verify
 from hostedrooms.engine_profile import known_runtime
 from hostedrooms.rooms import transaction
 
@@ -326,3 +326,30 @@ def test_only_engines_built_for_psycopg_without_a_transaction_pooler_hold_connec
         for engine in (built, pooled, adopted, nullpool):
             engine.dispose()
         async_engine.sync_engine.dispose()
+
+
+def test_held_connections_sets_the_bound_and_zero_holds_none(target: str, taken: dict[str, int]) -> None:
+    def limit(engine: Engine) -> int | None:
+        runtime = known_runtime(engine)
+        holder = None if runtime is None else runtime.held_autocommit
+        return None if holder is None else int(holder.limit)
+
+    default = hostedrooms.create_engine(target, pool_size=3)
+    two = hostedrooms.create_engine(target, held_connections=2)
+    none = hostedrooms.create_engine(target, held_connections=0)
+    try:
+        assert (limit(default), limit(two), limit(none)) == (3, 2, None)
+        make_room(none, "room-0")
+        assert message(none, "room-0", "e1")["seq"] == 1 and held_autocommit.held_count(none) == 0
+        assert taken["held"] == 0
+    finally:
+        for engine in (default, two, none):
+            engine.dispose()
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "2"])
+def test_held_connections_refuses_what_is_not_a_count(target: str, bad: object) -> None:
+    with pytest.raises(errors.InvalidInputError, match="held_connections"):
+        hostedrooms.create_engine(target, held_connections=bad)  # type: ignore[arg-type]
+    with pytest.raises(errors.InvalidInputError, match="held_connections"):
+        aio.create_async_engine(target, held_connections=bad)  # type: ignore[arg-type]
