@@ -136,12 +136,7 @@ def create_async_engine(
         understood.
     :raises StoreMissingError: ``create=False`` and the SQLite file does not exist.
     """
-    check_synchronous(synchronous)
-    check_held_connections(held_connections)
-    if isinstance(target, AsyncEngine):
-        resolve_url(target.url)  # refuses a driver hostedrooms does not use (asyncpg), as for a URL
-    if services not in SERVICES:
-        raise MisuseError(f"services must be one of {', '.join(SERVICES)}")
+    _check_async_options(target, synchronous, services, held_connections)
     if isinstance(target, AsyncEngine):
         configure_adopted(target.sync_engine, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema,
                           pooler=pooler, listen_url=listen_url)
@@ -159,6 +154,16 @@ def create_async_engine(
     runtime_of(built.sync_engine).async_options = _Options(
         synchronous, busy_timeout, create, services, schema, pooler, listen_url, held_connections)
     return built
+
+
+def _check_async_options(target: AsyncTarget, synchronous: str, services: str, held_connections: object) -> None:
+    """Refuse what :func:`create_async_engine` cannot use, before anything is built."""
+    check_synchronous(synchronous)
+    check_held_connections(held_connections)
+    if isinstance(target, AsyncEngine):
+        resolve_url(target.url)  # refuses a driver hostedrooms does not use (asyncpg), as for a URL
+    if services not in SERVICES:
+        raise MisuseError(f"services must be one of {', '.join(SERVICES)}")
 
 
 def require_async_engine(engine: object) -> AsyncEngine:
