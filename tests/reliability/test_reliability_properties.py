@@ -234,6 +234,9 @@ def machine_for(engine: Engine) -> type[RuleBasedStateMachine]:
             empty_store(engine)
             self.model = Model()
             self.clock = 1_000.0
+            # The store's every row when verify last found it clean: verify reads nothing else, so a state
+            # equal to it (a refused or idempotent call wrote nothing) is not verified again.
+            self.verified: dict[str, list[tuple[Any, ...]]] | None = None
 
         def now(self) -> float:
             self.clock += 1.0
@@ -366,7 +369,10 @@ def machine_for(engine: Engine) -> type[RuleBasedStateMachine]:
                 assert [(e["event_id"], e["kind"], e["actor"], e["authority_epoch"], e["payload"])
                         for e in page["events"]] == [
                     (event_id, s.kind, s.actor, s.epoch, s.payload) for event_id, s in expected]
-            assert hostedrooms.verify(engine) == []
+            current = snapshot(engine)
+            if current != self.verified:
+                assert hostedrooms.verify(engine) == []
+                self.verified = current
 
     return RoomsMachine
 
