@@ -234,8 +234,9 @@ def machine_for(engine: Engine) -> type[RuleBasedStateMachine]:
             empty_store(engine)
             self.model = Model()
             self.clock = 1_000.0
-            # The store's every row when verify last found it clean: verify reads nothing else, so a state
-            # equal to it (a refused or idempotent call wrote nothing) is not verified again.
+            # The store's every row when verify last found it clean: verify checks the rows (and, on SQLite, the
+            # file's structure, which a call that wrote nothing leaves as it was), so a state equal to it (a refused
+            # or idempotent call) is not verified again; every state that differs is.
             self.verified: dict[str, list[tuple[Any, ...]]] | None = None
 
         def now(self) -> float:
