@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.runtime.environment import EnvironmentContext
+from alembic.runtime.migration import MigrationStep
 from alembic.script import ScriptDirectory
+from alembic.script.revision import MultipleHeads, RangeNotAncestorError, ResolutionError, RevisionError
 from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
@@ -39,7 +41,7 @@ from .errors import (
     describe_target,
     translate,
 )
-from .models import metadata
+from .models import ONLY_ON, metadata
 
 if TYPE_CHECKING:
     from alembic.runtime.environment import NameFilterParentNames, NameFilterType
@@ -154,7 +156,7 @@ def upgrade(target: Target | Connection, revision: str = "head", *, schema: str 
     :raises StorageError: the database failed underneath (:class:`~hostedrooms.errors.StoreUnavailableError`
         when a retry may help).
     """
-    _run(target, revision, lambda script, heads: script._upgrade_revs(revision, heads), schema, upgrading=True)
+    _run(target, revision, lambda script, heads: _upgrade_steps(script, revision, heads), schema, upgrading=True)
 
 
 def downgrade(target: Target | Connection, revision: str, *, schema: str | None = None) -> None:
@@ -169,7 +171,42 @@ def downgrade(target: Target | Connection, revision: str, *, schema: str | None 
     :raises StorageError: the database failed underneath (:class:`~hostedrooms.errors.StoreUnavailableError`
         when a retry may help).
     """
-    _run(target, revision, lambda script, heads: script._downgrade_revs(revision, heads), schema)
+    _run(target, revision, lambda script, heads: _downgrade_steps(script, revision, heads), schema)
+
+
+def _upgrade_steps(script: ScriptDirectory, destination: str, heads: Any) -> list[MigrationStep]:
+    """The steps from ``heads`` (the database's) up to ``destination``, oldest first: what an
+    ``EnvironmentContext``'s ``fn`` returns for an upgrade. Built from Alembic's public names (``alembic.command``
+    builds the same list with a private helper); an unknown or unreachable ``destination`` raises
+    ``CommandError`` with the message Alembic's own command gives."""
+    with _revision_errors("Destination %s is not a valid upgrade target from current head(s)", destination):
+        revisions = list(script.iterate_revisions(destination, heads, implicit_base=True))
+        return [MigrationStep.upgrade_from_script(script.revision_map, each) for each in reversed(revisions)]
+
+
+def _downgrade_steps(script: ScriptDirectory, destination: str, heads: Any) -> list[MigrationStep]:
+    """The steps from ``heads`` down to ``destination``, newest first (see :func:`_upgrade_steps`)."""
+    with _revision_errors("Destination %s is not a valid downgrade target from current head(s)", destination):
+        revisions = list(script.iterate_revisions(heads, destination, select_for_downgrade=True))
+        return [MigrationStep.downgrade_from_script(script.revision_map, each) for each in revisions]
+
+
+@contextmanager
+def _revision_errors(not_ancestor: str, destination: str) -> Iterator[None]:
+    """Alembic's revision errors as the ``CommandError`` its commands raise, with their messages."""
+    try:
+        yield
+    except RangeNotAncestorError as exc:
+        raise CommandError(not_ancestor % destination) from exc
+    except MultipleHeads as exc:
+        raise CommandError(
+            f"Multiple head revisions are present for given argument '{destination}'; please specify a specific "
+            f"target revision, '<branchname>@{destination}' to narrow to a specific head, or 'heads' for all "
+            "heads") from exc
+    except ResolutionError as exc:
+        raise CommandError(f"Can't locate revision identified by '{exc.argument}'") from exc
+    except RevisionError as exc:
+        raise CommandError(exc.args[0]) from exc
 
 
 def _run(target: Target | Connection, revision: str, steps: Callable[[ScriptDirectory, Any], Any],
@@ -428,12 +465,12 @@ def include_object(
 
 def _created_on(dialect_name: str) -> Callable[..., bool]:
     """:func:`include_object` that also leaves out the models' objects not created on ``dialect_name`` (an index
-    declared with ``ddl_if(dialect=...)``, which Alembic's comparison does not read)."""
+    declared with :func:`~hostedrooms.models.only_on`: ``ddl_if``, which Alembic's comparison does not read)."""
 
     def include(obj: SchemaItem, name: str | None, type_: NameFilterType, reflected: bool,
                 compare_to: SchemaItem | None) -> bool:
-        condition = getattr(obj, "_ddl_if", None)
-        if not reflected and condition is not None and condition.dialect not in (None, dialect_name):
+        only = obj.info.get(ONLY_ON) if not reflected else None
+        if only is not None and only != dialect_name:
             return False
         return include_object(obj, name, type_, reflected, compare_to)
 

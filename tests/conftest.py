@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, make_url
+from sqlalchemy.exc import IntegrityError
 
 from hostedrooms import pgcluster, testing
 from hostedrooms.models import metadata
@@ -189,10 +190,18 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 def _truncate_all(engine: Engine) -> None:
-    with engine.begin() as connection:
-        prepare = connection.dialect.identifier_preparer
-        names = ", ".join(prepare.quote(table.name) for table in metadata.sorted_tables)
-        connection.exec_driver_sql(f"TRUNCATE {names} CASCADE")
+    """Every hostedrooms table emptied: ``DELETE`` (the tables hold a test's few rows; ``TRUNCATE`` gives each
+    table, index and TOAST table a new file and syncs them at commit, ten times the cost, before every test), or
+    ``TRUNCATE ... CASCADE`` when a foreign key of a table a test left behind refuses the ``DELETE``."""
+    try:
+        with engine.begin() as connection:
+            for table in reversed(metadata.sorted_tables):
+                connection.execute(table.delete())
+    except IntegrityError:
+        with engine.begin() as connection:
+            prepare = connection.dialect.identifier_preparer
+            names = ", ".join(prepare.quote(table.name) for table in metadata.sorted_tables)
+            connection.exec_driver_sql(f"TRUNCATE {names} CASCADE")
 
 
 @pytest.fixture

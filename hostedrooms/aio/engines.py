@@ -9,12 +9,12 @@ runs it without blocking the event loop, in one of two ways (``create_async_engi
   psycopg's async mode) serves the host's own code (:class:`~hostedrooms.aio.AsyncUnitOfWork`); wake-ups wait on
   the twin's one shared waiter (:mod:`hostedrooms.wakeup`). The twin is disposed with the AsyncEngine
   (``await engine.dispose()``).
-* ``"awaited"``: each call runs inside SQLAlchemy's greenlet bridge (``greenlet_spawn``, what
-  ``AsyncConnection.run_sync`` and ``AsyncSession`` use) on the AsyncEngine's own ``sync_engine``, every driver
-  call awaited on the loop: no thread, any number of calls in flight, but every driver call costs a trip through
-  the loop (aiosqlite: a hop to its own thread and back for each; psycopg async: a loop iteration per round trip,
-  about twice the client CPU of the synchronous driver). Used where no twin can open the same database (an
-  in-memory SQLite database, a SQLite URI).
+* ``"awaited"``: each call runs inside SQLAlchemy's greenlet bridge (entered through the public
+  ``AsyncSession.run_sync``) on the AsyncEngine's own ``sync_engine``, every driver call awaited on the loop:
+  no thread, any number of calls in flight, but every driver call costs a trip through the loop (aiosqlite: a
+  hop to its own thread and back for each; psycopg async: a loop iteration per round trip, about twice the
+  client CPU of the synchronous driver). Used where no twin can open the same database (an in-memory SQLite
+  database, a SQLite URI).
 
 Why threads by default (docs/benchmarks.md, "asyncio", has the measurements): an awaited append costs the loop
 every driver call, so with many tasks it gets less done and the loop answers other tasks late; in a thread the
@@ -42,8 +42,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import sqlalchemy.ext.asyncio as sa_asyncio
 from sqlalchemy import URL, Engine, event
-from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.util import greenlet_spawn
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from ..backends import backend_for_url
 from ..db import (
@@ -240,7 +239,15 @@ async def run_awaited(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) 
     one in flight anyway: it runs in its own thread); a long call (``verify`` of a large database) is not cut
     short, as in a worker thread.
     """
-    return await run_to_end(greenlet_spawn(functools.partial(fn, *args, **kwargs)))
+    call = functools.partial(fn, *args, **kwargs)
+    return await run_to_end(_BRIDGE.run_sync(lambda _session: call()))
+
+
+#: The way into SQLAlchemy's greenlet bridge through its public API: ``AsyncSession.run_sync`` runs a synchronous
+#: callable in the bridge, passing it the session, which is never used here (so it never opens a connection: the
+#: call's own Engine does). ``AsyncConnection.run_sync`` would hold a connection for the whole call besides the
+#: one the call checks out. One session serves every call: ``run_sync`` only reads its ``sync_session``.
+_BRIDGE = AsyncSession()
 
 
 async def run_to_end(work: Coroutine[Any, Any, R]) -> R:

@@ -44,6 +44,7 @@ sys.meta_path.insert(0, NoModels())
 import sqlalchemy as sa
 from alembic.config import Config
 from alembic.runtime.environment import EnvironmentContext
+from alembic.runtime.migration import MigrationStep
 from alembic.script import ScriptDirectory
 
 location, *urls = sys.argv[1:]
@@ -51,11 +52,16 @@ config = Config()
 config.set_main_option("script_location", location)
 script = ScriptDirectory.from_config(config)
 outcomes = {}
+
+def upgrade(heads, _context):
+    revisions = list(script.iterate_revisions("head", heads, implicit_base=True))
+    return [MigrationStep.upgrade_from_script(script.revision_map, each) for each in reversed(revisions)]
+
 for url in urls:
     engine = sa.create_engine(url)
     try:
         with engine.connect() as connection:
-            context = EnvironmentContext(config, script, fn=lambda rev, _: script._upgrade_revs("head", rev))
+            context = EnvironmentContext(config, script, fn=upgrade)
             context.configure(connection=connection, version_table="hostedrooms_alembic_version",
                               render_as_batch=connection.dialect.name == "sqlite")
             with context.begin_transaction():

@@ -234,6 +234,10 @@ def machine_for(engine: Engine) -> type[RuleBasedStateMachine]:
             empty_store(engine)
             self.model = Model()
             self.clock = 1_000.0
+            # Whether the last rule was refused: check() then proved that it changed no row, so the store is the
+            # one the previous step's invariant found clean, and verify (which reads the rows, and on SQLite the
+            # file's structure a call that wrote nothing leaves as it was) is not run again on it.
+            self.unchanged = False
 
         def now(self) -> float:
             self.clock += 1.0
@@ -255,6 +259,7 @@ def machine_for(engine: Engine) -> type[RuleBasedStateMachine]:
                     call()
                 assert type(caught.value) is refused.expected, (caught.value, refused.expected)
                 assert snapshot(engine) == before
+                self.unchanged = True
                 return None
             return call(), expected
 
@@ -366,7 +371,9 @@ def machine_for(engine: Engine) -> type[RuleBasedStateMachine]:
                 assert [(e["event_id"], e["kind"], e["actor"], e["authority_epoch"], e["payload"])
                         for e in page["events"]] == [
                     (event_id, s.kind, s.actor, s.epoch, s.payload) for event_id, s in expected]
-            assert hostedrooms.verify(engine) == []
+            if not self.unchanged:
+                assert hostedrooms.verify(engine) == []
+            self.unchanged = False
 
     return RoomsMachine
 

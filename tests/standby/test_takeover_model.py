@@ -158,6 +158,36 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
         def __init__(self) -> None:
             super().__init__()
             self.paused: tuple[Op, Paused] | None = None
+            # What the stores hold, read once per change: every write of the machine's (a command, however it
+            # ends, pauses or dies; an application write; a room created) calls _stale(), and between rules nothing
+            # else writes (a paused command waits at its step). The preconditions, reads and invariants of one
+            # state then share one read of each store instead of a query each (the PostgreSQL run's main cost).
+            self.generation = 0
+            self.seen: dict[tuple[str, str], tuple[int, Any]] = {}
+            self.verified_at = -1  # the generation stores_verify last found every store clean at
+
+        # -- the stores, as last read --------------------------------------------------------------------------
+
+        def _stale(self) -> None:
+            self.generation += 1
+
+        def _read(self, kind: str, name: str, read: Callable[[Engine], Any]) -> Any:
+            cached = self.seen.get((kind, name))
+            if cached is None or cached[0] != self.generation:
+                cached = self.seen[(kind, name)] = (self.generation, read(engines[name]))
+            return cached[1]
+
+        def _rows_of(self, name: str) -> dict[str, Row]:
+            return dict(self._read("rows", name, rows))
+
+        def _marking(self, command: Callable[[], Any]) -> Callable[[], Any]:
+            """``command``, marking the stores changed once it ends (returns, raises or is killed)."""
+            def run() -> Any:
+                try:
+                    return command()
+                finally:
+                    self._stale()
+            return run
 
         # -- set-up ------------------------------------------------------------------------------------------
 
@@ -177,9 +207,11 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             self.forked: set[tuple[str, str]] = set()
             self.belief: dict[tuple[str, str], int] = {}  # (gateway, room): the epoch its application writes at
             self.serial = 0
+            self._stale()
             for room_id in ROOM_IDS[:count]:
                 rooms.create_room(engines["A"], room_id=room_id, name=f"A-{room_id}", members=MEMBERS,
                                   authority_gateway_id=GATEWAYS["A"], now=1.0)
+                self._stale()
                 self._append("A", room_id)
 
         def teardown(self) -> None:
@@ -200,13 +232,13 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             for name in self.names:
                 if self.status[name] == "down":
                     continue
-                for room_id, row in sorted(rows(engines[name]).items()):
+                for room_id, row in sorted(self._rows_of(name).items()):
                     if row.holder == GATEWAYS[name] or (name, room_id) in self.belief:
                         choices.append((name, room_id))
             return choices
 
         def _append(self, name: str, room_id: str) -> None:
-            row = rows(engines[name])[room_id]
+            row = self._rows_of(name)[room_id]
             mine = row.holder == GATEWAYS[name] and not row.disbanded
             epoch = row.epoch if mine else self.belief[(name, room_id)]
             self.belief[(name, room_id)] = epoch
@@ -219,6 +251,8 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             except AuthorityConflictError:
                 assert not mine, f"{name}'s own room {room_id} refused its write"
                 return
+            finally:
+                self._stale()
             assert mine, f"{name} wrote {room_id} at epoch {epoch}, but its store holds it for {row.holder}"
             self.acks.append(Ack(room_id, row.family, event_id, name))
             others = [other for other in writable(self._rows(), room_id, row.family)
@@ -234,7 +268,7 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
 
         def _creations(self) -> list[tuple[str, str]]:
             return [(name, room_id) for name in self.names[1:] if self.status[name] == "up"
-                    for room_id in ROOM_IDS if room_id not in rows(engines[name])]
+                    for room_id in ROOM_IDS if room_id not in self._rows_of(name)]
 
         @precondition(lambda self: bool(self._creations()))
         @rule(data=st.data())
@@ -246,6 +280,8 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
                                   authority_gateway_id=GATEWAYS[name], now=2.0, limits=self.limits[name])
             except HostedRoomError as exc:
                 assert "active" in str(exc), exc
+            finally:
+                self._stale()
 
         # -- commands ----------------------------------------------------------------------------------------
 
@@ -254,7 +290,7 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             busy = self.paused[0].gateway if self.paused is not None else None
             # A failover is from a gateway that still writes a room of its own (or a rerun of one killed).
             authorities = {name for name in self.names if any(
-                row.holder == GATEWAYS[name] and not row.disbanded for row in rows(engines[name]).values())}
+                row.holder == GATEWAYS[name] and not row.disbanded for row in self._rows_of(name).values())}
             authorities |= {op.source for op in self.pending}
             ops: list[Op] = []
             for gateway in self.names:
@@ -279,7 +315,10 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             return ops
 
         def _operation(self, op: Op) -> Callable[[], Any]:
-            """Mark the command started in the model; return what runs it."""
+            """Mark the command started in the model; return what runs it (marking the stores changed)."""
+            return self._marking(self._command(op))
+
+        def _command(self, op: Op) -> Callable[[], Any]:
             target, limits = engines[op.gateway], self.limits[op.gateway]
             gateway = GATEWAYS[op.gateway]
             if op.kind == "replicate":
@@ -363,7 +402,9 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             op = self._draw(data, None, "pause")
             at = data.draw(st.sampled_from(op.steps()), label="at step")
             paused = Paused(conductor, str(op), at, self._operation(op))
-            if paused.start():
+            started = paused.start()
+            self._stale()  # it may have written before its step
+            if started:
                 self.paused = (op, paused)
             else:  # it never reached the step: it ran to its end
                 self._finished(op, paused.resume())
@@ -375,7 +416,9 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
             proof and its demotion (issue #34 item 1): pause, append, resume in one rule."""
             op = self._draw(data, "return", "return")
             paused = Paused(conductor, str(op), PROVED, self._operation(op))
-            if paused.start():
+            started = paused.start()
+            self._stale()  # it may have written before its step
+            if started:
                 writes = [pair for pair in self._writes() if pair[0] == op.gateway]
                 if writes:
                     self._append(*data.draw(st.sampled_from(writes), label="append (gateway, room)"))
@@ -404,7 +447,7 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
         # -- invariants --------------------------------------------------------------------------------------
 
         def _rows(self) -> dict[str, dict[str, Row]]:
-            return {name: rows(engines[name]) for name in self.names}
+            return {name: self._rows_of(name) for name in self.names}
 
         def _families(self, found: dict[str, dict[str, Row]]) -> set[tuple[str, str]]:
             return {(row.room_id, row.family) for by_room in found.values() for row in by_room.values()}
@@ -420,7 +463,7 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
         @invariant()
         def acknowledged_writes_are_in_the_writers_logs(self) -> None:
             found = self._rows()
-            logs = {name: event_ids(engines[name]) for name in self.names}
+            logs = {name: self._read("events", name, event_ids) for name in self.names}
             for ack in self.acks:
                 writers = writable(found, ack.room_id, ack.family)
                 running = [name for name in writers if self.status[name] == "up"]
@@ -448,11 +491,14 @@ def machine_for(engines: dict[str, Engine], conductor: Conductor) -> type[RuleBa
 
         @invariant()
         def stores_verify(self) -> None:
+            if self.verified_at == self.generation:
+                return  # no store written since every one was found clean
             for name in self.names:
                 summary = fingerprint(engines[name])
                 if verified.get(name) != summary:  # verify only a store that changed since its last check
                     assert verify(engines[name]) == [], (name, verify(engines[name]))
                     verified[name] = summary
+            self.verified_at = self.generation
 
     return TakeoverMachine
 
