@@ -50,6 +50,7 @@ from .base import (
     event_rows,
     int64,
 )
+from .pg_function import PoolerAppend
 
 __all__ = ["PostgreSQLRoomStore"]
 
@@ -150,6 +151,8 @@ class PostgreSQLRoomStore(RoomStore):
         super().__init__(backend)
         self._append_one = HotStatement(text(_APPEND_ONE).bindparams(*_int64_binds()))
         self._append_batch = HotStatement(text(_APPEND_BATCH).bindparams(*_int64_binds()))
+        # The same append as a server-side function, for engines behind a transaction pooler (pg_function).
+        self._pooler_append = PoolerAppend()
         # PostgreSQL sends a statement's whole result at once: the running byte sum is cut in the query, so no
         # more than one page ever leaves the server.
         page_of = self._page_of(bindparam("latest_seq"))
@@ -224,12 +227,19 @@ class PostgreSQLRoomStore(RoomStore):
                 event = events[0]
                 params.update(event_id=event.event_id, kind=event.kind, actor_json=event.actor_json,
                               authority_epoch=event.authority_epoch, payload_json=event.payload_json)
-                found = self._fetch(self._append_one, params)
+                statement = self._append_one
             else:
                 params["fast_rows"] = _dumps([
                     (event.event_id, event.kind, event.actor_json, event.authority_epoch, event.payload_json)
                     for event in events])
-                found = self._fetch(self._append_batch, params)
+                statement = self._append_batch
+            if self._pooler_append.applies(self.connection):  # behind a transaction pooler: the function
+                rows = self._pooler_append.rows(self.connection, params, batch=len(events) > 1)
+                if rows is None:  # not installed (remembered): nothing written, the full path
+                    return None
+                found = rows
+            else:
+                found = self._fetch(statement, params)
         except DataError as exc:
             if getattr(exc.orig, "sqlstate", None) == _NO_SHARD_PAID:
                 return None
