@@ -218,7 +218,7 @@ def _function_probe_plans(connection: sa.Connection) -> list[str]:
     """The plans of the functions' id probes, custom (the first calls of a session) and generic (what PL/pgSQL may
     settle on after five), as auto_explain reports the statements run inside a function (as notices)."""
     notices: list[str] = []
-    connection.connection.driver_connection.add_notice_handler(  # type: ignore[union-attr]
+    connection.connection.driver_connection.add_notice_handler(
         lambda notice: notices.append(notice.message_primary or ""))
     try:
         connection.exec_driver_sql("LOAD 'auto_explain'")
