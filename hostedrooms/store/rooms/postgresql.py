@@ -10,6 +10,9 @@ writes nothing; when no shard can pay after all (concurrent writers took the roo
 whole (a division by zero, on purpose) and nothing is written. Either way the caller takes the full path. The
 event ``INSERT`` never skips a conflict (a skipped row would leave a gap): a concurrent writer of the same id
 fails the statement on the unique constraint instead.
+
+Behind a transaction pooler (nothing prepared on the server, so this CTE would be planned at every call) the same
+append runs as a server-side function, with the same rows and errors: :mod:`.pg_function`.
 """
 
 from __future__ import annotations
