@@ -164,6 +164,28 @@ def _case(engine: Engine, case: str) -> Any:
         return type(exc).__name__, str(exc)
 
 
+def test_an_advance_no_free_shard_can_pay_fails_the_function_as_it_fails_the_statement(
+        engines: tuple[Engine, Engine]) -> None:
+    """Another writer holds every shard (after the advance's check saw room): both fail whole with SQLSTATE 22012
+    (the caller's cue for the full path), writing nothing."""
+    pooled, direct = engines
+    _fresh(direct)
+    before = snapshot(direct, (*TABLES, models.budget))
+    store: Any = room_store(backend_for(direct))
+    params = {"fast_room_id": "r1", "fast_gateway_id": "g1", "fast_epoch": 1, "fast_count": 1, "fast_size": 10,
+              "fast_max_events": 10**9, "fast_max_room_bytes": 10**12, "fast_spread_limit": 10**12,
+              "fast_now": 1.0, "notify_channel": "c", "event_id": "x", "kind": "message.user",
+              "actor_json": "{}", "authority_epoch": 1, "payload_json": "{}"}
+    with direct.connect() as holder:
+        assert holder.exec_driver_sql("SELECT shard FROM hosted_room_budget FOR UPDATE").all()
+        for engine, statement in ((pooled, store._pooler_append._one.statement), (direct, store._append_one.statement)):
+            with engine.connect() as connection, pytest.raises(sa.exc.DataError) as caught:
+                connection.execute(statement, params)
+            assert getattr(caught.value.orig, "sqlstate", None) == "22012"
+        holder.rollback()
+    assert snapshot(direct, (*TABLES, models.budget)) == before
+
+
 # --- several writers through the pooler ----------------------------------------------------------------------------
 
 
