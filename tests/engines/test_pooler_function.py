@@ -186,6 +186,31 @@ def test_an_advance_no_free_shard_can_pay_fails_the_function_as_it_fails_the_sta
     assert snapshot(direct, (*TABLES, models.budget)) == before
 
 
+def test_the_function_wakes_followers_for_single_and_batch_appends_and_not_for_replays(
+        engines: tuple[Engine, Engine], pgbouncer_direct_url: str, calls: dict[str, int]) -> None:
+    """The followers' NOTIFY (LISTEN on a direct connection): one per append that wrote, none for a replay, which
+    commits first (notifications arrive in commit order)."""
+    psycopg = pytest.importorskip("psycopg")
+    sql = pytest.importorskip("psycopg.sql")
+    pooled, direct = engines
+    _fresh(direct)
+    _say(direct, "old", room_id="r2")
+    with direct.connect() as connection:
+        channel = backend_for(direct).hot_params(connection, room_store(backend_for(direct)).channel)["notify_channel"]
+    listener = psycopg.connect(sa.make_url(pgbouncer_direct_url).set(drivername="postgresql").render_as_string(
+        hide_password=False), autocommit=True)
+    try:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        assert _say(pooled, "old", room_id="r2")["idempotent"]
+        _batch(pooled, ["b1", "b2"])
+        _say(pooled, "e1")
+        payloads = [notify.payload for notify in listener.notifies(timeout=30, stop_after=2)]
+    finally:
+        listener.close()
+    assert payloads == ["r1", "r1"]
+    assert calls["function"] == 3
+
+
 # --- several writers through the pooler ----------------------------------------------------------------------------
 
 
