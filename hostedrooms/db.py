@@ -25,6 +25,7 @@ from urllib.parse import unquote
 from sqlalchemy import URL, Engine, make_url
 from sqlalchemy import exc as sa_exc
 
+from . import held_autocommit
 from .backends import (
     POOLERS,
     Backend,
@@ -199,6 +200,7 @@ def create_engine(
     schema: str | None = None,
     pooler: str | None = None,
     listen_url: str | URL | None = None,
+    held_connections: int | None = None,
     **engine_kwargs: Any,
 ) -> Engine:
     """Build (or adopt) an Engine configured for hostedrooms.
@@ -223,10 +225,14 @@ def create_engine(
     :param listen_url: a direct connection to the same database, bypassing the pooler, for the engine's one
         waiting connection (``LISTEN`` through a transaction pooler is lost); without it, with
         ``pooler="transaction"``, ``follow()`` and ledger wake-ups raise StoreConfigurationError.
+    :param held_connections: PostgreSQL, direct connections only: how many autocommit connections the engine may
+        hold, one per thread that appends, for the single append's first attempt (:mod:`hostedrooms.held_autocommit`),
+        beside its pool. None (the default): as many as ``pool_size``; 0: none (every append takes the pool, one
+        more round trip each: for a tight connection budget). Other backends and poolers hold none.
     :param engine_kwargs: passed to :func:`sqlalchemy.create_engine` (a path or URL only).
     :returns: the Engine every hostedrooms call takes.
     :raises MisuseError: ``target`` is an async engine, or ``synchronous`` is no SQLite mode.
-    :raises InvalidInputError: ``busy_timeout`` or ``create`` is invalid.
+    :raises InvalidInputError: ``busy_timeout``, ``create`` or ``held_connections`` is invalid.
     :raises StoreConfigurationError: ``schema=`` on SQLite, an engine with a ``schema_translate_map``, an invalid
         ``schema``, ``pooler`` or ``listen_url``, or a target that cannot be understood.
     :raises StoreMissingError: ``create=False`` and the SQLite file does not exist.
@@ -234,12 +240,21 @@ def create_engine(
     reject_async(target)
     check_synchronous(synchronous)
     check_engine_options(busy_timeout, create, schema)
+    check_held_connections(held_connections)
     if isinstance(target, Engine):
         return _adopt_engine(target, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema,
                              pooler=pooler, listen_url=listen_url)
     return build_configured(resolve_url(target), sa_create_engine, synchronous=synchronous,
                             busy_timeout=busy_timeout, create=create, schema=schema, pooler=pooler,
-                            listen_url=listen_url, **engine_kwargs)
+                            listen_url=listen_url, held_connections=held_connections, **engine_kwargs)
+
+
+def check_held_connections(held_connections: object) -> None:
+    """Refuse a ``held_connections`` that is not None or a count from 0."""
+    if held_connections is not None and (isinstance(held_connections, bool) or not isinstance(held_connections, int)
+                                         or held_connections < 0):
+        raise InvalidInputError("held_connections must be None or a number of connections from 0",
+                                field="held_connections")
 
 
 def check_pooler(backend: Backend, url: URL, schema: str | None, pooler: object,
@@ -318,7 +333,7 @@ def check_engine_options(busy_timeout: object, create: object, schema: object) -
 def build_configured(
     url: URL, factory: Callable[..., _E], *, synchronous: str, busy_timeout: float, create: bool,
     schema: str | None = None, pooler: str | None = None, listen_url: str | URL | None = None,
-    **engine_kwargs: Any,
+    held_connections: int | None = None, **engine_kwargs: Any,
 ) -> _E:
     """``factory(url, ...)`` (SQLAlchemy's ``create_engine`` or ``create_async_engine``) with the backend's
     defaults, its connection hooks and secrets kept out of logs; installed on the synchronous Engine (an
@@ -334,6 +349,8 @@ def build_configured(
     engine = cast(Engine, getattr(built, "sync_engine", built))
     refuse_translate_map(engine)
     install(engine, EngineProfile(backend, synchronous, busy_timeout, schema, pooled))
+    # PostgreSQL's one-statement append on a connection held per thread, where it can.
+    held_autocommit.allow(engine, held_connections)
     return built
 
 

@@ -9,10 +9,11 @@ hostedrooms' connection hooks on an engine, in the order they must run; :func:`p
 what an engine was configured with.
 
 Beside it, each Engine object carries its :class:`EngineRuntime` (:func:`runtime_of`): the objects hostedrooms
-runs for that very Engine (the held writer's slot, the shared waiter, the asyncio runner, the waiter's engine, the
-compat facade's mark). They are per Engine, not per dialect, because they hold their engine (the held writer
-does): kept in a map that outlives engines they would keep the engine, and its dialect, alive; kept on the Engine
-they go with it. A derived engine (``execution_options()``) has a runtime of its own, as it had its own entries.
+runs for that very Engine (the held writer's slot, the held autocommit connections, the shared waiter, the
+asyncio runner, the waiter's engine, the compat facade's mark). They are per Engine, not per dialect, because
+they hold their engine (the held writer does): kept in a map that outlives engines they would keep the engine,
+and its dialect, alive; kept on the Engine they go with it. A derived engine (``execution_options()``) has a
+runtime of its own, as it had its own entries.
 """
 
 from __future__ import annotations
@@ -102,17 +103,19 @@ def profile_of(engine: Engine) -> EngineProfile | None:
 
 class EngineRuntime:
     """The objects hostedrooms runs for one Engine object (see the module docstring); each module owns its
-    field and its rules: ``writer_slot`` (:mod:`hostedrooms.writer`), ``waiter`` and ``waiter_generation``
+    field and its rules: ``writer_slot`` (:mod:`hostedrooms.writer`), ``held_autocommit``
+    (:mod:`hostedrooms.held_autocommit`), ``waiter`` and ``waiter_generation``
     (:mod:`hostedrooms.wakeup`; a waiter of another generation belongs to the parent of a forked process),
     ``async_options``, ``runner`` (:mod:`hostedrooms.aio.engines`), ``waiter_engine`` (:mod:`hostedrooms.aio.wakeup`;
     valid once ``waiter_engine_known``), ``compat_generation`` (:mod:`hostedrooms.compat._engine`: the facade
     adopted and migrated the engine in that generation of its cache)."""
 
-    __slots__ = ("async_options", "compat_generation", "runner", "waiter", "waiter_engine", "waiter_engine_known",
-                 "waiter_generation", "writer_slot")
+    __slots__ = ("async_options", "compat_generation", "held_autocommit", "runner", "waiter", "waiter_engine",
+                 "waiter_engine_known", "waiter_generation", "writer_slot")
 
     def __init__(self) -> None:
         self.writer_slot: Any = None
+        self.held_autocommit: Any = None
         self.waiter: Any = None
         self.waiter_generation = -1
         self.async_options: Any = None

@@ -25,6 +25,11 @@ def resolve_engine(source: EngineSource) -> Engine:
     An asyncio engine passed by mistake is refused with a MisuseError (not a TypeError from calling it); an
     engine with a ``schema_translate_map`` with a StoreConfigurationError (hostedrooms' compiled statements would
     ignore it: use ``create_engine(..., schema=...)``).
+
+    :param source: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :returns: the Engine to run on.
+    :raises MisuseError: ``source`` is an asyncio engine, or neither an Engine nor callable.
+    :raises StoreConfigurationError: the engine has a ``schema_translate_map``.
     """
     reject_async(source)
     if isinstance(source, Engine):
@@ -45,7 +50,12 @@ class EngineCache:
         self._engines: dict[str, Engine] = {}
 
     def get(self, key: str, build: Callable[[], Engine]) -> Engine:
-        """The cached engine of ``key``; ``build()`` makes it the first time (a failed build caches nothing)."""
+        """The cached engine of ``key``; ``build()`` makes it the first time (a failed build caches nothing).
+
+        :param key: the cache key (a URL rendered with its password, say).
+        :param build: makes the engine when ``key`` has none yet.
+        :returns: the engine cached under ``key``.
+        """
         engine = self._engines.get(key)
         if engine is not None:
             return engine

@@ -83,7 +83,11 @@ class InvalidInputError(HostedRoomError):
     """An argument is invalid (wrong type, shape, size or range), found before any transaction opened (only a
     ``since_seq`` ahead of a room's log is found reading it): nothing was written. Not retryable as is; fix the
     input. ``field`` names the argument as the message labels it (``"room_id"``, ``"actor.kind"``, ``"payload"``;
-    within a batch, the item's field: ``"event_id"``), or is None where no single field is at fault."""
+    within a batch, the item's field: ``"event_id"``), or is None where no single field is at fault.
+
+    :param message: the message.
+    :param field: the argument at fault, or None.
+    """
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
@@ -94,7 +98,11 @@ class CapacityExceededError(HostedRoomError):
     """A write would exceed a capacity limit of this host (active rooms, a room's events or bytes, the gateway's
     bytes, stored links, in-flight deliveries); nothing was written. ``limit`` names the limit constant of
     :mod:`hostedrooms.limits` (``"MAX_ACTIVE_ROOMS"``, ``"MAX_GATEWAY_EVENT_BYTES"``, ...). Retrying the same call
-    succeeds only once room is made (rooms disbanded and pruned, deliveries finished) or the limit is raised."""
+    succeeds only once room is made (rooms disbanded and pruned, deliveries finished) or the limit is raised.
+
+    :param message: the message.
+    :param limit: the name of the limit that is full, or None.
+    """
 
     def __init__(self, message: str, *, limit: str | None = None) -> None:
         super().__init__(message)
@@ -179,7 +187,14 @@ class StoreLineageError(StorageError):
     standby lacked it, and its seq may hold another event now). Raised to a reader resuming with what it last
     saw (``follow()``'s cursor, its ``last_event``); never retryable as is: what the caller derived from the lost
     events must be reconciled by someone. ``room_id`` and ``seq`` name the event; ``previous`` and ``current``
-    are the lineages (either may be None where unknown)."""
+    are the lineages (either may be None where unknown).
+
+    :param message: the message.
+    :param room_id: the room of the event, or None.
+    :param seq: the event's seq, or None.
+    :param previous: the lineage the event was read under, or None.
+    :param current: the store's lineage now, or None.
+    """
 
     def __init__(self, message: str, *, room_id: str | None = None, seq: int | None = None,
                  previous: str | None = None, current: str | None = None) -> None:
@@ -214,7 +229,11 @@ def describe_target(url: URL | str) -> str:
     """Render a database target for messages, with any password masked: the ``user:***@`` of a URL and every
     secret query parameter (``?password=***``). A string is masked as text (:func:`mask_url_text`), never parsed
     (a parser that split a raw ``@`` of a password elsewhere would show the rest of it); a plain path is returned
-    as it is, a ``password=`` in it (a libpq keyword DSN) masked."""
+    as it is, a ``password=`` in it (a libpq keyword DSN) masked.
+
+    :param url: a database URL, as a SQLAlchemy URL or as text, or a file path.
+    :returns: the target as text, every password masked.
+    """
     if isinstance(url, str):
         return mask_url_text(url) if "://" in url else redact(url)
     base = url.set(query={}).render_as_string(hide_password=True)
@@ -233,7 +252,11 @@ def mask_url_text(text: str) -> str:
 
     The user info ends at the LAST ``@`` of the text: a password may hold a raw ``@``, ``/``, ``?`` or ``#``, so
     everything between ``user:`` and that ``@`` is masked (more than the password, never less, when an ``@``
-    follows in the path or the query)."""
+    follows in the path or the query).
+
+    :param text: one URL as text.
+    :returns: ``text`` with its user info and secret query parameters masked.
+    """
     scheme, sep, rest = text.partition("://")
     if not sep:
         return redact(text)
@@ -253,7 +276,11 @@ def redact(text: str) -> str:
     """``text`` (a message, a usage error, a log line) with every password it may quote masked: the user info of
     each ``scheme://`` URL in it (up to the last ``@`` before the next URL or the end of the line, see
     :func:`mask_url_text`), secret query parameters, and ``password=...`` keywords. Text without a secret is
-    returned unchanged."""
+    returned unchanged.
+
+    :param text: any text.
+    :returns: ``text`` with every password it quotes masked.
+    """
     lines = []
     for line in text.split("\n"):
         marks = list(_SCHEME_MARK.finditer(line))
@@ -325,7 +352,11 @@ def _says_database_missing(text: str) -> bool:
 
 
 def is_missing_database(exc: BaseException) -> bool:
-    """Whether a driver error (or SQLAlchemy's wrapper of one) says the database itself does not exist."""
+    """Whether a driver error (or SQLAlchemy's wrapper of one) says the database itself does not exist.
+
+    :param exc: a driver error, or SQLAlchemy's wrapper of one.
+    :returns: True when it says the database does not exist.
+    """
     original = getattr(exc, "orig", None) or exc
     if getattr(original, "sqlstate", None) == _MISSING_DATABASE_SQLSTATE:
         return True
@@ -408,6 +439,10 @@ def translate(exc: BaseException, target: URL | str) -> BaseException:
     Callers ``raise translate(exc, url) from exc`` so the driver error stays available as ``__cause__``.
     Integrity violations become :class:`StoreIntegrityError`; transient failures :class:`StoreUnavailableError`;
     configuration problems a :class:`StoreConfigurationError` subclass; anything else :class:`StorageError`.
+
+    :param exc: the exception caught.
+    :param target: the database it came from (named, password masked, in the message).
+    :returns: the hostedrooms error to raise in its place, or ``exc`` itself when it is no SQLAlchemy error.
     """
     if isinstance(exc, HostedRoomError) or not isinstance(exc, sa_exc.SQLAlchemyError):
         return exc

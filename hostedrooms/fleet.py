@@ -67,7 +67,11 @@ class FleetReport:
     outcomes: tuple[SchemaOutcome, ...] = field(default_factory=tuple)
 
     def of(self, status: Status) -> list[str]:
-        """The schemas whose outcome is ``status``."""
+        """The schemas whose outcome is ``status``.
+
+        :param status: an outcome's status (``"upgraded"``, ``"current"`` or ``"failed"``).
+        :returns: the schema names with that outcome, in the report's order.
+        """
         return [outcome.schema for outcome in self.outcomes if outcome.status == status]
 
     @property
@@ -95,7 +99,15 @@ def _checked(schemas: Iterable[object]) -> list[str]:
 
 def select_schemas(url: str, pattern: str) -> list[str]:
     """The schemas of ``url`` whose name is ``LIKE pattern`` (``gw_%``; ``_`` matches any one character, ``\\_``
-    an underscore) and that hold hostedrooms' version table or are empty, in name order."""
+    an underscore) and that hold hostedrooms' version table or are empty, in name order.
+
+    :param url: the PostgreSQL database.
+    :param pattern: a SQL ``LIKE`` pattern for the schema names.
+    :returns: the matching schema names, in name order.
+    :raises InvalidInputError: ``pattern`` is empty, longer than 256 characters or holds a NUL.
+    :raises StoreConfigurationError: ``url`` does not name a PostgreSQL database.
+    :raises StorageError: the database could not be read.
+    """
     if not isinstance(pattern, str) or not pattern or len(pattern) > 256 or "\x00" in pattern:
         raise InvalidInputError("schema pattern must be a non-empty LIKE pattern of at most 256 characters",
                                 field="pattern")
@@ -119,6 +131,14 @@ def upgrade_schemas(url: str, schemas: Sequence[str], *, workers: int = 4,
     it takes. Nothing is raised for a schema that fails: see :class:`FleetReport`. Bad arguments raise
     :class:`~hostedrooms.errors.InvalidInputError` or :class:`~hostedrooms.errors.StoreConfigurationError`
     before any schema is touched.
+
+    :param url: the PostgreSQL database.
+    :param schemas: the schema names (a list, not one string).
+    :param workers: how many schemas migrate at once, 1 to MAX_WORKERS.
+    :param lock_timeout: the longest wait for a lock, in seconds (above 0, at most 86400), or None.
+    :returns: the head revision and each schema's outcome.
+    :raises InvalidInputError: a schema name, ``workers`` or ``lock_timeout`` is invalid.
+    :raises StoreConfigurationError: ``url`` does not name a PostgreSQL database.
     """
     _postgresql_url(url)
     names = _checked(schemas)
@@ -160,7 +180,13 @@ def _outcome_of(name: str, future: Future[SchemaOutcome]) -> SchemaOutcome:
 
 
 def upgrade_one(url: str, schema: str, lock_timeout: float | None = None) -> SchemaOutcome:
-    """Upgrade one schema to head and say what happened; never raises for the schema's own failure."""
+    """Upgrade one schema to head and say what happened; never raises for the schema's own failure.
+
+    :param url: the PostgreSQL database.
+    :param schema: the schema to upgrade (created when missing).
+    :param lock_timeout: the longest wait for a lock, in seconds (None: no bound).
+    :returns: the schema's outcome (``"failed"`` with the error's text when it failed).
+    """
     started = time.monotonic()
     engine = create_engine(url, schema=schema)
     if lock_timeout is not None:

@@ -273,6 +273,14 @@ def verify(target: Target, *, progress: Callable[[str], Any] | None = None,
     ``expect_heads``: remembered events to find as they were (:class:`ExpectedHead`, ``(room_id, seq,
     event_id)``, ``"ROOM/SEQ/EVENT_ID"`` or an event dict; checked before anything is opened); one gone or
     different is an ``expected_head`` violation.
+
+    :param target: the store: a path, a URL or an :class:`~sqlalchemy.Engine`.
+    :param progress: called with each check's name before it runs, or None.
+    :param expect_heads: remembered events that must still be stored as they were.
+    :returns: the violations found; empty when the store is clean.
+    :raises InvalidInputError: ``progress`` or ``expect_heads`` is invalid (nothing was opened).
+    :raises StoreMissingError: a SQLite target does not exist.
+    :raises StorageError: the store could not be read.
     """
     if progress is not None and not callable(progress):
         raise InvalidInputError("progress must be None or a callable taking a check's name", field="progress")

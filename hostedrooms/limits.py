@@ -154,7 +154,11 @@ class LimitValues:
     @classmethod
     def read(cls, *sources: object) -> LimitValues:
         """Each limit from the first of ``sources`` that defines it (a facade module first), else from this
-        module, all read now and taken as ints (a facade constant patched to ``1e6`` means 1,000,000)."""
+        module, all read now and taken as ints (a facade constant patched to ``1e6`` means 1,000,000).
+
+        :param sources: modules or objects to read limits from, the first that defines a limit winning.
+        :returns: the limits, as ints.
+        """
         # A module's namespace is read directly (a facade reads this on every call); the last source read wins.
         values = {name: globals()[name] for name in LIMIT_NAMES}
         for source in reversed(sources):
@@ -170,7 +174,12 @@ class LimitValues:
 def in_force(limits: Limits | None) -> Limits:
     """The limits a service reads for one call: ``limits``, or (None) this module, whose constants are read when
     the service reads them (so lowering one here takes effect). Anything else must hold every limit as a
-    non-negative int (checked before any transaction opens), else :class:`~hostedrooms.errors.InvalidInputError`."""
+    non-negative int (checked before any transaction opens), else :class:`~hostedrooms.errors.InvalidInputError`.
+
+    :param limits: the caller's ``limits=``, or None.
+    :returns: the limits to read.
+    :raises InvalidInputError: ``limits`` lacks a limit or holds one that is not a non-negative int.
+    """
     if limits is None or limits is _MODULE:
         return _MODULE
     if type(limits) is not LimitValues:  # a LimitValues was checked when it was made
@@ -179,7 +188,11 @@ def in_force(limits: Limits | None) -> Limits:
 
 
 def check_limits(limits: object) -> None:
-    """Refuse a ``limits=`` that lacks a limit or holds one that is not a non-negative int."""
+    """Refuse a ``limits=`` that lacks a limit or holds one that is not a non-negative int.
+
+    :param limits: the object given as ``limits=``.
+    :raises InvalidInputError: a limit is missing or not a non-negative int.
+    """
     from .errors import InvalidInputError
 
     for name in LIMIT_NAMES:

@@ -48,7 +48,11 @@ def _plain(value: Any) -> Any:
 
 
 def fields(record: logging.LogRecord) -> dict[str, Any]:
-    """A record as the flat fields of one log line: the required ones first, then its ``extra=`` fields."""
+    """A record as the flat fields of one log line: the required ones first, then its ``extra=`` fields.
+
+    :param record: a log record.
+    :returns: the line's fields, by name.
+    """
     line: dict[str, Any] = {
         "time": _timestamp(record.created), "level": record.levelname, "event": getattr(record, "event", record.name),
         "room": _plain(getattr(record, "room", None)), "gateway": _plain(getattr(record, "gateway", None)),
@@ -80,7 +84,10 @@ class TextFormatter(logging.Formatter):
 
 
 def logs_enabled() -> bool:
-    """Whether :func:`logging_to` has a handler installed now."""
+    """Whether :func:`logging_to` has a handler installed now.
+
+    :returns: True while :func:`logging_to` has a handler installed.
+    """
     return any(isinstance(handler, _Installed) for handler in logging.getLogger("hostedrooms").handlers)
 
 
@@ -92,7 +99,13 @@ class _Installed(logging.StreamHandler):  # type: ignore[type-arg]
 def logging_to(stream: TextIO, *, log_format: str | None, level: str | None) -> Iterator[None]:
     """While the block runs, hostedrooms' records at ``level`` (default ``info``) and above go to ``stream`` in
     ``log_format`` (default ``text``); neither given: nothing is installed. The logger's level and handlers
-    are restored afterwards."""
+    are restored afterwards.
+
+    :param stream: where the lines go.
+    :param log_format: ``"json"`` or ``"text"``, or None.
+    :param level: the lowest level logged (a level name such as ``"info"``), or None.
+    :returns: a context manager; the handler is installed while its block runs.
+    """
     if log_format is None and level is None:
         yield
         return

@@ -59,7 +59,11 @@ PACKAGE_SCRIPT_LOCATION = "hostedrooms:_migrations"
 
 
 def script_location() -> Path:
-    """The folder holding ``env.py`` and ``versions/``, wherever hostedrooms is installed."""
+    """The folder holding ``env.py`` and ``versions/``, wherever hostedrooms is installed.
+
+    :returns: the folder's path.
+    :raises HostedRoomError: the migration scripts are missing from this installation.
+    """
     spec = importlib.util.find_spec("hostedrooms._migrations")
     if spec is not None and spec.submodule_search_locations:
         for location in spec.submodule_search_locations:
@@ -72,7 +76,11 @@ def script_location() -> Path:
 
 
 def alembic_config(connectable: Engine | Connection | None = None) -> Config:
-    """An Alembic Config for hostedrooms' scripts, optionally bound to an engine or connection."""
+    """An Alembic Config for hostedrooms' scripts, optionally bound to an engine or connection.
+
+    :param connectable: the engine or connection Alembic runs on, or None (its URL then comes from the command line).
+    :returns: the Config.
+    """
     config = Config()
     config.set_main_option("script_location", str(script_location()))
     if connectable is not None:
@@ -194,7 +202,11 @@ _REVISION = re.compile(r"[A-Za-z0-9_.@+-]{1,128}")
 
 def check_revision(revision: object) -> None:
     """Refuse a revision argument that cannot name one (a URL given in its place, say) with an
-    :class:`~hostedrooms.errors.InvalidInputError` that does not quote it: Alembic's own error would."""
+    :class:`~hostedrooms.errors.InvalidInputError` that does not quote it: Alembic's own error would.
+
+    :param revision: the argument given as a revision.
+    :raises InvalidInputError: it cannot name a revision.
+    """
     if not isinstance(revision, str) or not _REVISION.fullmatch(revision):
         raise InvalidInputError(
             "revision must be head, base, a revision id or name, +N or -N (letters, digits and _ . @ + -, at most "
@@ -255,7 +267,13 @@ def _ours(table_name: str | None) -> bool:
 
 def host_include_name(name: str | None, type_: NameFilterType, parent_names: NameFilterParentNames) -> bool:
     """``include_name`` for a host's ``env.py``: never reflect hostedrooms' tables or their indexes and
-    constraints, so the host's autogenerate proposes no drop and its ``alembic check`` stays clean."""
+    constraints, so the host's autogenerate proposes no drop and its ``alembic check`` stays clean.
+
+    :param name: the reflected object's name.
+    :param type_: its kind (``"table"``, ``"index"``, ...).
+    :param parent_names: the names of the schema and table it belongs to.
+    :returns: False for hostedrooms' tables and what belongs to them.
+    """
     if type_ == "table":
         return not _ours(name)
     return not _ours(parent_names.get("table_name"))
@@ -265,7 +283,15 @@ def host_include_object(
     obj: SchemaItem, name: str | None, type_: NameFilterType, reflected: bool, compare_to: SchemaItem | None
 ) -> bool:
     """``include_object`` for a host's ``env.py``: skip hostedrooms' tables on both sides of the comparison,
-    for hosts whose ``target_metadata`` also holds them (for foreign keys to ``hosted_rooms``, say)."""
+    for hosts whose ``target_metadata`` also holds them (for foreign keys to ``hosted_rooms``, say).
+
+    :param obj: the schema item compared.
+    :param name: its name.
+    :param type_: its kind (``"table"``, ``"index"``, ...).
+    :param reflected: whether it was reflected from the database.
+    :param compare_to: what it is compared with, or None.
+    :returns: False for hostedrooms' tables and what belongs to them.
+    """
     if type_ == "table":
         return not _ours(name)
     table = getattr(obj, "table", None)
@@ -289,6 +315,11 @@ def upgrade_with_host(context: AlembicContext, connection: Connection, revision:
     Called first, it commits hostedrooms' head before any host revision runs, so a host revision may refer to
     hostedrooms' tables (a foreign key to ``hosted_rooms``; PostgreSQL checks it at ``CREATE TABLE``): Alembic's
     ``depends_on`` cannot name hostedrooms' revisions, which live in their own history and version table.
+
+    :param context: Alembic's context (``alembic.context`` in the host's ``env.py``).
+    :param connection: the connection the host's migrations run on.
+    :param revision: hostedrooms' revision to upgrade to.
+    :returns: whether it upgraded.
     """
     if context.is_offline_mode() or not _is_upgrade(context.get_context()):
         return False
@@ -309,6 +340,9 @@ def alembic_ini(url: str | None = None) -> str:
 
     ``url`` (a SQLAlchemy URL or a SQLite path) becomes ``sqlalchemy.url``, the fallback after
     ``-x url=...`` and ``$HOSTEDROOMS_DATABASE_URL``; by default ``state.db`` in the working directory.
+
+    :param url: a SQLAlchemy URL or a SQLite path, or None for ``state.db``.
+    :returns: the file's text.
     """
     rendered = "sqlite:///state.db" if url is None else resolve_url(url).render_as_string(hide_password=False)
     return _INI_TEMPLATE.format(script_location=_ini_script_location(), url=rendered.replace("%", "%%"))
@@ -377,7 +411,15 @@ datefmt = %H:%M:%S
 def include_object(
     obj: SchemaItem, name: str | None, type_: NameFilterType, reflected: bool, compare_to: SchemaItem | None
 ) -> bool:
-    """Autogenerate and ``alembic check`` look only at hostedrooms' own tables, never the host's."""
+    """Autogenerate and ``alembic check`` look only at hostedrooms' own tables, never the host's.
+
+    :param obj: the schema item compared.
+    :param name: its name.
+    :param type_: its kind (``"table"``, ``"index"``, ...).
+    :param reflected: whether it was reflected from the database.
+    :param compare_to: what it is compared with, or None.
+    :returns: True for hostedrooms' own tables and what belongs to them.
+    """
     if type_ == "table":
         return name in metadata.tables
     table = getattr(obj, "table", None)
@@ -399,7 +441,13 @@ def _created_on(dialect_name: str) -> Callable[..., bool]:
 
 
 def include_name(name: str | None, type_: NameFilterType, parent_names: NameFilterParentNames) -> bool:
-    """hostedrooms' environment does not even reflect a host's tables (their types may be unknown to us)."""
+    """hostedrooms' environment does not even reflect a host's tables (their types may be unknown to us).
+
+    :param name: the reflected object's name.
+    :param type_: its kind (``"table"``, ``"index"``, ...).
+    :param parent_names: the names of the schema and table it belongs to.
+    :returns: True for hostedrooms' own tables and anything that is not a table.
+    """
     if type_ == "table":
         return name in metadata.tables
     return True
@@ -464,7 +512,10 @@ def _configure_logging(config: Config) -> None:
 
 
 def run_alembic_env(context: EnvironmentContext) -> None:
-    """The body of ``alembic/env.py``: offline SQL rendering or an online run on one connection."""
+    """The body of ``alembic/env.py``: offline SQL rendering or an online run on one connection.
+
+    :param context: Alembic's environment context (``alembic.context`` in ``env.py``).
+    """
     _configure_logging(context.config)
     if context.is_offline_mode():
         url = context.get_x_argument(as_dictionary=True).get("url") or os.environ.get(DATABASE_URL_ENV)

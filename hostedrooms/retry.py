@@ -88,13 +88,23 @@ class JitteredBackoff:
         _callable(self.random, "random")
 
     def ceiling(self, attempt: int) -> float:
-        """The most attempt ``attempt`` waits: ``min(cap, base * 2 ** (attempt - 1))``."""
+        """The most attempt ``attempt`` waits: ``min(cap, base * 2 ** (attempt - 1))``.
+
+        :param attempt: the failed attempt's number, from 1.
+        :returns: the longest wait after it, in seconds.
+        :raises RetryArgumentError: ``attempt`` is not an integer of 1 or more.
+        """
         if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
             raise RetryArgumentError("attempt must be an integer, 1 or more", field="attempt")
         return float(min(self.cap, self.base * 2.0 ** min(attempt - 1, _MAX_DOUBLINGS)))
 
     def delay(self, attempt: int) -> float:
-        """The wait after failed attempt ``attempt``, drawn below its :meth:`ceiling`."""
+        """The wait after failed attempt ``attempt``, drawn below its :meth:`ceiling`.
+
+        :param attempt: the failed attempt's number, from 1.
+        :returns: the wait after it, in seconds.
+        :raises RetryArgumentError: ``attempt`` is not an integer of 1 or more.
+        """
         ceiling = self.ceiling(attempt)
         if self.jitter == "none":
             return ceiling
@@ -122,6 +132,15 @@ def retry(
     ``jitter``, ``random``). ``on_retry(attempt, error, delay)``, if given, is told of each failure before its wait
     (to log it).
 
+    :param call: the call to make, without arguments.
+    :param attempts: the most calls, 1 to MAX_ATTEMPTS.
+    :param base: the first wait's ceiling, in seconds.
+    :param cap: the longest wait, in seconds.
+    :param jitter: how each wait is drawn below its ceiling, one of :data:`JITTERS`.
+    :param retry_on: the exception classes that are retried.
+    :param sleep: waits the given seconds (default: :func:`time.sleep`).
+    :param random: returns a float in ``[0, 1)`` (default: :func:`random.random`).
+    :param on_retry: told ``(attempt, error, delay)`` of each failure before its wait, or None.
     :returns: what ``call`` returned on the first attempt that did not raise.
     :raises BaseException: the error of the last attempt, as it was raised, once ``attempts`` are spent; at once,
         any error not in ``retry_on``.

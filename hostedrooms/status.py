@@ -93,6 +93,16 @@ def store_status(
     Raises :class:`~hostedrooms.errors.SchemaMissingError` for a database without hostedrooms' schema, the
     :class:`~hostedrooms.errors.StorageError` subclasses for a store that cannot be read, and
     :class:`~hostedrooms.errors.InvalidInputError` for a bad ``now`` or ``top``. Writes nothing.
+
+    :param target: the store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param now: the time in Unix seconds (default: the wall clock).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :param top: how many fullest rooms and most lagging replicas to list, 0 to MAX_TOP.
+    :returns: the store's status.
+    :raises InvalidInputError: ``now``, ``top`` or ``limits`` is invalid.
+    :raises MisuseError: ``target`` is not a SQLAlchemy Engine.
+    :raises SchemaMissingError: the database has no hostedrooms schema.
+    :raises StorageError: the store could not be read.
     """
     timestamp = clock(now)
     top = bounded_int(top, error=InvalidInputError, message=f"top must be an integer from 0 to {MAX_TOP}",
@@ -267,7 +277,12 @@ def assess(status: StoreStatus, thresholds: Thresholds | None = None) -> Assessm
     and 95% of every limit). A percent or an age at its threshold crosses it; a replica lag crosses its
     threshold when above it (Nagios's convention: ``warn_lag=0`` warns at any lag and never at none). The
     disbanded rooms are not checked against MAX_DISBANDED_ROOM_TOMBSTONES: at the cap the oldest tombstone is
-    purged, by design, and nothing is refused."""
+    purged, by design, and nothing is refused.
+
+    :param status: what :func:`store_status` returned.
+    :param thresholds: the warning and critical thresholds (default: :class:`Thresholds`' defaults).
+    :returns: the state, its exit code and the findings, critical ones first.
+    """
     rules = thresholds if thresholds is not None else Thresholds()
     findings: list[Finding] = []
     for check, limit_name, use in _caps(status):
@@ -298,7 +313,12 @@ def assess(status: StoreStatus, thresholds: Thresholds | None = None) -> Assessm
 def perfdata(status: StoreStatus, thresholds: Thresholds | None = None) -> str:
     """The Nagios performance data of ``status`` (what monitoring systems graph): each checked limit's percent, the
     oldest backlog item's age in seconds (0 when there is none) and the largest replica lag, each as
-    ``label=value[unit];warn;crit;min;max`` (an empty field: not checked, or no maximum)."""
+    ``label=value[unit];warn;crit;min;max`` (an empty field: not checked, or no maximum).
+
+    :param status: what :func:`store_status` returned.
+    :param thresholds: the thresholds to print beside each value (default: :class:`Thresholds`' defaults).
+    :returns: the performance data, items separated by spaces.
+    """
     rules = thresholds if thresholds is not None else Thresholds()
 
     def field(value: float | None) -> str:

@@ -81,12 +81,22 @@ def _admin(admin_url: str) -> sa.Engine:
 
 
 def migrate_url(url: str) -> sa.URL:
-    """``url`` with the driver hostedrooms uses (psycopg 3 for PostgreSQL)."""
+    """``url`` with the driver hostedrooms uses (psycopg 3 for PostgreSQL).
+
+    :param url: a database URL.
+    :returns: the URL, with hostedrooms' driver.
+    """
     return resolve_url(url)
 
 
 def create_database(admin_url: str, name: str, *, template: str | None = None) -> str:
-    """CREATE DATABASE ``name`` (dropping a leftover of that name); return its URL with the password."""
+    """CREATE DATABASE ``name`` (dropping a leftover of that name); return its URL with the password.
+
+    :param admin_url: a PostgreSQL URL allowed to create databases.
+    :param name: the new database's name.
+    :param template: a database to clone, or None for an empty one.
+    :returns: the new database's URL.
+    """
     admin = _admin(admin_url)
     try:
         with admin.connect() as connection:
@@ -100,7 +110,11 @@ def create_database(admin_url: str, name: str, *, template: str | None = None) -
 
 
 def drop_database(admin_url: str, name: str) -> None:
-    """DROP DATABASE ``name`` if it exists, closing its connections."""
+    """DROP DATABASE ``name`` if it exists, closing its connections.
+
+    :param admin_url: a PostgreSQL URL allowed to drop databases.
+    :param name: the database to drop.
+    """
     admin = _admin(admin_url)
     try:
         with admin.connect() as connection:
@@ -111,20 +125,33 @@ def drop_database(admin_url: str, name: str) -> None:
 
 
 def unique_name(prefix: str) -> str:
-    """A database name unique to this process and call."""
+    """A database name unique to this process and call.
+
+    :param prefix: the name's start.
+    :returns: the name.
+    """
     return f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:10]}"
 
 
 def with_search_path(url: str, schema: str) -> str:
     """``url`` whose connections use ``schema`` alone (a ``search_path`` startup option: for a target string,
-    where no ``schema=`` can be passed)."""
+    where no ``schema=`` can be passed).
+
+    :param url: a PostgreSQL URL.
+    :param schema: the schema the connections use.
+    :returns: the URL, as text.
+    """
     with_path = resolve_url(url).update_query_dict({"options": f"-csearch_path={schema}"})
     return with_path.render_as_string(hide_password=False)
 
 
 def postgres_admin_url(config: pytest.Config) -> str | None:
     """The admin URL given by ``--hostedrooms-postgres-url`` or ``$HOSTEDROOMS_TEST_POSTGRES_URL``, or None (the
-    option is read only where this plugin is loaded)."""
+    option is read only where this plugin is loaded).
+
+    :param config: pytest's config.
+    :returns: the admin URL, or None.
+    """
     given = config.getoption("--hostedrooms-postgres-url", default=None) or os.environ.get(POSTGRES_URL_ENV)
     return str(given) if given else None
 
@@ -132,7 +159,13 @@ def postgres_admin_url(config: pytest.Config) -> str | None:
 @contextlib.contextmanager
 def postgres_database(admin_url: str, name: str, *, template: str | None = None) -> Iterator[str]:
     """A new PostgreSQL database ``name`` (empty, or cloned from database ``template``) for the ``with`` block:
-    yields its URL; dropped afterwards, whatever happened."""
+    yields its URL; dropped afterwards, whatever happened.
+
+    :param admin_url: a PostgreSQL URL allowed to create and drop databases.
+    :param name: the new database's name.
+    :param template: a database to clone, or None for an empty one.
+    :returns: a context manager yielding the new database's URL.
+    """
     url = create_database(admin_url, name, template=template)
     try:
         yield url
@@ -142,7 +175,12 @@ def postgres_database(admin_url: str, name: str, *, template: str | None = None)
 
 def prepare_template(target: str, host_setup: HostSetup = None, *, schema: str | None = None) -> None:
     """Migrate the database ``target`` (in ``schema``) to head, then add the host's tables (see
-    ``hostedrooms_host_setup``; in ``schema`` too)."""
+    ``hostedrooms_host_setup``; in ``schema`` too).
+
+    :param target: the database to prepare.
+    :param host_setup: the host's tables: a ``MetaData``, a callable taking an Engine, or None.
+    :param schema: the PostgreSQL schema, or None.
+    """
     migrate.upgrade(target, schema=schema)
     if host_setup is None:
         return
@@ -158,8 +196,13 @@ def host_alembic(config: str | os.PathLike[str] | Config = "alembic.ini", revisi
         [sa.Engine], None]:
     """A ``hostedrooms_host_setup`` that runs the host application's own Alembic history onto the template:
     ``alembic upgrade <revision>`` with ``config`` (an ini file's path, or a ``Config``), handing the template's
-    Engine to the host's ``env.py`` in ``config.attributes["connection"]`` (as pytest-alembic does; the README's
-    ``env.py`` picks it up)."""
+    Engine to the host's ``env.py`` in ``config.attributes["connection"]`` (as pytest-alembic does; the host
+    ``env.py`` of docs/host-alembic.md picks it up).
+
+    :param config: the host's ``alembic.ini`` path, or an Alembic ``Config``.
+    :param revision: the host's revision to upgrade to.
+    :returns: the setup, for ``hostedrooms_host_setup`` to return.
+    """
 
     def upgrade(engine: sa.Engine) -> None:
         alembic_config = config if isinstance(config, Config) else Config(os.fspath(config))
@@ -173,21 +216,36 @@ def host_alembic(config: str | os.PathLike[str] | Config = "alembic.ini", revisi
 
 
 def sqlite_template(directory: Path, host_setup: HostSetup = None) -> Path:
-    """A SQLite file ``template.db`` in ``directory``, prepared by :func:`prepare_template`."""
+    """A SQLite file ``template.db`` in ``directory``, prepared by :func:`prepare_template`.
+
+    :param directory: the folder to write ``template.db`` in.
+    :param host_setup: the host's tables: a ``MetaData``, a callable taking an Engine, or None.
+    :returns: the template file's path.
+    """
     path = directory / "template.db"
     prepare_template(str(path), host_setup)
     return path
 
 
 def copy_template(template: str | os.PathLike[str], path: Path) -> str:
-    """A copy of the SQLite ``template`` file at ``path`` (one test's own database), as a target string."""
+    """A copy of the SQLite ``template`` file at ``path`` (one test's own database), as a target string.
+
+    :param template: the prepared SQLite template file.
+    :param path: where the copy goes.
+    :returns: the copy's path, as a target string.
+    """
     shutil.copyfile(template, path)
     return str(path)
 
 
 @contextlib.contextmanager
 def open_engine(target: str, *, schema: str | None = None) -> Iterator[sa.Engine]:
-    """A hostedrooms Engine on ``target`` (in ``schema``) for the ``with`` block, disposed afterwards."""
+    """A hostedrooms Engine on ``target`` (in ``schema``) for the ``with`` block, disposed afterwards.
+
+    :param target: a path or URL.
+    :param schema: the PostgreSQL schema, or None.
+    :returns: a context manager yielding the Engine.
+    """
     engine = create_engine(target, schema=schema)
     try:
         yield engine
@@ -200,13 +258,22 @@ def open_engine(target: str, *, schema: str | None = None) -> Iterator[sa.Engine
 
 @pytest.fixture(scope="session")
 def hostedrooms_postgres_url(request: pytest.FixtureRequest) -> str | None:
-    """The admin URL given by option or environment, or None (SQLite)."""
+    """The admin URL given by option or environment, or None (SQLite).
+
+    :param request: pytest's request.
+    :returns: the admin URL, or None.
+    """
     return postgres_admin_url(request.config)
 
 
 @pytest.fixture(scope="session")
 def hostedrooms_schema(request: pytest.FixtureRequest, hostedrooms_postgres_url: str | None) -> str | None:
-    """The schema given by ``--hostedrooms-schema`` or ``$HOSTEDROOMS_TEST_SCHEMA`` (PostgreSQL only), or None."""
+    """The schema given by ``--hostedrooms-schema`` or ``$HOSTEDROOMS_TEST_SCHEMA`` (PostgreSQL only), or None.
+
+    :param request: pytest's request.
+    :param hostedrooms_postgres_url: the fixture: the admin URL, or None.
+    :returns: the schema's name, or None.
+    """
     given = request.config.getoption("--hostedrooms-schema", default=None) or os.environ.get(SCHEMA_ENV)
     if given and hostedrooms_postgres_url is None:
         raise pytest.UsageError("--hostedrooms-schema needs PostgreSQL (--hostedrooms-postgres-url)")
@@ -217,7 +284,10 @@ def hostedrooms_schema(request: pytest.FixtureRequest, hostedrooms_postgres_url:
 def hostedrooms_host_setup() -> HostSetup:
     """Override in the application's ``conftest.py`` to add its own tables to every test database: return a
     ``MetaData`` (``create_all`` runs on the template) or a callable taking the template's Engine (to run the
-    application's own migrations, say). Applied once per session, after hostedrooms' migrations."""
+    application's own migrations, say). Applied once per session, after hostedrooms' migrations.
+
+    :returns: None here (hostedrooms' tables only); an override returns a ``MetaData`` or a callable.
+    """
     return None
 
 
@@ -241,7 +311,14 @@ def _hostedrooms_template(
 def hostedrooms_target(
     hostedrooms_postgres_url: str | None, _hostedrooms_template: str, tmp_path: Path, hostedrooms_schema: str | None,
 ) -> Iterator[str]:
-    """A migrated hostedrooms database of this test alone, as a path or URL string."""
+    """A migrated hostedrooms database of this test alone, as a path or URL string.
+
+    :param hostedrooms_postgres_url: the fixture: the admin URL, or None for SQLite.
+    :param _hostedrooms_template: the plugin's session template (a file or a database name).
+    :param tmp_path: pytest's fixture: where a SQLite copy goes.
+    :param hostedrooms_schema: the fixture: the schema to use, or None.
+    :returns: the database's path or URL, for the test.
+    """
     if hostedrooms_postgres_url is None:
         yield copy_template(_hostedrooms_template, tmp_path / "hostedrooms.db")
         return
@@ -252,7 +329,12 @@ def hostedrooms_target(
 
 @pytest.fixture
 def hostedrooms_engine(hostedrooms_target: str, hostedrooms_schema: str | None) -> Iterator[sa.Engine]:
-    """An Engine on this test's migrated hostedrooms database (disposed afterwards)."""
+    """An Engine on this test's migrated hostedrooms database (disposed afterwards).
+
+    :param hostedrooms_target: the fixture: this test's database.
+    :param hostedrooms_schema: the fixture: the schema to use, or None.
+    :returns: the Engine, for the test.
+    """
     with open_engine(hostedrooms_target, schema=hostedrooms_schema) as engine:
         yield engine
 
@@ -261,7 +343,12 @@ def hostedrooms_engine(hostedrooms_target: str, hostedrooms_schema: str | None) 
 def hostedrooms_async_engine(hostedrooms_target: str, hostedrooms_schema: str | None) -> Iterator[AsyncEngine]:
     """An AsyncEngine (:func:`hostedrooms.aio.create_async_engine`) on this test's migrated hostedrooms database,
     for the asyncio API. A plain fixture, so it serves pytest-asyncio, anyio and ``asyncio.run`` tests alike; it is
-    disposed after the test, on an event loop of its own (the test's loop is gone by then)."""
+    disposed after the test, on an event loop of its own (the test's loop is gone by then).
+
+    :param hostedrooms_target: the fixture: this test's database.
+    :param hostedrooms_schema: the fixture: the schema to use, or None.
+    :returns: the AsyncEngine, for the test.
+    """
     from .aio import create_async_engine
 
     engine = create_async_engine(hostedrooms_target, schema=hostedrooms_schema)

@@ -114,7 +114,14 @@ class _UnitStore(Generic[_S]):
 
 class UnitOfWork:
     """A context manager around one transaction on ``engine``; exposes ``connection``, ``session`` and the stores
-    bound to the connection (``rooms``, ``replicas``, ``peers``, ``ledger``)."""
+    bound to the connection (``rooms``, ``replicas``, ``peers``, ``ledger``).
+
+    :param engine: the store's Engine.
+    :param write: False for a read-only unit.
+    :param statement_snapshots: a read-only unit whose statements each read their own snapshot (PostgreSQL opens
+        no transaction).
+    :raises MisuseError: ``engine`` is an asyncio engine.
+    """
 
     #: The room store of this unit's backend, on this unit's connection.
     rooms: _UnitStore[RoomStore] = _UnitStore(_Bound("room_store"))
@@ -142,7 +149,11 @@ class UnitOfWork:
     def one_statement(cls, engine: Engine) -> UnitOfWork:
         """A unit for a write of one statement that commits itself (a store's one-statement append, where
         :attr:`~hostedrooms.store.RoomStore.one_statement_autocommits`): on PostgreSQL it runs in autocommit,
-        outside any transaction, as a statement-snapshot read unit does."""
+        outside any transaction, as a statement-snapshot read unit does.
+
+        :param engine: the engine to write on.
+        :returns: the unit, to use as a context manager.
+        """
         return cls(engine, write=False, statement_snapshots=True)
 
     def __enter__(self) -> Self:
@@ -222,13 +233,22 @@ class UnitOfWork:
         return self._session
 
     def execute(self, statement: Executable, parameters: Any = None) -> Result[Any]:
-        """Execute a Core statement in this unit's transaction."""
+        """Execute a Core statement in this unit's transaction.
+
+        :param statement: a Core statement.
+        :param parameters: its bound parameters, or None.
+        :returns: the statement's result.
+        """
         return self.connection.execute(statement, parameters)
 
     def fenced(self, statement: Executable, error: BaseException) -> None:
         """Run a guarded ``UPDATE ... WHERE``; raise ``error`` unless exactly one row changed.
 
         The caller leaves the block with the exception, so the unit rolls back and nothing it wrote stays.
+
+        :param statement: the guarded ``UPDATE``.
+        :param error: the exception to raise when it changed no row or more than one.
+        :raises BaseException: ``error``, unless exactly one row changed.
         """
         result = self.connection.execute(statement)
         if result.rowcount != 1:

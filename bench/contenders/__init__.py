@@ -36,7 +36,14 @@ from __future__ import annotations
 from bench.contenders.base import WORKLOADS, Contender, HostedroomsSchema, Workload
 from bench.contenders.eventsourcing_peer import EventsourcingAggregate, EventsourcingApplication
 from bench.contenders.floors import PooledDBAPIFloor, SQLAlchemyFloor, SQLAlchemyStatements
-from bench.contenders.ours import Hostedrooms, HostedroomsAsync, HostedroomsBareHop, HostedroomsToThread, RawIngestLoop
+from bench.contenders.ours import (
+    Hostedrooms,
+    HostedroomsAsync,
+    HostedroomsBareHop,
+    HostedroomsPooled,
+    HostedroomsToThread,
+    RawIngestLoop,
+)
 from bench.contenders.raw import RawDictLoop, RawInsert, RawOwnStatements, RawReferenceStatements, ReferenceStyleRead
 
 CONTENDERS: list[type[Contender]] = [
@@ -55,6 +62,7 @@ CONTENDERS: list[type[Contender]] = [
     HostedroomsToThread,
     HostedroomsBareHop,
     HostedroomsAsync,
+    HostedroomsPooled,
 ]
 
 __all__ = [
@@ -66,6 +74,7 @@ __all__ = [
     "Hostedrooms",
     "HostedroomsAsync",
     "HostedroomsBareHop",
+    "HostedroomsPooled",
     "HostedroomsSchema",
     "HostedroomsToThread",
     "PooledDBAPIFloor",

@@ -98,6 +98,15 @@ class Hostedrooms(HostedroomsSchema):
     def backend_pid(self) -> int | None:
         if not self.ctx.postgres:
             return None
+        from hostedrooms import held_autocommit
+
+        held = held_autocommit.take(self.engine)  # the connection this thread's single appends run on, if held
+        if held is not None:
+            try:
+                held.open()
+                return held.backend_pid
+            finally:
+                held.release()
         scalar, connection = _engine_scalar(self.engine)
         try:
             return int(scalar("SELECT pg_backend_pid()"))
@@ -110,6 +119,29 @@ class Hostedrooms(HostedroomsSchema):
             self.standby_engine.dispose()
             _drop_database(self.ctx, self.standby)
 
+
+
+class HostedroomsPooled(Hostedrooms):
+    """The synchronous API with no held autocommit connection (:mod:`hostedrooms.held_autocommit`): a PostgreSQL
+    single append's first attempt in a pooled unit of work, as before the held path (``--contenders
+    hostedrooms-pooled``: the held path's before and after in the same alternating rounds)."""
+
+    name = "hostedrooms-pooled"
+    label = "hostedrooms, pooled first attempt"
+    dialects = frozenset({"postgresql"})
+    default = False
+
+    def drive(self, method: str, indexes: range) -> int:
+        from hostedrooms import held_autocommit
+
+        with held_autocommit.without_held_connections():
+            return super().drive(method, indexes)
+
+    def backend_pid(self) -> int | None:
+        from hostedrooms import held_autocommit
+
+        with held_autocommit.without_held_connections():
+            return super().backend_pid()
 
 
 class RawIngestLoop(Hostedrooms):

@@ -44,3 +44,5 @@ __all__ = [
 ]
 
 verify = service(_integrity.verify)
+"""``await verify(engine, progress=..., expect_heads=...)``: :func:`hostedrooms.verify` for asyncio (same arguments,
+result and errors)."""

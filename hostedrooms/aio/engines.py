@@ -49,6 +49,7 @@ from ..backends import backend_for_url
 from ..db import (
     DEFAULT_BUSY_TIMEOUT,
     build_configured,
+    check_held_connections,
     check_synchronous,
     configure_adopted,
     create_engine,
@@ -83,6 +84,7 @@ class _Options:
     schema: str | None = None
     pooler: str | None = None
     listen_url: str | URL | None = None
+    held_connections: int | None = None
 
 
 # What create_async_engine was told (adopted engines get the defaults) and the runner built from it are kept in
@@ -104,6 +106,7 @@ def create_async_engine(
     schema: str | None = None,
     pooler: str | None = None,
     listen_url: str | URL | None = None,
+    held_connections: int | None = None,
     **engine_kwargs: Any,
 ) -> AsyncEngine:
     """:func:`hostedrooms.create_engine` for asyncio: an AsyncEngine configured for hostedrooms.
@@ -111,14 +114,30 @@ def create_async_engine(
     A path means a SQLite file through ``aiosqlite``, with the same WAL, ``synchronous`` (``FULL`` unless told),
     ``BEGIN IMMEDIATE`` and busy-timeout behaviour as the synchronous engine; a ``postgresql://`` URL uses psycopg
     3's async mode. An AsyncEngine is used as given (its synchronous side gets hostedrooms' connection hooks).
-    Bad targets raise :class:`~hostedrooms.errors.HostedRoomError` as ``create_engine`` does; a synchronous
-    Engine, or an option it does not offer, :class:`~hostedrooms.errors.MisuseError`. ``services``: how
-    hostedrooms' calls run for this engine, ``"threads"`` or ``"awaited"`` (see :mod:`hostedrooms.aio.engines`).
-    ``schema``: the gateway's PostgreSQL schema, as for :func:`hostedrooms.create_engine` (the twin uses it too);
-    ``pooler`` and ``listen_url`` too: under ``pooler="transaction"`` neither the AsyncEngine nor its twin prepares
-    statements on the server, and wake-ups ``LISTEN`` on ``listen_url``.
+    ``schema``, ``pooler`` and ``listen_url`` hold for the synchronous twin too: under ``pooler="transaction"``
+    neither prepares statements on the server, and wake-ups ``LISTEN`` on ``listen_url``.
+
+    :param target: a SQLite file path, a database URL, or an AsyncEngine to adopt (configured in place).
+    :param synchronous: SQLite only: ``FULL`` (the default) or ``NORMAL``, as for :func:`hostedrooms.create_engine`.
+    :param busy_timeout: seconds a statement waits for another writer's lock before it fails.
+    :param create: SQLite: whether a missing file (and its folder) is created.
+    :param services: ``"threads"`` or ``"awaited"``: how hostedrooms' calls run for this engine (see
+        :mod:`hostedrooms.aio.engines`).
+    :param schema: PostgreSQL: this gateway's schema, as for :func:`hostedrooms.create_engine`.
+    :param pooler: PostgreSQL: None, ``"session"`` or ``"transaction"``, as for :func:`hostedrooms.create_engine`.
+    :param listen_url: a direct connection for the waiting connection, bypassing the pooler.
+    :param held_connections: PostgreSQL, ``services="threads"``: the autocommit connections the synchronous twin
+        may hold for single appends, as for :func:`hostedrooms.create_engine` (None: one per worker thread; 0: none).
+    :param engine_kwargs: passed to :func:`sqlalchemy.ext.asyncio.create_async_engine` (a path or URL only).
+    :returns: the AsyncEngine every :mod:`hostedrooms.aio` call takes.
+    :raises MisuseError: ``target`` is a synchronous Engine, or ``synchronous`` or ``services`` is not an option.
+    :raises InvalidInputError: ``busy_timeout``, ``create`` or ``held_connections`` is invalid.
+    :raises StoreConfigurationError: an invalid ``schema``, ``pooler`` or ``listen_url``, or a target that cannot be
+        understood.
+    :raises StoreMissingError: ``create=False`` and the SQLite file does not exist.
     """
     check_synchronous(synchronous)
+    check_held_connections(held_connections)
     if isinstance(target, AsyncEngine):
         resolve_url(target.url)  # refuses a driver hostedrooms does not use (asyncpg), as for a URL
     if services not in SERVICES:
@@ -127,7 +146,7 @@ def create_async_engine(
         configure_adopted(target.sync_engine, synchronous=synchronous, busy_timeout=busy_timeout, schema=schema,
                           pooler=pooler, listen_url=listen_url)
         runtime_of(target.sync_engine).async_options = _Options(
-            synchronous, busy_timeout, True, services, schema, pooler, listen_url)
+            synchronous, busy_timeout, True, services, schema, pooler, listen_url, held_connections)
         return target
     if isinstance(target, Engine):
         raise MisuseError(
@@ -138,7 +157,7 @@ def create_async_engine(
                              busy_timeout=busy_timeout, create=create, schema=schema, pooler=pooler,
                              listen_url=listen_url, **engine_kwargs)
     runtime_of(built.sync_engine).async_options = _Options(
-        synchronous, busy_timeout, create, services, schema, pooler, listen_url)
+        synchronous, busy_timeout, create, services, schema, pooler, listen_url, held_connections)
     return built
 
 
@@ -387,7 +406,8 @@ async def runner_for(engine: object) -> Runner:
         return _keep_runner(runtime, _Awaited(async_engine))
     threaded = _Threaded(create_engine(
         twin_target, synchronous=options.synchronous, busy_timeout=options.busy_timeout, create=options.create,
-        schema=options.schema, pooler=options.pooler, listen_url=options.listen_url, pool_size=THREAD_WORKERS,
+        schema=options.schema, pooler=options.pooler, listen_url=options.listen_url,
+        held_connections=options.held_connections, pool_size=THREAD_WORKERS,
         max_overflow=THREAD_WORKERS))  # the overflow: callers' own threads
     runner = _keep_runner(runtime, threaded)
     if runner is threaded:

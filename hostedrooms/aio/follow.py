@@ -48,7 +48,28 @@ def follow(
     (``contextlib.aclosing``), cancel its task or its anyio cancel scope to unregister it. ``last_event`` and
     ``lineage``: resuming across a failover, as the synchronous ``follow()`` (StoreLineageError);
     ``reconnect_deadline``: how long it waits through a lost waiting connection, as the synchronous ``follow()``
-    (then StoreUnavailableError)."""
+    (then StoreUnavailableError).
+
+    :param engine: the store's AsyncEngine.
+    :param room_id: the room to follow.
+    :param since_seq: yield the events after this sequence number (0: from the start).
+    :param limit: at most this many events per page read (1 to MAX_LOG_LIMIT).
+    :param poll_interval: SQLite: seconds between checks of ``PRAGMA data_version`` (None: the waiter's default).
+    :param fallback_interval: PostgreSQL: seconds after which the log is read again even with no notification.
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :param reconnect_deadline: seconds a lost waiting connection may stay lost before the wait fails.
+    :param last_event: the event at ``since_seq`` this reader handled before, when it resumes.
+    :param lineage: the store lineage ``last_event`` was read under, if known.
+    :returns: an async generator of the room's events in seq order; close it to stop.
+    :raises InvalidInputError: an argument is invalid (when called), or ``since_seq`` is ahead of the log (when
+        iterated).
+    :raises MisuseError: ``engine`` is not an AsyncEngine.
+    :raises StoreConfigurationError: the engine goes through a transaction pooler with no ``listen_url``.
+    :raises RoomNotFoundError: the room does not exist (when iterated).
+    :raises RoomHistoryExpiredError: the room was pruned (when iterated).
+    :raises StoreLineageError: ``last_event`` is gone or different (when iterated).
+    :raises StoreUnavailableError: no waiting connection served for ``reconnect_deadline`` seconds.
+    """
     check_intervals(poll_interval, fallback_interval)
     cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)
     checked = require_async_engine(engine)
@@ -65,7 +86,25 @@ async def open_follow(
     """``follow(...)``'s iterator, returned once the room was checked (one read): an unknown room raises
     RoomNotFoundError here, a purged one RoomHistoryExpiredError, a ``since_seq`` ahead of the log
     InvalidInputError, as the synchronous ``follow()`` does when called. ``events = await open_follow(engine,
-    room_id, since)``, then answer and ``async for event in events``; nothing is held until it is iterated."""
+    room_id, since)``, then answer and ``async for event in events``; nothing is held until it is iterated.
+
+    :param engine: the store's AsyncEngine.
+    :param room_id: the room to follow.
+    :param since_seq: yield the events after this sequence number (0: from the start).
+    :param limit: at most this many events per page read (1 to MAX_LOG_LIMIT).
+    :param poll_interval: SQLite: seconds between checks of ``PRAGMA data_version`` (None: the waiter's default).
+    :param fallback_interval: PostgreSQL: seconds after which the log is read again even with no notification.
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :param reconnect_deadline: seconds a lost waiting connection may stay lost before the wait fails.
+    :param last_event: the event at ``since_seq`` this reader handled before, when it resumes.
+    :param lineage: the store lineage ``last_event`` was read under, if known.
+    :returns: an async generator of the room's events in seq order; close it to stop.
+    :raises InvalidInputError: an argument is invalid, or ``since_seq`` is ahead of the log.
+    :raises RoomNotFoundError: the room does not exist.
+    :raises RoomHistoryExpiredError: the room was pruned.
+    :raises MisuseError: ``engine`` is not an AsyncEngine.
+    :raises StoreConfigurationError: the engine goes through a transaction pooler with no ``listen_url``.
+    """
     with traced_block("follow", getattr(engine, "sync_engine", None), {"room_id": room_id, "since_seq": since_seq}):
         check_intervals(poll_interval, fallback_interval)
         cursor = FollowCursor.start(room_id, since_seq, limit, limits, last_event=last_event, lineage=lineage)

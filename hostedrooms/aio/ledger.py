@@ -24,7 +24,12 @@ P = ParamSpec("P")
 
 
 class AsyncDeliveryLedger:
-    """A :class:`~hostedrooms.ledger.DeliveryLedger` for asyncio (build it with :func:`open_ledger`)."""
+    """A :class:`~hostedrooms.ledger.DeliveryLedger` for asyncio (build it with :func:`open_ledger`).
+
+    :param ledger: the synchronous ledger each call runs.
+    :param runner: the engine's runner that runs it.
+    :param engine: the AsyncEngine.
+    """
 
     def __init__(self, ledger: DeliveryLedger, runner: Runner, engine: AsyncEngine) -> None:
         self._sync, self._runner, self.engine = ledger, runner, engine
@@ -49,7 +54,12 @@ class AsyncDeliveryLedger:
         """An async context manager whose ``await wait(timeout)`` returns once a ledger transition made work due
         (a delivery authorised or queued, a response or outbound intent prepared) or ``timeout`` passed; enter it
         before reading the queues, so no wake-up is missed between the read and the wait; ``reconnect_deadline`` as
-        the synchronous ``work_wakeup``."""
+        the synchronous ``work_wakeup``.
+
+        :param poll_interval: SQLite: how often to look for a commit, in seconds (default: the waiter's).
+        :param reconnect_deadline: how long ``wait`` may go without a waiting connection, in seconds.
+        :returns: the wake-up, to use as an async context manager.
+        """
         return ledger_wakeup(self.engine, poll_interval=poll_interval, reconnect_deadline=reconnect_deadline)
 
     prepare = method(DeliveryLedger.prepare)
@@ -104,5 +114,6 @@ def _opener(
     return open_ledger
 
 
-#: ``await open_ledger(engine, clock=..., path=..., limits=...)``: the arguments of DeliveryLedger's constructor.
 open_ledger = _opener(DeliveryLedger)
+"""``await open_ledger(engine, clock=..., path=..., limits=...)``: :class:`~hostedrooms.ledger.DeliveryLedger`'s
+constructor for asyncio (the same arguments and checks), returning an :class:`AsyncDeliveryLedger`."""

@@ -36,7 +36,12 @@ R = TypeVar("R")
 
 
 class AsyncUnitOfWork:
-    """An async context manager around one transaction on an AsyncEngine (see the module docstring)."""
+    """An async context manager around one transaction on an AsyncEngine (see the module docstring).
+
+    :param engine: the AsyncEngine.
+    :param write: False for a read-only unit.
+    :raises MisuseError: ``engine`` is not an AsyncEngine.
+    """
 
     def __init__(self, engine: AsyncEngine, *, write: bool = True) -> None:
         self.engine = require_async_engine(engine)
@@ -76,12 +81,22 @@ class AsyncUnitOfWork:
         return AsyncConnection(self.engine, self.unit.connection)
 
     async def execute(self, statement: Executable, parameters: Any = None) -> Result[Any]:
-        """Execute a Core statement in this unit's transaction (the result is buffered)."""
+        """Execute a Core statement in this unit's transaction (the result is buffered).
+
+        :param statement: a Core statement.
+        :param parameters: its bound parameters, or None.
+        :returns: the statement's buffered result.
+        """
         return await run_awaited(self.unit.execute, statement, parameters)
 
     async def fenced(self, statement: Executable, error: BaseException) -> None:
         """Run a guarded ``UPDATE ... WHERE``; raise ``error`` unless exactly one row changed (the unit then rolls
-        back when the block ends with it)."""
+        back when the block ends with it).
+
+        :param statement: the guarded ``UPDATE``.
+        :param error: the exception to raise when it changed no row or more than one.
+        :raises BaseException: ``error``, unless exactly one row changed.
+        """
         await run_awaited(self.unit.fenced, statement, error)
 
     async def commit(self) -> None:
@@ -94,5 +109,10 @@ class AsyncUnitOfWork:
 
     async def run_sync(self, fn: Callable[Concatenate[UnitOfWork, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
         """``fn(unit, *args, **kwargs)`` with the synchronous unit of work, every driver call awaited (Core or ORM
-        code written for :class:`~hostedrooms.uow.UnitOfWork`, ``RoomTransaction`` included)."""
+        code written for :class:`~hostedrooms.uow.UnitOfWork`, ``RoomTransaction`` included).
+
+        :param fn: called with the synchronous unit first.
+        :param args: the positional and keyword arguments passed on to ``fn`` after the unit.
+        :returns: what ``fn`` returned.
+        """
         return await run_awaited(fn, self.unit, *args, **kwargs)

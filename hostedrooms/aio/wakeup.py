@@ -101,7 +101,16 @@ class _LoopSubscription(Subscription):
 
 class AsyncWakeup:
     """``async with AsyncWakeup(engine, channel, key=...) as wakeup: ... await wakeup.wait(timeout)`` (the
-    arguments are :class:`~hostedrooms.wakeup.Wakeup`'s)."""
+    arguments are :class:`~hostedrooms.wakeup.Wakeup`'s).
+
+    :param engine: the AsyncEngine whose commits are waited for.
+    :param channel: one of hostedrooms' wake-up channels.
+    :param key: wake only for notifications with this payload (a room id, say), or None for any.
+    :param poll_interval: SQLite: how often to look for a commit, in seconds (default: the waiter's).
+    :param reconnect_deadline: how long ``wait`` may go without a waiting connection, in seconds.
+    :raises MisuseError: ``engine`` is not an AsyncEngine.
+    :raises StoreConfigurationError: the engine goes through a transaction pooler with no ``listen_url``.
+    """
 
     def __init__(
         self, engine: AsyncEngine, channel: str, *, key: str | None = None, poll_interval: float | None = None,
@@ -142,7 +151,13 @@ class AsyncWakeup:
             raise driver_error(engine, subscription.error) from subscription.error
 
     async def wait(self, timeout: float) -> bool:
-        """Until a commit may have changed what is waited for (True) or ``timeout`` seconds passed (False)."""
+        """Until a commit may have changed what is waited for (True) or ``timeout`` seconds passed (False).
+
+        :param timeout: the longest wait, in seconds.
+        :returns: True when woken by a commit, False when ``timeout`` passed.
+        :raises StorageError: the waiting connection failed for good (:class:`~hostedrooms.errors.StoreUnavailableError`
+            once no new one served for ``reconnect_deadline`` seconds).
+        """
         assert self._subscription is not None, "wake-up not entered"
         woken = await self._subscription.wait(timeout)
         self._raise_failure()

@@ -110,7 +110,12 @@ class LedgerBase:
         become due later are the caller's to time. Enter it before reading the queues, so no wake-up is missed
         between the read and the wait (see :mod:`hostedrooms.wakeup`). A lost waiting connection is opened again;
         only past ``reconnect_deadline`` seconds without one (default
-        :data:`~hostedrooms.wakeup.RECONNECT_DEADLINE`) does ``wait`` raise StoreUnavailableError."""
+        :data:`~hostedrooms.wakeup.RECONNECT_DEADLINE`) does ``wait`` raise StoreUnavailableError.
+
+        :param poll_interval: SQLite: how often to look for a commit, in seconds (default: the waiter's).
+        :param reconnect_deadline: how long ``wait`` may go without a waiting connection, in seconds.
+        :returns: the wake-up, to use as a context manager.
+        """
         return Wakeup(self.engine, LEDGER_WORK_CHANNEL, poll_interval=poll_interval,
                       reconnect_deadline=reconnect_deadline)
 

@@ -54,6 +54,19 @@ class Deliveries(Retrying):
         it is still ``prepared`` a new lease token replaces the old one. A new envelope first fails expired
         prepared rows, then is refused with ``LedgerCapacityError`` (a ``RuntimeError``) when
         MAX_NONTERMINAL_DELIVERIES are in flight.
+
+        :param envelope: the envelope as received (its id, kind, legs, chats and body are checked).
+        :param transport_role: ``"host"`` or ``"client"``.
+        :param connection_id: the connection the envelope arrived on.
+        :param lease_token: the lease of the transport that received it.
+        :param target_chat_id: the chat it is delivered to.
+        :returns: ``(row, created)``: the delivery, and whether this call recorded it.
+        :raises LedgerInputError: the envelope or an argument is invalid (``field`` names it).
+        :raises LedgerStateError: the envelope's id is stored with another claim digest.
+        :raises LedgerCapacityError: MAX_NONTERMINAL_DELIVERIES deliveries are unfinished.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
         """
         claim, digest = delivery_claim(envelope, transport_role=transport_role, connection_id=connection_id,
                                        lease_token=lease_token, target_chat_id=target_chat_id)
@@ -100,7 +113,15 @@ class Deliveries(Retrying):
         return public
 
     def get(self, envelope_id: str) -> DeliveryRecord | None:
-        """The delivery of ``envelope_id``, or None."""
+        """The delivery of ``envelope_id``, or None.
+
+        :param envelope_id: the delivery's envelope id.
+        :returns: the delivery, or None when there is none.
+        :raises LedgerInputError: ``envelope_id`` is not storable text.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         key = _key(envelope_id, "envelope_id")
         return self._read(lambda uow: _public_delivery(uow.ledger.delivery(key)), one_statement=True)
 
@@ -123,11 +144,28 @@ class Deliveries(Retrying):
         return self._write(work)
 
     def authorize(self, envelope_id: str) -> DeliveryRecord | None:
-        """``prepared``/``authorized`` -> ``authorized`` (the remote receipt was accepted); else None."""
+        """``prepared``/``authorized`` -> ``authorized`` (the remote receipt was accepted); else None.
+
+        :param envelope_id: the delivery's envelope id.
+        :returns: the authorized delivery, or None when it is missing or in another state.
+        :raises LedgerInputError: ``envelope_id`` is not storable text.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         return self._transition(envelope_id, expected=("prepared", "authorized"), state="authorized", wake="delivery")
 
     def fail_ownerless_authorized(self, envelope_id: str, *, error: str) -> DeliveryRecord | None:
-        """Fail only an ``authorized`` delivery that has no queued/run owner; return the current row."""
+        """Fail only an ``authorized`` delivery that has no queued/run owner; return the current row.
+
+        :param envelope_id: the delivery's envelope id.
+        :param error: why admission failed (recorded, at most MAX_ERROR_CHARS characters).
+        :returns: the delivery as it now is, or None when there is none.
+        :raises LedgerInputError: ``envelope_id`` is not storable text.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         return self._fail(_ADMISSION, _key(envelope_id, "envelope_id"), error)
 
     def bind_owner(self, envelope_id: str, *, queued_id: str | None, run_id: str | None) -> DeliveryRecord | None:
@@ -136,6 +174,15 @@ class Deliveries(Retrying):
         ``authorized`` becomes ``queued`` (queue id only) or ``running`` (with a run id); a ``queued``
         delivery gains its run and becomes ``running``. Repeating the current binding returns the row; any
         other owner, or a missing/terminal/prepared delivery, returns None.
+
+        :param envelope_id: the delivery's envelope id.
+        :param queued_id: the queue entry that owns it, or None.
+        :param run_id: the run that owns it, or None (not both None).
+        :returns: the bound delivery, or None (see above).
+        :raises LedgerInputError: an id is not storable text, or both owners are None.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
         """
         key = _key(envelope_id, "envelope_id")
         queued, run = _optional_key(queued_id, "queued_id"), _optional_key(run_id, "run_id")
@@ -190,16 +237,42 @@ class Deliveries(Retrying):
         return _public_delivery(row)
 
     def defer_admission(self, envelope_id: str, *, error: str) -> DeliveryRecord | None:
-        """Schedule another admission try of an ownerless ``authorized`` delivery (backoff); return the row."""
+        """Schedule another admission try of an ownerless ``authorized`` delivery (backoff); return the row.
+
+        :param envelope_id: the delivery's envelope id.
+        :param error: why this try failed (recorded, at most MAX_ERROR_CHARS characters).
+        :returns: the delivery as it now is, or None when there is none.
+        :raises LedgerInputError: ``envelope_id`` is not storable text.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         return self._retry(_ADMISSION, _key(envelope_id, "envelope_id"), error)
 
     def pending_admissions(self, *, limit: int = 20, now: int | None = None) -> list[DeliveryRecord]:
-        """Ownerless ``authorized`` deliveries whose admission retry is due, soonest first."""
+        """Ownerless ``authorized`` deliveries whose admission retry is due, soonest first.
+
+        :param limit: the most rows to return, 1 to MAX_RETRY_BATCH.
+        :param now: the time in Unix seconds (default: the ledger's clock).
+        :returns: the due deliveries, soonest first.
+        :raises LedgerInputError: ``limit`` or ``now`` is invalid.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         count = _limit(limit, MAX_RETRY_BATCH, "secure peer admission retry limit is invalid")
         return self._due(_ADMISSION, count, now)
 
     def nonterminal_for_chat(self, chat_id: str) -> list[DeliveryRecord]:
-        """Every unfinished delivery targeting ``chat_id``, oldest first."""
+        """Every unfinished delivery targeting ``chat_id``, oldest first.
+
+        :param chat_id: the target chat.
+        :returns: the unfinished deliveries, oldest first.
+        :raises LedgerInputError: ``chat_id`` is not storable text.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         key = _key(chat_id, "chat_id")
         return self._deliveries_where(deliveries.c.target_chat_id == key)
 
@@ -210,6 +283,16 @@ class Deliveries(Retrying):
 
         ``error`` is recorded up to MAX_FINISH_ERROR_CHARS characters; a longer text is cut and ends with
         FINISH_ERROR_CUT_MARK.
+
+        :param envelope_id: the delivery's envelope id.
+        :param succeeded: True to complete an admitted delivery, False to fail an unfinished one.
+        :param result_text: the result, of which only the SHA-256 is stored.
+        :param error: why it failed, or None.
+        :returns: the finished delivery, or None when it is missing or in no state that may finish so.
+        :raises LedgerInputError: ``envelope_id`` is not storable text, or ``result_text`` is not UTF-8 encodable text.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
         """
         result_hash = _result_hash(result_text)
         expected = ACTIVE_DELIVERY_STATES if succeeded else NONTERMINAL_DELIVERY_STATES
@@ -218,15 +301,37 @@ class Deliveries(Retrying):
                                 result_hash=result_hash, error=recorded)
 
     def recoverable(self) -> list[DeliveryRecord]:
-        """Every unfinished delivery (including ``prepared`` ones a crash left behind), oldest first."""
+        """Every unfinished delivery (including ``prepared`` ones a crash left behind), oldest first.
+
+        :returns: the unfinished deliveries, oldest first.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         return self._deliveries_where()
 
     def for_run(self, run_id: str) -> DeliveryRecord | None:
-        """The delivery owned by run ``run_id``, or None."""
+        """The delivery owned by run ``run_id``, or None.
+
+        :param run_id: the run.
+        :returns: the delivery, or None when no delivery has that run.
+        :raises LedgerInputError: ``run_id`` is not storable text.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         key = _key(run_id, "run_id")
         return self._read(lambda uow: _public_delivery(uow.ledger.delivery_of_run(key)), one_statement=True)
 
     def nonterminal_for_connection(self, connection_id: str) -> list[DeliveryRecord]:
-        """Every unfinished delivery received over ``connection_id``, oldest first."""
+        """Every unfinished delivery received over ``connection_id``, oldest first.
+
+        :param connection_id: the connection.
+        :returns: the unfinished deliveries, oldest first.
+        :raises LedgerInputError: ``connection_id`` is not storable text.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         key = _key(connection_id, "connection_id")
         return self._deliveries_where(deliveries.c.connection_id == key)

@@ -51,6 +51,20 @@ class OutboundIntents(Retrying):
 
         Replaying the same intent returns the stored row; a different intent under the same ``request_id``
         raises ``LedgerStateError`` (a ``RuntimeError``).
+
+        :param request_id: the outbound request's id.
+        :param source_session_id: the chat the request is sent from.
+        :param source_run_id: the run that sends it.
+        :param snapshot: the route snapshot (its keys are checked, see the delivery ledger page).
+        :param body: the request's text.
+        :param action: ``"instruction"`` or ``"request_reply"``.
+        :param expires_at: when the intent expires, in Unix seconds.
+        :returns: ``(row, created)``: the intent, and whether this call recorded it.
+        :raises LedgerInputError: an argument is invalid (``field`` names it).
+        :raises LedgerStateError: ``request_id`` is stored with another intent.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
         """
         values, digest, snapshot_text = outbound_claim(
             request_id=request_id, source_session_id=source_session_id, source_run_id=source_run_id,
@@ -88,14 +102,34 @@ class OutboundIntents(Retrying):
         return self._write(work)
 
     def pending_outbound_for_chat(self, source_session_id: str, *, now: int | None = None) -> list[OutboundRecord]:
-        """Pending outbound intents of one chat, oldest first (expired ones are failed first)."""
+        """Pending outbound intents of one chat, oldest first (expired ones are failed first).
+
+        :param source_session_id: the chat.
+        :param now: the time in Unix seconds, to expire intents by (default: the ledger's clock).
+        :returns: the pending intents, oldest first.
+        :raises LedgerInputError: an argument is invalid.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         key = _key(source_session_id, "source_session_id")
         return self._pending_outbound_where(now, outbound_intents.c.source_session_id == key)
 
     def pending_outbound_for_route(
         self, connection_id: str, source_route_id: str, source_route_revision: str, *, now: int | None = None
     ) -> list[OutboundRecord]:
-        """Pending outbound intents of one exact route revision, oldest first (expired ones failed first)."""
+        """Pending outbound intents of one exact route revision, oldest first (expired ones failed first).
+
+        :param connection_id: the route's connection.
+        :param source_route_id: the route.
+        :param source_route_revision: the route's revision.
+        :param now: the time in Unix seconds, to expire intents by (default: the ledger's clock).
+        :returns: the pending intents, oldest first.
+        :raises LedgerInputError: an argument is invalid.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         keys = (_key(connection_id, "connection_id"), _key(source_route_id, "source_route_id"),
                 _key(source_route_revision, "source_route_revision"))
         return self._pending_outbound_where(
@@ -103,17 +137,44 @@ class OutboundIntents(Retrying):
             outbound_intents.c.source_route_revision == keys[2])
 
     def pending_outbound_for_connection(self, connection_id: str, *, now: int | None = None) -> list[OutboundRecord]:
-        """Pending outbound intents of one connection, oldest first (expired ones are failed first)."""
+        """Pending outbound intents of one connection, oldest first (expired ones are failed first).
+
+        :param connection_id: the connection.
+        :param now: the time in Unix seconds, to expire intents by (default: the ledger's clock).
+        :returns: the pending intents, oldest first.
+        :raises LedgerInputError: an argument is invalid.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         key = _key(connection_id, "connection_id")
         return self._pending_outbound_where(now, outbound_intents.c.connection_id == key)
 
     def outbound(self, request_id: str) -> OutboundRecord | None:
-        """The outbound intent ``request_id``, or None."""
+        """The outbound intent ``request_id``, or None.
+
+        :param request_id: the outbound request's id.
+        :returns: the intent, or None when there is none.
+        :raises LedgerInputError: ``request_id`` is not storable text.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         key = _key(request_id, "request_id")
         return self._read(lambda uow: _public_outbound(uow.ledger.outbound(key)), one_statement=True)
 
     def commit_outbound(self, request_id: str, response: Mapping[str, Any]) -> OutboundRecord | None:
-        """Store the Hub's response of a pending intent (idempotent; a different response raises)."""
+        """Store the Hub's response of a pending intent (idempotent; a different response raises).
+
+        :param request_id: the outbound request's id.
+        :param response: the Hub's response (a JSON object, at most MAX_JSON_DEPTH deep).
+        :returns: the intent as it now is, or None when there is none.
+        :raises LedgerInputError: an argument is invalid.
+        :raises LedgerStateError: the intent was committed with a different response.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         key = _key(request_id, "request_id")
         text, timestamp = _response_text(response), self._now()
 
@@ -139,19 +200,54 @@ class OutboundIntents(Retrying):
         return self._write(work)
 
     def defer_outbound(self, request_id: str, error: str) -> OutboundRecord | None:
-        """Schedule another send of a pending intent (backoff); return the row."""
+        """Schedule another send of a pending intent (backoff); return the row.
+
+        :param request_id: the outbound request's id.
+        :param error: why this send failed (recorded, at most MAX_ERROR_CHARS characters).
+        :returns: the intent as it now is, or None when there is none.
+        :raises LedgerInputError: ``request_id`` is not storable text.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         return self._retry(_SEND, _key(request_id, "request_id"), error)
 
     def fail_outbound(self, request_id: str, error: str) -> OutboundRecord | None:
-        """Fail a pending intent; return the current row."""
+        """Fail a pending intent; return the current row.
+
+        :param request_id: the outbound request's id.
+        :param error: why it failed (recorded, at most MAX_ERROR_CHARS characters).
+        :returns: the intent as it now is, or None when there is none.
+        :raises LedgerInputError: ``request_id`` is not storable text.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         return self._fail(_SEND, _key(request_id, "request_id"), error)
 
     def pending_outbound(self, *, limit: int = 8, now: int | None = None) -> list[OutboundRecord]:
-        """Pending intents whose send is due, soonest first."""
+        """Pending intents whose send is due, soonest first.
+
+        :param limit: the most rows to return, 1 to MAX_RETRY_BATCH.
+        :param now: the time in Unix seconds (default: the ledger's clock).
+        :returns: the due intents, soonest first.
+        :raises LedgerInputError: ``limit`` or ``now`` is invalid.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         return self._due(_SEND, _limit(limit, MAX_RETRY_BATCH, "secure peer outbound retry limit is invalid"), now)
 
     def recoverable_outbound(self, *, limit: int = 50) -> list[OutboundRecord]:
-        """Return every nonterminal outbound intent, including future retries (oldest first)."""
+        """Return every nonterminal outbound intent, including future retries (oldest first).
+
+        :param limit: the most rows to return, 1 to MAX_RETRY_BATCH.
+        :returns: the unfinished intents, oldest first.
+        :raises LedgerInputError: ``limit`` is invalid.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         count = _limit(limit, MAX_RETRY_BATCH, "secure peer outbound recovery limit is invalid")
 
         def work(uow: UnitOfWork) -> list[OutboundRecord]:

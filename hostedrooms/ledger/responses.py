@@ -35,7 +35,19 @@ class ResponseIntents(Retrying):
     def prepare_response(
         self, envelope_id: str, *, request_id: str, body: str, request_response: bool
     ) -> DeliveryRecord | None:
-        """Bind the reply owed for a request delivery to its digest before it is sent (idempotent)."""
+        """Bind the reply owed for a request delivery to its digest before it is sent (idempotent).
+
+        :param envelope_id: the delivery's envelope id.
+        :param request_id: the request the reply answers.
+        :param body: the reply's text.
+        :param request_response: whether the reply itself asks for a response.
+        :returns: the delivery with its response intent, or None when it is missing, finished or an instruction.
+        :raises LedgerInputError: an argument is invalid (``field`` names it).
+        :raises LedgerStateError: another intent is already bound to this delivery.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         key = _key(envelope_id, "envelope_id")
         digest = response_claim(request_id=request_id, body=body, request_response=request_response)
         timestamp = self._now()
@@ -67,7 +79,17 @@ class ResponseIntents(Retrying):
         return self._write(work)
 
     def mark_response_committed(self, envelope_id: str, *, request_id: str | None = None) -> DeliveryRecord | None:
-        """Record that the reply (``request_id``, or any when None) reached the Hub; return the row."""
+        """Record that the reply (``request_id``, or any when None) reached the Hub; return the row.
+
+        :param envelope_id: the delivery's envelope id.
+        :param request_id: the reply's request id, or None for whichever intent the delivery holds.
+        :returns: the delivery as it now is, or None when there is none.
+        :raises LedgerInputError: an id is not storable text.
+        :raises LedgerStateError: the delivery's response state is ambiguous.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         key = _key(envelope_id, "envelope_id")
         request = _optional_key(request_id, "request_id")
         timestamp = self._now()
@@ -82,7 +104,16 @@ class ResponseIntents(Retrying):
         return self._write(work)
 
     def clear_response_intent(self, envelope_id: str, *, request_id: str) -> DeliveryRecord | None:
-        """Drop an uncommitted response intent ``request_id`` (so another may be prepared); return the row."""
+        """Drop an uncommitted response intent ``request_id`` (so another may be prepared); return the row.
+
+        :param envelope_id: the delivery's envelope id.
+        :param request_id: the request the reply answers.
+        :returns: the delivery as it now is, or None when there is none.
+        :raises LedgerInputError: an id is not storable text.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         key, request = _key(envelope_id, "envelope_id"), _key(request_id, "request_id")
         timestamp = self._now()
 
@@ -94,10 +125,29 @@ class ResponseIntents(Retrying):
         return self._write(work)
 
     def defer_response(self, envelope_id: str, *, request_id: str, error: str) -> DeliveryRecord | None:
-        """Persist bounded exponential retry state for one response intent; return the row."""
+        """Persist bounded exponential retry state for one response intent; return the row.
+
+        :param envelope_id: the delivery's envelope id.
+        :param request_id: the request the reply answers.
+        :param error: why this send failed (recorded, at most MAX_ERROR_CHARS characters).
+        :returns: the delivery as it now is, or None when there is none.
+        :raises LedgerInputError: an id is not storable text.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         key, request = _key(envelope_id, "envelope_id"), _key(request_id, "request_id")
         return self._retry(_RESPONSE, key, error, request=request)
 
     def pending_responses(self, *, limit: int = 8, now: int | None = None) -> list[DeliveryRecord]:
-        """Uncommitted response intents whose retry is due, soonest first (limit up to the capacity)."""
+        """Uncommitted response intents whose retry is due, soonest first (limit up to the capacity).
+
+        :param limit: the most rows to return, 1 to MAX_NONTERMINAL_DELIVERIES.
+        :param now: the time in Unix seconds (default: the ledger's clock).
+        :returns: the deliveries whose response is due, soonest first.
+        :raises LedgerInputError: ``limit`` or ``now`` is invalid.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
         return self._due(_RESPONSE, _limit(limit, self._capacity(), "secure peer response retry limit is invalid"), now)

@@ -38,11 +38,27 @@ class DeliveryLedger(Deliveries, ResponseIntents, OutboundIntents, Retention):
     recorded escaped instead), and snapshots and responses nest at most MAX_JSON_DEPTH deep. A row whose stored JSON
     cannot be decoded (left by the reference) is skipped by the listings and raises ``StorageError`` in a call
     about that row.
+
+    :param engine: the ledger's store, migrated to head.
+    :param clock: returns the time in Unix seconds (default: :func:`time.time`).
+    :param path: the SQLite file to guard, when it differs from the engine's own.
+    :param limits: where MAX_NONTERMINAL_DELIVERIES is read: a Limits, a zero-argument provider of one, or None.
+    :raises LedgerInputError: ``clock`` or ``path`` is invalid.
+    :raises InvalidInputError: ``limits`` lacks a limit or holds one that is not a non-negative int.
+    :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe.
+    :raises StorageError: the store cannot be used, or is not crash-safe (SQLite without WAL and
+        ``synchronous=FULL``).
     """
 
     def backlog(self) -> dict[tuple[str, str], int]:
         """The non-terminal rows by ``(table, state)``: ``("deliveries", state)`` for each non-terminal delivery
         state and ``("outbound", "pending")``, zeros included (one read transaction; the
-        ``hostedrooms.ledger.backlog`` gauge of :func:`hostedrooms.ledger.observe_ledger`)."""
+        ``hostedrooms.ledger.backlog`` gauge of :func:`hostedrooms.ledger.observe_ledger`).
+
+        :returns: the row count of each ``(table, state)``.
+        :raises LedgerPermissionError: the SQLite ledger file or its folder is unsafe (a link, another owner, open
+            access).
+        :raises StorageError: the database failed underneath; nothing was committed.
+        """
 
         return self._read(lambda uow: uow.ledger.backlog())

@@ -32,7 +32,7 @@ from .rules import (
     max_event_bytes,
     room_stop_event,
 )
-from .transaction import require_room, run_room_write
+from .transaction import append_room, require_room
 
 __all__ = ["append_event", "append_events", "read_events", "request_room_stop"]
 
@@ -137,9 +137,7 @@ def _append(
 ) -> list[EventRecord]:
     """The one append path of both services: one room write, then the result dict of each item in order."""
     events = [event for event, _ in prepared]
-    written, replays = run_room_write(
-        engine, lim, lambda tx: tx.append(room_id, events, gateway_id=gateway_id, epoch=epoch, now=now),
-        lone_append=True)
+    written, replays = append_room(engine, lim, room_id, events, gateway_id=gateway_id, epoch=epoch, now=now)
     count_appended(events, written)
     return _results(prepared, written, replays)
 

@@ -30,8 +30,10 @@ SQLite serialises write transactions (``BEGIN IMMEDIATE``). On PostgreSQL (READ 
   (replica row), budget shard(s), so no cycle can form; a transaction holding one shard never asks for the
   others (it restarts instead).
 
-The one-statement append (PostgreSQL) takes its shard inside its own statement, in autocommit; SQLite's exclusive
-writer reads and updates the one counter row instead of summing every room.
+The one-statement append (PostgreSQL) takes its shard inside its own statement, in autocommit; on the thread's held
+connection (:func:`append_room`, :mod:`hostedrooms.held_autocommit`) that is the connection's own shard, by primary
+key, waiting for a writer that holds it (the lock order is unchanged: the room row first); SQLite's exclusive writer
+reads and updates the one counter row instead of summing every room.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from sqlalchemy import Engine
+from sqlalchemy import exc as sa_exc
+
+from .. import forkgate, held_autocommit
 from ..backends import backend_for
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
@@ -48,6 +54,7 @@ from ..errors import (
     EventConflictError,
     RoomHistoryExpiredError,
     RoomNotFoundError,
+    translate,
 )
 from ..limits import Limits, in_force
 from ..store import ROOM_CREATION_LOCK_KEY, RoomChange, RoomStore, RowLike, room_store
@@ -61,6 +68,7 @@ __all__ = [
     "RoomChange",
     "RoomTransaction",
     "TakeFullPath",
+    "append_room",
     "require_authority",
     "require_room",
     "run_room_write",
@@ -334,7 +342,7 @@ def _all_replays(events: Sequence[PreparedEvent], stored: Mapping[str, RowLike])
 
 def run_room_write(
     engine: EngineSource, limits: Limits | None, body: Callable[[RoomTransaction], _T], *, exclusive: bool = False,
-    lone_append: bool = False,
+    lone_append: bool = False, one_statement: bool = True,
 ) -> _T:
     """Run ``body`` in one committed write transaction. A first attempt may take the one-statement append
     (:meth:`RoomTransaction.append`); if that does not apply, or the body needs every budget shard (exclusive
@@ -344,9 +352,9 @@ def run_room_write(
     ``lone_append``: the body is a lone :meth:`RoomTransaction.append`. Where the store's one-statement append
     can commit itself (PostgreSQL), the first attempt then runs in autocommit (:meth:`UnitOfWork.one_statement`):
     one round trip, which either commits everything it wrote or writes nothing (the retry then opens a
-    transaction)."""
+    transaction). ``one_statement=False``: the caller tried the one-statement append already; the full path only."""
     bound = resolve_engine(engine)
-    one_statement = not exclusive
+    one_statement = one_statement and not exclusive
     store = room_store(backend_for(bound))
     while True:
         try:
@@ -369,3 +377,61 @@ def run_room_write(
         except CapacityExceededError as exc:
             _log.warning("room write refused: %s", exc.limit, extra={"event": "room.refused", "limit": exc.limit})
             raise
+
+
+def append_room(
+    engine: EngineSource, limits: Limits, room_id: str, events: Sequence[PreparedEvent], *, gateway_id: str,
+    epoch: int, now: float,
+) -> tuple[list[dict[str, Any]], Mapping[str, RowLike]]:
+    """A lone :meth:`RoomTransaction.append` (the rows written, the stored replays) as one room write, its first
+    attempt on the calling thread's held autocommit connection where the engine holds one
+    (:mod:`hostedrooms.held_autocommit`): the one-statement append alone, with no unit of work around it. Anything
+    else than rows written or a whole replay (the statement declined, no connection to lend) leaves the decision to
+    :func:`run_room_write` (on the full path when the held attempt ran: it wrote nothing); a driver error is raised
+    as the pooled attempt raises it."""
+    bound = resolve_engine(engine)
+    store = room_store(backend_for(bound))
+    tried = False
+    if store.one_statement_enabled and store.one_statement_autocommits:
+        held = held_autocommit.take(bound)
+        if held is not None:
+            outcome = _held_attempt(bound, held, store, limits, room_id, events, gateway_id, now)
+            if outcome is not None and (not outcome[1] or _all_replays(events, outcome[1])):
+                return outcome
+            tried = True
+            count_retry("room_write.full_path")
+    return run_room_write(
+        bound, limits, lambda tx: tx.append(room_id, events, gateway_id=gateway_id, epoch=epoch, now=now),
+        lone_append=True, one_statement=not tried)
+
+
+def _held_attempt(
+    engine: Engine, held: held_autocommit.HeldConnection, prototype: RoomStore, limits: Limits, room_id: str,
+    events: Sequence[PreparedEvent], gateway_id: str, now: float,
+) -> tuple[list[dict[str, Any]], dict[str, RowLike]] | None:
+    """The one-statement append on ``held`` (given back however it ends); None when it declined. A driver error is
+    raised translated, as from a unit of work (the statement is its own transaction: nothing was written)."""
+    error: BaseException | None = None
+    gated = False
+    try:
+        forkgate.enter()  # no fork while this thread is inside the driver
+        gated = True
+        connection = held.open()
+        store: RoomStore | None = held.extra
+        if store is None:  # bound once per held Connection (its shard: the server process's, known once)
+            store = prototype.bind(connection)
+            store.own_shard = (held.backend_pid or 0) % store.budget_shards
+            held.extra = store
+        return store.append_one_statement(room_id, events, gateway_id=gateway_id, now=now, limits=limits)
+    except sa_exc.SQLAlchemyError as exc:  # raised as a unit of work raises it (nothing was written)
+        error = exc
+        raise translate(exc, engine.url) from exc
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        try:
+            held.release(error)
+        finally:
+            if gated:
+                forkgate.leave()

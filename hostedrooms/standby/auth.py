@@ -54,7 +54,11 @@ _MAX_FILE_BYTES = MAX_TOKEN_CHARS + 2
 
 class PageToken:
     """A checked bearer token. Its ``repr``/``str`` never show the value; :meth:`matches` compares in constant
-    time (SHA-256 digests of both sides through :func:`hmac.compare_digest`, so not even the length leaks)."""
+    time (SHA-256 digests of both sides through :func:`hmac.compare_digest`, so not even the length leaks).
+
+    :param value: the token, as str or bytes.
+    :raises InvalidInputError: ``value`` is not a token (its length or characters).
+    """
 
     __slots__ = ("_digest", "_value")
 
@@ -63,11 +67,18 @@ class PageToken:
         self._digest = hashlib.sha256(self._value).digest()
 
     def header(self) -> str:
-        """The ``Authorization`` header's value."""
+        """The ``Authorization`` header's value.
+
+        :returns: ``Bearer`` and the token.
+        """
         return "Bearer " + self._value.decode("ascii")
 
     def matches(self, presented: bytes) -> bool:
-        """Whether ``presented`` is the token (constant time)."""
+        """Whether ``presented`` is the token (constant time).
+
+        :param presented: the token a client presented.
+        :returns: True when it is this token.
+        """
         return hmac.compare_digest(hashlib.sha256(presented).digest(), self._digest)
 
     def __repr__(self) -> str:
@@ -110,7 +121,12 @@ def read_token_file(path: str | os.PathLike[str]) -> PageToken:
 
     Refused (InvalidInputError, ``field="token_file"``, the contents never quoted) when it cannot be read, is
     longer than a token can be, holds anything else, or when others may read it or group or others may write it
-    (``chmod 600``, or ``640`` for a group the service runs in)."""
+    (``chmod 600``, or ``640`` for a group the service runs in).
+
+    :param path: the token file.
+    :returns: the token.
+    :raises InvalidInputError: the file cannot be read, is open to others or does not hold one token.
+    """
     try:
         with open(path, "rb") as handle:
             mode = os.fstat(handle.fileno()).st_mode
@@ -134,7 +150,12 @@ def read_token_file(path: str | os.PathLike[str]) -> PageToken:
 
 
 def token_from_env(environ: Mapping[str, str] | None = None) -> PageToken | None:
-    """The token in ``$HOSTEDROOMS_PAGE_TOKEN`` (None when unset or empty)."""
+    """The token in ``$HOSTEDROOMS_PAGE_TOKEN`` (None when unset or empty).
+
+    :param environ: the environment to read (default: :data:`os.environ`).
+    :returns: the token, or None.
+    :raises InvalidInputError: the variable holds something that is not a token.
+    """
     value = (os.environ if environ is None else environ).get(TOKEN_ENV)
     if not value:
         return None
@@ -180,7 +201,13 @@ def in_clear(url: str) -> bool:
 
 def server_tls_context(cert_file: str | os.PathLike[str], key_file: str | os.PathLike[str]) -> ssl.SSLContext:
     """A server context (TLS 1.2 at least) with the certificate chain in ``cert_file`` and its key in
-    ``key_file`` (PEM). A file that cannot be loaded raises HostedRoomError naming it."""
+    ``key_file`` (PEM). A file that cannot be loaded raises HostedRoomError naming it.
+
+    :param cert_file: the PEM certificate chain.
+    :param key_file: its PEM private key.
+    :returns: the context, for :class:`~hostedrooms.standby.PageServer`.
+    :raises HostedRoomError: a path is invalid, or the files cannot be loaded.
+    """
     for label, value in (("cert_file", cert_file), ("key_file", key_file)):
         if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
             raise HostedRoomError(f"{label} must be a file path (a non-empty string or os.PathLike)")
@@ -196,7 +223,12 @@ def server_tls_context(cert_file: str | os.PathLike[str], key_file: str | os.Pat
 
 def client_tls_context(ca_file: str | os.PathLike[str] | None = None) -> ssl.SSLContext:
     """A client context verifying the server's certificate and host name (TLS 1.2 at least): against the
-    system's CAs, or only the CA certificates in ``ca_file`` (PEM) when given."""
+    system's CAs, or only the CA certificates in ``ca_file`` (PEM) when given.
+
+    :param ca_file: a PEM file of the CA certificates to trust, or None for the system's.
+    :returns: the context, for :class:`~hostedrooms.standby.HttpPageSource`.
+    :raises HostedRoomError: ``ca_file`` is not a path or cannot be loaded.
+    """
     if ca_file is not None and (not isinstance(ca_file, (str, os.PathLike)) or not os.fspath(ca_file)):
         raise HostedRoomError("ca_file must be None or a file path (a non-empty string or os.PathLike)")
     try:

@@ -140,7 +140,12 @@ class Backoff:
     """Per-room back-off after a refusal: ``base`` seconds, doubling per consecutive refusal up to ``maximum``.
 
     At most ``max_rooms`` rooms are remembered (the oldest refusal is forgotten first), so a source listing
-    ever new rooms to refuse cannot grow it."""
+    ever new rooms to refuse cannot grow it.
+
+    :param base: the first delay, in seconds.
+    :param maximum: the longest delay, in seconds.
+    :param max_rooms: the most rooms remembered.
+    """
 
     def __init__(self, base: float = 1.0, maximum: float = 300.0, *, max_rooms: int = 4096) -> None:
         self.base, self.maximum, self.max_rooms = base, maximum, max_rooms
@@ -148,7 +153,13 @@ class Backoff:
         self._lock = threading.Lock()  # a replicator's workers share it
 
     def refuse(self, room_id: str, reason: str, now: float) -> float:
-        """Record a refusal; return the delay before the room is read again."""
+        """Record a refusal; return the delay before the room is read again.
+
+        :param room_id: the room refused.
+        :param reason: why, for the pass's report.
+        :param now: the time, in the replicator's monotonic seconds.
+        :returns: the delay, in seconds.
+        """
         with self._lock:
             failures = self._rooms.pop(room_id, (0, 0.0, ""))[0] + 1
             delay = float(min(self.maximum, self.base * 2.0 ** min(failures - 1, 30)))
@@ -158,7 +169,12 @@ class Backoff:
         return delay
 
     def waiting(self, room_id: str, now: float) -> tuple[float, str] | None:
-        """(seconds left, reason) while the room is backed off, else None."""
+        """(seconds left, reason) while the room is backed off, else None.
+
+        :param room_id: the room.
+        :param now: the time, in the replicator's monotonic seconds.
+        :returns: ``(seconds left, reason)``, or None when the room may be read.
+        """
         with self._lock:
             entry = self._rooms.get(room_id)
         if entry is None or entry[1] <= now:
@@ -170,7 +186,10 @@ class Backoff:
             self._rooms.pop(room_id, None)
 
     def keep_only(self, room_ids: set[str]) -> None:
-        """Forget rooms the source no longer lists (bounded by the rooms of one listing)."""
+        """Forget rooms the source no longer lists (bounded by the rooms of one listing).
+
+        :param room_ids: the rooms the source still lists.
+        """
         with self._lock:
             for room_id in [room for room in self._rooms if room not in room_ids]:
                 del self._rooms[room_id]

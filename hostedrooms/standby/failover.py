@@ -106,6 +106,19 @@ def failover(
     their fence and promoted, and a rerun finishes an interrupted run. Any other source (its page endpoint) is
     replicated from once, and then every caught-up replica is promoted; when that catch-up stops early
     (``report.catch_up.error``), nothing is promoted.
+
+    :param target: this gateway's store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param from_gateway: the silent authority's gateway id.
+    :param local_gateway_id: this gateway's id.
+    :param dry_run: report what would be promoted and write nothing.
+    :param reason: recorded with each promotion (1 to 200 characters).
+    :param now: the promotion time in Unix seconds (default: the wall clock).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :param catch_up_from: the old authority, if still readable, or None.
+    :returns: each room's outcome and holder.
+    :raises HostedRoomError: ``from_gateway`` is invalid or is this gateway, or a dry run was given ``catch_up_from``.
+    :raises ReplicaError: ``reason`` is invalid.
+    :raises StorageError: a store is unusable (unreachable, no schema).
     """
     lim = in_force(limits)
     silent = identifier(from_gateway, error=HostedRoomError, label="from_gateway", max_chars=lim.MAX_ACTOR_ID_CHARS)

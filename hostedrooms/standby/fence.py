@@ -104,6 +104,16 @@ def fence_authority(
     An operator's tool: a room fenced here that no standby then promotes has no writer until a failover run
     promotes or releases it. :func:`~hostedrooms.standby.failover.failover` fences only the rooms it planned to
     promote.
+
+    :param source: the silent authority's store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory.
+    :param from_gateway: the silent authority's gateway id.
+    :param local_gateway_id: this gateway's id (default: the configured one).
+    :param now: the fence time in Unix seconds (default: the wall clock).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :returns: every fenced room's :class:`Fence`, by room id.
+    :raises HostedRoomError: ``from_gateway`` is invalid or is this gateway.
+    :raises MisuseError: ``source`` is not a SQLAlchemy Engine.
+    :raises StorageError: the store failed underneath.
     """
     lim = in_force(limits)
     silent = identifier(from_gateway, error=HostedRoomError, label="from_gateway", max_chars=lim.MAX_ACTOR_ID_CHARS)
@@ -173,7 +183,12 @@ def give_back(authority: Engine, fence: Fence, *, holder: str, now: float | None
 class FencedSource:
     """A :class:`~hostedrooms.standby.source.PageSource` over the old authority's store showing each fenced room
     as the old authority left it: its lineage before the fence and its events up to the fence (the fence itself,
-    and any room not fenced, are not shown). What it serves is checked by the replicator like any source's."""
+    and any room not fenced, are not shown). What it serves is checked by the replicator like any source's.
+
+    :param source: the old authority's store.
+    :param fences: the fences by room id (refused ones are left out).
+    :param holder: the gateway the rooms were fenced to.
+    """
 
     def __init__(self, source: EnginePageSource, fences: dict[str, Fence], *, holder: str) -> None:
         self.source = source

@@ -97,6 +97,16 @@ class HttpPageSource:
     peer sends. ``max_response_bytes``: the largest answer read (default: MAX_LOG_PAGE_BYTES plus 1 MiB, since a
     page fits MAX_LOG_PAGE_BYTES as JSON and members fit MAX_MEMBERS_JSON_BYTES). Redirects are not followed.
     Thread-safe (requests are serialised).
+
+    :param base_url: the page server's URL.
+    :param timeout: seconds for a whole request.
+    :param max_response_bytes: the largest answer read, or None for the default.
+    :param headers: more request headers, or None.
+    :param ssl_context: the TLS context for ``https://``, or None for the default.
+    :param limits: the limits pages are checked against (default: :mod:`hostedrooms.limits`).
+    :param token: the server's bearer token, or None.
+    :raises HostedRoomError: an argument is invalid.
+    :raises InvalidInputError: ``token`` or ``limits`` is invalid.
     """
 
     def __init__(
@@ -151,7 +161,15 @@ class HttpPageSource:
 
     def list_rooms(self, *, after: str | None = None, limit: int = LISTING_PAGE) -> list[RoomHead]:
         """The peer's listing page: its room ids checked (identifiers, ascending after ``after``, at most
-        ``limit``); every other field of a head as the peer sent it (see :meth:`_head`)."""
+        ``limit``); every other field of a head as the peer sent it (see :meth:`_head`).
+
+        :param after: list the rooms whose id sorts after this one (None: from the first).
+        :param limit: the most rooms to list.
+        :returns: the room heads, in room id order.
+        :raises SourceUnavailableError: the peer could not be reached or did not answer in time.
+        :raises SourceAuthenticationError: the peer refused this standby's token.
+        :raises SourceProtocolError: the answer is not a valid listing.
+        """
         query = {"limit": str(limit)} | ({"after": after} if after is not None else {})
         answer = self._get("/rooms", query)
         rooms = answer.get("rooms")

@@ -28,6 +28,11 @@ def parse_address(text: Any, *, option: str = "--metrics") -> tuple[str, int]:
 
     The host is required (an address or a host name): the endpoint is bound only where the operator said.
     Anything else raises HostedRoomError naming the expected form.
+
+    :param text: the address.
+    :param option: the option named in the error message.
+    :returns: ``(host, port)``.
+    :raises HostedRoomError: ``text`` is not ``HOST:PORT``.
     """
     expected = f"{option} must be HOST:PORT (e.g. 127.0.0.1:9464, or [::1]:9464), not {text!r}"
     if not isinstance(text, str) or len(text) > 300:
@@ -59,6 +64,8 @@ class StandbyMetrics:
 
     Call :meth:`on_pass` with each pass's report; :meth:`serve` starts the HTTP endpoint (a daemon thread) and
     :meth:`close` stops it. ``monotonic`` times the lag seconds (:class:`~hostedrooms.standby.lag.LagBook`).
+
+    :param monotonic: the clock the lag seconds are timed with.
     """
 
     def __init__(self, *, monotonic: Callable[[], float] = time.monotonic) -> None:
@@ -84,7 +91,10 @@ class StandbyMetrics:
         self._statuses: set[str] = set()
 
     def on_pass(self, report: Any) -> None:
-        """Record one pass (a :class:`~hostedrooms.standby.PassReport`)."""
+        """Record one pass (a :class:`~hostedrooms.standby.PassReport`).
+
+        :param report: the pass's report.
+        """
         self.passes.inc()
         self.durations.observe(max(0.0, float(report.seconds)))
         self.events.inc(report.events)
@@ -100,7 +110,12 @@ class StandbyMetrics:
         self._statuses |= set(counts)
 
     def serve(self, address: str) -> tuple[str, int]:
-        """Serve the metrics at ``address`` (``HOST:PORT``, :func:`parse_address`); return where it listens."""
+        """Serve the metrics at ``address`` (``HOST:PORT``, :func:`parse_address`); return where it listens.
+
+        :param address: ``HOST:PORT``.
+        :returns: ``(host, port)`` it listens on.
+        :raises HostedRoomError: ``address`` is invalid or cannot be listened on.
+        """
         host, port = parse_address(address)
         client = _prometheus()
         try:

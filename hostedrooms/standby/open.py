@@ -23,7 +23,13 @@ def is_http_source(spec: str) -> bool:
 def open_source(spec: str, *, limits: Limits | None = None, **http_options: Any) -> PageSource:
     """The source a command line names: an ``http://`` or ``https://`` URL is a gateway's page endpoint
     (:class:`~hostedrooms.standby.http.HttpPageSource`), anything else the authority's database (a path or a
-    database URL, :class:`~hostedrooms.standby.source.EnginePageSource`)."""
+    database URL, :class:`~hostedrooms.standby.source.EnginePageSource`).
+
+    :param spec: an ``http(s)://`` URL, a path or a database URL.
+    :param limits: the limits an engine source checks pages with (default: :mod:`hostedrooms.limits`).
+    :param http_options: passed to :class:`~hostedrooms.standby.http.HttpPageSource` (``token=``, ``tls=``, ...).
+    :returns: the page source.
+    """
     if is_http_source(spec):
         return HttpPageSource(spec, **http_options)
     return EnginePageSource(spec, limits=limits)

@@ -88,6 +88,27 @@ class Replicator:
     ``source_gateway_id``: the gateway whose own store the source is (the operator's word; None: not said). With
     it, each pass also gives back the local rooms that gateway's failover fenced here and never promoted, once
     the fence is ``reclaim_after`` seconds old (:mod:`hostedrooms.standby.reclaim`; needs ``local_gateway_id``).
+
+    :param source: the authority's page source.
+    :param target: this gateway's store: an :class:`~sqlalchemy.Engine`, or a zero-argument factory returning one.
+    :param local_gateway_id: this gateway's id, or None.
+    :param page_limit: events per page.
+    :param max_pages_per_room: pages one pass reads from one room, or None.
+    :param backoff: the back-off of refused rooms (default: a new :class:`Backoff`).
+    :param now: returns the time in Unix seconds.
+    :param monotonic: returns monotonic seconds.
+    :param on_page: called after each stored page, or None.
+    :param on_room: called with each room's report, or None.
+    :param workers: rooms handled at once (1 to 64).
+    :param limits: the limits in force (default: :mod:`hostedrooms.limits`).
+    :param prune_disbanded_after: seconds a disbanded room's replica is kept, or None to keep it.
+    :param max_rooms_per_pass: rooms one pass lists, or None.
+    :param max_pages_per_pass: pages one pass reads, or None.
+    :param max_bytes_per_pass: event bytes one pass reads, or None.
+    :param max_seconds_per_pass: seconds one pass may take, or None.
+    :param source_gateway_id: the gateway whose own store the source is, or None.
+    :param reclaim_after: seconds a fence must be old before its room is given back.
+    :raises HostedRoomError: an option is invalid.
     """
 
     def __init__(self, source: PageSource, target: EngineSource, *, local_gateway_id: Any = None,
@@ -145,6 +166,8 @@ class Replicator:
         A pass that cannot list the source or read the local store stops early with ``error`` set; one that
         reaches a bound stops with ``bound`` set (and the next pass resumes the listing); rooms it reached keep
         their reports. Room-level refusals never stop a pass, and nothing a source returns makes it raise.
+
+        :returns: the pass's report.
         """
         started = self._monotonic()
         report = PassReport()
@@ -286,7 +309,17 @@ class Replicator:
         equal jitter: between half and all of it, drawn with ``random``) so that standbys that failed together do
         not come back together. Nothing a source returns ends it: a pass reports it. A negative or non-finite
         ``max_error_delay`` (or a negative ``interval``) raises :class:`hostedrooms.retry.RetryArgumentError`
-        before the first pass."""
+        before the first pass.
+
+        :param interval: seconds between passes when nothing wakes it.
+        :param waker: says when the source may have changed (default: an :class:`IntervalWaker`).
+        :param stop: set it to end the loop (default: a new event, never set).
+        :param on_pass: called with each pass's report, or None.
+        :param max_error_delay: the longest wait after failed passes, in seconds.
+        :param random: returns a float in ``[0, 1)`` for the jitter (default: :func:`random.random`).
+        :raises hostedrooms.retry.RetryArgumentError: ``interval`` or ``max_error_delay`` is invalid (before the
+            first pass).
+        """
         stop = stop if stop is not None else threading.Event()
         waker = waker if waker is not None else IntervalWaker()
         backoff = JitteredBackoff(base=min(interval, max_error_delay), cap=max_error_delay, jitter="equal",

@@ -69,7 +69,12 @@ def _int_param(query: Mapping[str, list[str]], name: str, default: int) -> int:
 def answer(source: PageSource, target: str) -> tuple[int, bytes]:
     """Answer ``GET target`` (the path and query below the mount point, e.g. ``/rooms?limit=10``) from
     ``source``: the HTTP status and the JSON body. Never raises for a request; storage failures are reported
-    without their details (they name the authority's database)."""
+    without their details (they name the authority's database).
+
+    :param source: the source to read.
+    :param target: the request's path and query.
+    :returns: ``(HTTP status, JSON body)``.
+    """
     try:
         parts = urllib.parse.urlsplit(target)
         query = urllib.parse.parse_qs(parts.query, max_num_fields=8)
@@ -242,6 +247,21 @@ class PageServer(ThreadingHTTPServer):
     * ``max_connections`` (default 64): connections held at once. A new connection beyond it takes the place of
       the held connection that has waited longest without a request being answered on it (closed at once); when
       every held connection is being answered, the new one is answered 503 and closed, without a thread.
+
+    :param source: the page source to serve.
+    :param address: ``(host, port)`` to listen on (port 0: any free one).
+    :param prefix: the mount point.
+    :param authorize: ``authorize(headers)`` returns whether a request may be answered, or None.
+    :param token: the bearer token requests must carry, or None.
+    :param insecure_no_token: serve beyond loopback with neither ``token`` nor ``authorize``.
+    :param ssl_context: serve HTTPS with it, or None for HTTP.
+    :param max_connections: connections held at once.
+    :param idle_timeout: seconds a connection may wait for a request to begin.
+    :param header_timeout: seconds from a request's first byte to the end of its headers.
+    :param send_timeout: seconds to hand over a whole answer.
+    :raises HostedRoomError: an argument is invalid.
+    :raises InvalidInputError: ``token`` is invalid, or the address is not loopback with nothing checking who reads.
+    :raises OSError: the address cannot be bound.
     """
 
     daemon_threads = True
@@ -366,7 +386,11 @@ class PageServer(ThreadingHTTPServer):
         super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """Quiet for a connection the client or the server cut (evicted, reset, timed out); else the default."""
+        """Quiet for a connection the client or the server cut (evicted, reset, timed out); else the default.
+
+        :param request: the request's socket.
+        :param client_address: the client's address.
+        """
         if isinstance(sys.exc_info()[1], OSError):
             return
         super().handle_error(request, client_address)

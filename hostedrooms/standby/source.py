@@ -84,23 +84,45 @@ class PageSource(Protocol):
     """The authority's side: its rooms and their ``read_events`` pages (see the module docstring)."""
 
     def list_rooms(self, *, after: str | None = None, limit: int = LISTING_PAGE) -> Sequence[RoomHead]:
-        """Up to ``limit`` rooms whose ``room_id`` sorts after ``after`` (code-point order), in that order."""
+        """Up to ``limit`` rooms whose ``room_id`` sorts after ``after`` (code-point order), in that order.
+
+        :param after: list the rooms whose id sorts after this one (None: from the first).
+        :param limit: the most rooms to list.
+        :returns: the room heads, in room id order.
+        """
         ...
 
     def room_info(self, room_id: str) -> RoomInfo:
-        """The room's name and members (RoomNotFoundError when it is gone)."""
+        """The room's name and members (RoomNotFoundError when it is gone).
+
+        :param room_id: the room.
+        :returns: its name and members.
+        :raises RoomNotFoundError: the room is gone.
+        """
         ...
 
     def read_events(self, room_id: str, *, since_seq: int, limit: int) -> dict[str, Any]:
-        """The authority's ``read_events`` page after ``since_seq``, disbanded rooms included."""
+        """The authority's ``read_events`` page after ``since_seq``, disbanded rooms included.
+
+        :param room_id: the room.
+        :param since_seq: the page starts after this sequence number.
+        :param limit: the most events in the page.
+        :returns: the page, as :func:`hostedrooms.rooms.read_events` returns it.
+        """
         ...
 
     def change_token(self) -> Hashable | None:
-        """A value that differs after the authority committed anything; None when the source cannot tell."""
+        """A value that differs after the authority committed anything; None when the source cannot tell.
+
+        :returns: the token, or None.
+        """
         ...
 
     def describe(self) -> str:
-        """The source for messages (no secrets)."""
+        """The source for messages (no secrets).
+
+        :returns: the description.
+        """
         ...
 
     def close(self) -> None:
@@ -115,7 +137,14 @@ def iter_rooms(source: PageSource, *, page: int = LISTING_PAGE, after: str | Non
     Only the walk is checked here (a list of :class:`RoomHead` whose ``room_id`` strings ascend; anything else
     raises SourceProtocolError, and an exception from the source that is not a HostedRoomError becomes one):
     the other fields of each head are the caller's to validate. The walk never ends by itself on a listing
-    that goes on forever: bound what you take of it."""
+    that goes on forever: bound what you take of it.
+
+    :param source: the page source.
+    :param page: the rooms asked for per listing call.
+    :param after: start after this room id (None: from the first).
+    :returns: an iterator of the room heads, in room id order.
+    :raises SourceProtocolError: a listing is malformed or does not move forward.
+    """
     while True:
         heads = call_source("room listing", source.list_rooms, after=after, limit=page)
         if not isinstance(heads, (list, tuple)):
@@ -158,6 +187,11 @@ class EnginePageSource:
     The change token is SQLite's ``PRAGMA data_version`` on one connection held for the purpose (it changes
     whenever another connection commits to the file), and on PostgreSQL the :func:`room_counters` sums. A probe
     that fails answers a fresh token (so the caller runs a pass, which reports the real error) and reconnects.
+
+    :param target: the authority's store: an Engine, a path or a URL.
+    :param limits: the limits pages are read with (default: :mod:`hostedrooms.limits`).
+    :raises StoreMissingError: a SQLite ``target`` does not exist.
+    :raises StoreConfigurationError: ``target`` cannot be understood.
     """
 
     def __init__(self, target: Engine | str | os.PathLike[str], *, limits: Limits | None = None) -> None:

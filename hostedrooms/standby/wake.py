@@ -31,7 +31,12 @@ class Waker(Protocol):
 
     def wait(self, timeout: float, stop: threading.Event) -> bool:
         """Block until the source may have changed since :meth:`arm` (True), ``timeout`` seconds pass or ``stop``
-        is set (False)."""
+        is set (False).
+
+        :param timeout: the longest wait, in seconds.
+        :param stop: ends the wait when set.
+        :returns: True when the source may have changed, False on ``timeout`` or ``stop``.
+        """
         ...
 
 
@@ -50,6 +55,11 @@ class PollingWaker:
     """Polls ``probe`` every ``poll_interval`` seconds and wakes when its value differs from the armed one.
 
     A probe answering None cannot tell; the waker then waits out the timeout like :class:`IntervalWaker`.
+
+    :param probe: returns a value that changes when the source does, or None when it cannot tell.
+    :param poll_interval: seconds between probes (above 0).
+    :param monotonic: returns monotonic seconds.
+    :raises ValueError: ``poll_interval`` is not positive.
     """
 
     def __init__(self, probe: Callable[[], Hashable | None], *, poll_interval: float = 0.01,

@@ -74,7 +74,11 @@ _engines: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictio
 def store_attributes(engine: Any) -> dict[str, Any]:
     """``db.system.name`` and ``db.namespace`` of an Engine (the database and schema names, never the URL), and
     on PostgreSQL ``server.address`` and ``server.port`` (:func:`server_attributes`); nothing for anything that
-    is not an Engine (a factory, a URL, None)."""
+    is not an Engine (a factory, a URL, None).
+
+    :param engine: anything; only an Engine is described.
+    :returns: the attributes, by name (empty for anything that is not an Engine).
+    """
     try:
         known = _engines.get(engine)
     except TypeError:  # a factory or anything else not weakly referable: nothing to say about it

@@ -36,7 +36,10 @@ _ledgers: weakref.WeakSet[BacklogSource] = weakref.WeakSet()
 def observe_ledger(ledger: BacklogSource) -> None:
     """Report ``ledger``'s backlog (``hostedrooms.ledger.backlog``: its non-terminal rows by table and state,
     :meth:`DeliveryLedger.backlog <hostedrooms.ledger.DeliveryLedger.backlog>`) at each metric collection: one
-    read transaction per collection, on the collecting thread. The ledger is held weakly."""
+    read transaction per collection, on the collecting thread. The ledger is held weakly.
+
+    :param ledger: the ledger (anything with a ``backlog()`` method and an ``engine``).
+    """
     _ledgers.add(ledger)
 
 

@@ -43,7 +43,12 @@ _lock = threading.Lock()
 
 def observe_gauge(name: str, reader: GaugeReader) -> None:
     """Feed the gauge ``name`` (``LAG_SEQS``, ``LAG_SECONDS`` or ``BACKLOG``) with ``reader``'s observations
-    too, on every meter hostedrooms records with (those set later included)."""
+    too, on every meter hostedrooms records with (those set later included).
+
+    :param name: the gauge's name.
+    :param reader: returns the observations, called at each collection.
+    :raises ValueError: no hostedrooms gauge has that name.
+    """
     if name not in _GAUGES:
         raise ValueError(f"no hostedrooms gauge is named {name!r}")
     with _lock:

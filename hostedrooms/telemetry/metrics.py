@@ -25,7 +25,11 @@ class _Sized(Protocol):
 
 
 def count_appended(events: Iterable[_Sized], written: Iterable[Mapping[str, Any]]) -> None:
-    """Count the events an append wrote (not its replays) and their accounted bytes (``PreparedEvent.size``)."""
+    """Count the events an append wrote (not its replays) and their accounted bytes (``PreparedEvent.size``).
+
+    :param events: the events the append was given.
+    :param written: the rows it wrote.
+    """
     signals = current()
     if signals is None or signals.instruments is None:
         return
@@ -37,14 +41,21 @@ def count_appended(events: Iterable[_Sized], written: Iterable[Mapping[str, Any]
 
 
 def count_retry(kind: str) -> None:
-    """Count one retry: ``kind`` is ``room_write.full_path``, ``room_write.exclusive`` or ``ledger``."""
+    """Count one retry: ``kind`` is ``room_write.full_path``, ``room_write.exclusive`` or ``ledger``.
+
+    :param kind: the retry's kind.
+    """
     signals = current()
     if signals is not None and signals.instruments is not None:
         signals.instruments.retries.add(1, {RETRY_KIND: kind})
 
 
 def follow_woke(page: Mapping[str, Any], wall_clock: Callable[[], float] = time.time) -> None:
-    """Record follow()'s wake-up latency: now minus the ``created_at`` of the first event read after a wait."""
+    """Record follow()'s wake-up latency: now minus the ``created_at`` of the first event read after a wait.
+
+    :param page: the first page read after the wait.
+    :param wall_clock: returns the time in Unix seconds.
+    """
     signals = current()
     if signals is None or signals.instruments is None:
         return

@@ -24,7 +24,11 @@ SCOPE = "hostedrooms"
 
 
 class Signals:
-    """The tracer and instruments of one pair of providers (either may be None: not configured)."""
+    """The tracer and instruments of one pair of providers (either may be None: not configured).
+
+    :param tracer_provider: an OpenTelemetry tracer provider, or None.
+    :param meter_provider: an OpenTelemetry meter provider, or None.
+    """
 
     def __init__(self, tracer_provider: Any, meter_provider: Any) -> None:
         self.tracer = None if tracer_provider is None else tracer_provider.get_tracer(SCOPE, __version__)
@@ -107,6 +111,9 @@ def configure(*, tracer_provider: Any = None, meter_provider: Any = None) -> Non
     Call with no argument to go back to the global providers (``opentelemetry.trace.set_tracer_provider`` and
     ``opentelemetry.metrics.set_meter_provider``). A provider left None records nothing of its kind.
     Needs the OpenTelemetry API (the ``otel`` extra) only to be useful: the providers are the caller's objects.
+
+    :param tracer_provider: the OpenTelemetry tracer provider, or None.
+    :param meter_provider: the OpenTelemetry meter provider, or None.
     """
     global _override
     with _lock:

@@ -71,7 +71,11 @@ def _first_argument(args: tuple[Any, ...]) -> Any:
 
 
 def no_engine(_args: tuple[Any, ...]) -> Any:
-    """For :func:`traced`: the call has no Engine to describe (a probe's target may be a URL with a password)."""
+    """For :func:`traced`: the call has no Engine to describe (a probe's target may be a URL with a password).
+
+    :param _args: the call's positional arguments (ignored).
+    :returns: None.
+    """
     return None
 
 
@@ -86,6 +90,12 @@ def traced(
     ``engine`` finds the Engine among the positional arguments (default: the first). ``result`` maps the return
     value to more attributes (only identifiers, counts and seqs). ``on_result`` gets the signals, the positional
     arguments and the return value when something records (the standby's pass metrics).
+
+    :param operation: the span's name.
+    :param engine: finds the Engine among the positional arguments.
+    :param result: maps the return value to more span attributes, or None.
+    :param on_result: called when something records, or None.
+    :returns: the decorator.
     """
 
     def decorate(function: F) -> F:
@@ -106,7 +116,12 @@ def traced(
 
 def traced_methods(prefix: str, names: Iterable[str]) -> Callable[[C], C]:
     """Class decorator: :func:`traced` on each method in ``names`` (inherited ones included), as
-    ``{prefix}.{name}``, finding the Engine at ``self.engine``."""
+    ``{prefix}.{name}``, finding the Engine at ``self.engine``.
+
+    :param prefix: the spans' name prefix.
+    :param names: the methods to trace.
+    :returns: the class decorator.
+    """
 
     def decorate(cls: C) -> C:
         for name in names:
@@ -186,7 +201,13 @@ def traced_block(operation: str, engine: Any, arguments: Mapping[str, Any]) -> A
     """``with traced_block(...)``: a block recorded as a call of ``operation`` (its span and measurements, as
     :func:`traced` records a call), where no function call delimits it (the asyncio ``follow()``'s opening).
     ``engine``: the Engine to describe; ``arguments``: the call's arguments by parameter name (only those of
-    :data:`~.attributes.PARAMETERS` are recorded, checked). Nothing when nothing records."""
+    :data:`~.attributes.PARAMETERS` are recorded, checked). Nothing when nothing records.
+
+    :param operation: the operation's name.
+    :param engine: the Engine to describe.
+    :param arguments: the call's arguments by parameter name.
+    :returns: the context manager.
+    """
     signals = current()
     if signals is None:
         return contextlib.nullcontext()

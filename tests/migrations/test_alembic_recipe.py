@@ -104,14 +104,14 @@ def fresh_schema_url(fresh_url: str) -> str:
 
 
 def test_the_docs_show_the_recipe_files_as_they_are() -> None:
-    """The blocks of docs/host-alembic.md (and the README's env.py) are the files these tests run."""
+    """The blocks of docs/host-alembic.md are the files these tests run."""
     for name, containing in [("migrations/env.py", "def run_migrations_online"),
                              ("myapp/models.py", '"myapp_orders", metadata'),
                              ("migrations/versions/myapp_0001_orders.py", 'revision = "myapp_0001"')]:
         assert readme_block(containing) == (RECIPE / name).read_text(), name
 
 
-# The tests that run the alembic command are named host_alembic_*: the README's fast subset leaves them out.
+# The tests that run the alembic command are named host_alembic_*: the fast subset (README) leaves them out.
 
 
 def test_host_alembic_recipe_one_command_on_a_fresh_database(fresh_url: str, tmp_path: Path) -> None:

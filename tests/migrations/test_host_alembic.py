@@ -1,7 +1,7 @@
 """A host application with its own tables and its own Alembic history, in hostedrooms' database.
 
 End to end with the real ``alembic`` command (a subprocess, as a deploy runs it) on SQLite and PostgreSQL:
-the host's ``env.py`` is the README's, as written. Both deploy shapes: two commands (the host's
+the host's ``env.py`` is docs/host-alembic.md's, as written. Both deploy shapes: two commands (the host's
 ``alembic upgrade head``, then ``hostedrooms upgrade``) and one command (the host's env.py upgrades hostedrooms
 too). In-process tests cover the filters, transactions and several upgraders at once.
 """
@@ -123,7 +123,7 @@ def _sa_url(target: str) -> str:
 
 def _write_host_app(directory: Path, url: str, *, one_command: bool) -> Path:
     env_py = readme_block("def run_migrations_online")
-    assert HOOK_LINE in env_py, "the README's env.py changed: update HOOK_LINE"
+    assert HOOK_LINE in env_py, "the env.py of docs/host-alembic.md changed: update HOOK_LINE"
     if not one_command:
         env_py = env_py.replace(HOOK_LINE, "")
     (directory / "myapp").mkdir(parents=True)

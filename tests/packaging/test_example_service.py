@@ -103,7 +103,7 @@ def test_alembic_upgrade_migrates_the_database_the_services_variable_names(
     parser = configparser.ConfigParser()
     parser.read(ini)
     assert not parser.has_option("alembic", "sqlalchemy.url")  # one setting: the service's variable
-    # hostedrooms' schema first (the service's key refers to it: README's deploy), then the service's history.
+    # hostedrooms' schema first (the service's key refers to it: docs/host-alembic.md), then the service's history.
     _run([str(Path(sys.executable).parent / "hostedrooms"), "upgrade", "--url", empty_database], tmp_path, None)
     _run([sys.executable, "-m", "alembic", "-c", str(ini), "upgrade", "head"], tmp_path, empty_database)
     assert _service_revision(empty_database) == "chat_0001"
@@ -117,7 +117,7 @@ def test_alembic_without_the_variable_migrates_the_services_default(tmp_path: Pa
     assert _service_revision(str(tmp_path / "var" / "chat.db")) == "chat_0001"
 
 
-#: What the example's env.py adds to the README's: the database is the service's own setting.
+#: What the example's env.py adds to docs/host-alembic.md's: the database is the service's own setting.
 ENV_PY_SERVICE_DATABASE = """
 from hostedrooms import create_engine
 from chat_service.settings import database
@@ -126,8 +126,8 @@ if config.attributes.get("connection") is None:
 """
 
 
-def test_its_env_py_is_the_readmes() -> None:
-    """The example's ``migrations/env.py`` is the README's, statement for statement (its own models imported),
+def test_its_env_py_is_the_documented_one() -> None:
+    """The example's ``migrations/env.py`` is docs/host-alembic.md's, statement for statement (its own models imported),
     plus the block that opens the service's database."""
     readme = readme_block("def run_migrations_online").replace(
         "from myapp.models import metadata  # your application's tables",

@@ -48,7 +48,8 @@ def _test_databases(admin_url: str) -> set[str]:
 
 def test_a_run_on_the_users_server_leaves_no_database_behind(
         pytester: pytest.Pytester, pg_admin_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's "tests on your server": HOSTEDROOMS_TEST_POSTGRES_URL names a server that outlives the run."""
+    """The "tests on your server" of docs/postgresql.md: HOSTEDROOMS_TEST_POSTGRES_URL names a server that outlives
+    the run."""
     pytester.makeconftest((Path(__file__).resolve().parents[1] / "conftest.py").read_text())
     pytester.makepyfile(test_tiny=TINY_TEST)
     monkeypatch.setenv("HOSTEDROOMS_TEST_POSTGRES_URL", pg_admin_url)

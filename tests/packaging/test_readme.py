@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -137,8 +138,8 @@ def test_every_shell_block_parses() -> None:
 def test_asyncio_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     block = readme_block("from hostedrooms import aio")
-    assert "<!-- tested: asyncio" in README.read_text(encoding="utf-8")
-    exec(compile(block, "README asyncio", "exec"), {"__name__": "readme"})  # its asserts check the follower
+    assert "<!-- tested: asyncio" in (DOCS / "asyncio.md").read_text(encoding="utf-8")
+    exec(compile(block, "docs/asyncio.md example", "exec"), {"__name__": "readme"})  # its asserts check the follower
     assert (tmp_path / "state-async.db").exists()
 
 
@@ -146,7 +147,10 @@ def test_the_fast_subset_is_sqlite_and_the_synchronous_api_only() -> None:
     command = marked_block("fast-subset").replace("python -m pytest -n 2", "python -m pytest --collect-only -q", 1)
     assert command != marked_block("fast-subset")
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=ROOT, capture_output=True, text=True,
-                            check=False, env={**os.environ, "PYTEST_ADDOPTS": "-p no:cacheprovider"}, timeout=600)
+                            check=False, env={**os.environ, "PYTEST_ADDOPTS": "-p no:cacheprovider",
+                                 # the block's ``python`` is this interpreter, as in an activated venv
+                                 "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ["PATH"]))},
+                            timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     selected = [line for line in result.stdout.splitlines() if "::" in line]
     assert len(selected) > 500  # a subset, not a typo that selects nothing

@@ -1,5 +1,5 @@
 """The facades' module namespaces against the reference modules': every public top-level name of each reference
-module is decided here (and in the README, "Migrating from the reference implementation"), one test per name.
+module is decided here (and in docs/migrating.md, "Migrating from the reference implementation"), one test per name.
 
 Callers and test suites written for the reference read and patch module attributes
 (``monkeypatch.setattr(hosted_room_replicas, "local_authority_gateway_id", ...)``). A name the reference looks up

@@ -1,9 +1,11 @@
 """The store's one-statement append and the full path agree on every outcome, on both backends.
 
-Each generated example runs one sequence of room operations twice on an emptied database: once as the services
-run it (the one-statement append first), once with :meth:`RoomStore.without_one_statement`, so every append takes the
-full path. The two runs must return the same results, raise the same errors with the same messages (so the same
-precedence) and leave the same rows. Sequences mix fresh appends, batches, replays, conflicting ids, repeated
+Each generated example runs one sequence of room operations three times on an emptied database: once as the
+services run it (the one-statement append first, on PostgreSQL on the thread's held autocommit connection), once
+with :func:`hostedrooms.held_autocommit.without_held_connections` (the one-statement append in a pooled unit of
+work), once with :meth:`RoomStore.without_one_statement`, so every append takes the full path. The runs must
+return the same results, raise the same errors with the same messages (so the same precedence) and leave the same
+rows. Sequences mix fresh appends, batches, replays, conflicting ids, repeated
 ids within a batch, stale and moved authority, control kinds, disbanded rooms, absent rooms, and limits lowered
 near the edge the sequence reaches.
 """
@@ -23,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
-from hostedrooms import models, rooms
+from hostedrooms import held_autocommit, models, rooms
 from hostedrooms.backends import backend_for
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.store import RoomStore, room_store
@@ -122,10 +124,13 @@ def _fresh(engine: Engine, lim: Any = None) -> None:
     rooms.prune_disbanded_rooms(engine, limits=lim)
 
 
-def _both_ways(
+def _every_way(
     engine: Engine, store: RoomStore, operations: list[tuple[Any, ...]], lim: Any
 ) -> Iterator[tuple[list[Any], dict[str, list[tuple[Any, ...]]]]]:
-    contexts: tuple[Callable[[], AbstractContextManager[None]], ...] = (nullcontext, store.without_one_statement)
+    """The outcomes and rows of ``operations`` run as the services run them (held connection), on a pooled unit of
+    work's one-statement append, and on the full path only."""
+    contexts: tuple[Callable[[], AbstractContextManager[None]], ...] = (
+        nullcontext, held_autocommit.without_held_connections, store.without_one_statement)
     for context in contexts:
         _fresh(engine, lim)
         with context():
@@ -161,9 +166,9 @@ def test_one_statement_and_full_appends_agree_on_generated_sequences(
     def agree(rng: random.Random) -> None:
         operations = [_operation(rng) for _ in range(rng.randint(1, 20))]
         lim = _limits(rng)
-        (one_statement, one_statement_rows), (full, full_rows) = _both_ways(engine, store, operations, lim)
-        assert one_statement == full
-        assert one_statement_rows == full_rows
+        (held, held_rows), (pooled, pooled_rows), (full, full_rows) = _every_way(engine, store, operations, lim)
+        assert held == pooled == full
+        assert held_rows == pooled_rows == full_rows
 
     agree()
     # Both branches ran: the comparison is not vacuous.
@@ -173,9 +178,9 @@ def test_one_statement_and_full_appends_agree_on_generated_sequences(
 def test_without_one_statement_really_takes_the_full_path(engine: Engine, counted: dict[str, int]) -> None:
     store = room_store(backend_for(engine))
     operations = [("append", "r1", ("g1", 1), _item("message.user", "user", "e1", "a"))]
-    (one_statement, _), (full, _) = _both_ways(engine, store, operations, None)
-    assert counted == {"applied": 1, "declined": 0}
-    assert one_statement == full and one_statement[0]["seq"] == 1
+    (held, _), (pooled, _), (full, _) = _every_way(engine, store, operations, None)
+    assert counted == {"applied": 2, "declined": 0}
+    assert held == pooled == full and held[0]["seq"] == 1
 
 
 @pytest.mark.parametrize(("operations", "lim", "expected"), [
@@ -198,9 +203,9 @@ def test_one_statement_and_full_agree_on_precedence_cases(
     engine: Engine, operations: list[tuple[Any, ...]], lim: Any, expected: Any
 ) -> None:
     store = room_store(backend_for(engine))
-    (one_statement, one_statement_rows), (full, full_rows) = _both_ways(engine, store, operations, lim)
-    assert one_statement == full and one_statement_rows == full_rows
-    last = one_statement[-1]
+    (held, held_rows), (pooled, pooled_rows), (full, full_rows) = _every_way(engine, store, operations, lim)
+    assert held == pooled == full and held_rows == pooled_rows == full_rows
+    last = held[-1]
     if expected == "idempotent":
         assert last["idempotent"] is True
     elif expected == "written":

@@ -28,6 +28,7 @@ from hostedrooms import (
     EventConflictError,
     StoreIntegrityError,
     UnitOfWork,
+    held_autocommit,
     migrate,
     peers,
     replicas,
@@ -156,6 +157,30 @@ def test_every_call_family_with_the_engine_instrumented(engine: Engine, standby:
     # Outside any call: only the ledger constructor's durability check (PRAGMAs on SQLite; no span of its own).
     orphans = [span.name for span in _sql_spans(traced.spans()) if span.parent is None]
     assert all(name.startswith("PRAGMA") for name in orphans), orphans
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_the_held_append_is_traced_under_its_call(
+    engine: Engine, traced: Traced, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rooms.create_room(engine, room_id="r1", name="Team", members=[], authority_gateway_id=GW_A)
+    # The thread's held connection exists before the instrumentation, as opentelemetry-instrument may find it.
+    rooms.append_event(engine, room_id="r1", authority_gateway_id=GW_A, authority_epoch=1, **_user(1))
+    lent: list[Any] = []
+    take = held_autocommit.take
+    monkeypatch.setattr(held_autocommit, "take", lambda bound: lent.append(take(bound)) or lent[-1])
+    traced.instrument(engine=engine)
+    assert rooms.append_event(engine, room_id="r1", authority_gateway_id=GW_A, authority_epoch=1,
+                              **_user(2))["seq"] == 2
+    assert [item["seq"] for item in rooms.append_events(engine, "r1", [_user(3), _user(4)], GW_A, 1)] == [3, 4]
+    assert len(lent) == 2 and None not in lent  # both on the held connection
+    nested = traced.statements_under()
+    assert nested["append_event"] == ["WITH"] and nested["append_events"] == ["WITH"], nested
+    assert not [span.name for span in _sql_spans(traced.spans()) if span.parent is None]
+    SQLAlchemyInstrumentor().uninstrument()
+    count = len(_sql_spans(traced.spans()))
+    rooms.append_event(engine, room_id="r1", authority_gateway_id=GW_A, authority_epoch=1, **_user(5))
+    assert len(_sql_spans(traced.spans())) == count and lent[-1] is not None  # unobserved again, still held
 
 
 def _held_writer_is_used(engine: Engine) -> bool:

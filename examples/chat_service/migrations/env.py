@@ -1,4 +1,4 @@
-"""Alembic's env.py for the chat service: the hostedrooms README's (section "Inside your application's Alembic"),
+"""Alembic's env.py for the chat service: hostedrooms' (docs/host-alembic.md, "Inside your application's Alembic"),
 as written, plus one block: the database is the service's own setting (``$CHAT_SERVICE_DATABASE``, a SQLite path
 or a ``postgresql://`` URL, :mod:`chat_service.settings`), opened as the service opens it, so ``alembic upgrade
 head`` migrates the database the service serves. ``alembic.ini`` names no URL."""

@@ -212,6 +212,9 @@ class RoomStore(BoundStore):
     one_statement_autocommits = False
     #: Tests only (see :meth:`without_one_statement`): False makes every append take the full path.
     one_statement_enabled = True
+    #: The budget shard :meth:`append_one_statement` charges by primary key (a bound copy on a connection whose
+    #: shard is known: :mod:`hostedrooms.held_autocommit`'s); None: the backend's own choice.
+    own_shard: int | None = None
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend

@@ -11,6 +11,11 @@ whole (a division by zero, on purpose) and nothing is written. Either way the ca
 event ``INSERT`` never skips a conflict (a skipped row would leave a gap): a concurrent writer of the same id
 fails the statement on the unique constraint instead.
 
+On a connection held by the calling thread (:mod:`hostedrooms.held_autocommit`; the store's ``own_shard`` set),
+the statement charges that connection's own shard (its backend pid modulo the shard count, known once) by primary
+key instead of searching for a free one: when that shard cannot pay, nothing is written and the caller takes the
+full path, which takes any free shard or re-spreads the budget.
+
 Behind a transaction pooler (nothing prepared on the server, so this CTE would be planned at every call) the same
 append runs as a server-side function, with the same rows and errors: :mod:`.pg_function`.
 """
@@ -67,31 +72,48 @@ _SHARDS = 8
 # The part both appends share, after their ``stored`` probe: the room advances under its fences and limits (and
 # queues the followers' NOTIFY), then one budget shard pays. (Joined with ``+``: constant texts only, never input,
 # which is what the noqa below says.)
-_ADVANCE_AND_CHARGE = (
-    "advanced AS (UPDATE hosted_rooms SET next_seq = next_seq + :fast_count, "
-    "event_bytes = event_bytes + :fast_size, updated_at = :fast_now "
-    "WHERE room_id = :fast_room_id AND authority_gateway_id = :fast_gateway_id "
-    "AND authority_epoch = :fast_epoch AND disbanded_at IS NULL AND next_seq <= :fast_max_events "
-    "AND event_bytes + :fast_size <= :fast_max_room_bytes AND NOT EXISTS (SELECT 1 FROM stored) "
-    "AND EXISTS (SELECT 1 FROM hosted_room_budget "
-    "WHERE used + :fast_size <= allowance AND spread_limit <= :fast_spread_limit) "
-    "RETURNING next_seq, pg_notify(CAST(:notify_channel AS text), CAST(:fast_room_id AS text))), "
+def _advance_and_charge(own_shard: bool) -> str:
+    """The advance and the charge; ``own_shard``: the shard is the bound ``:own_shard``, charged by primary key (a
+    held connection's, whose backend pid is known: no search, no ``SKIP LOCKED``), else the first free one."""
+    # The advance also asks that the shard (or some shard) has room in the statement's snapshot, so a short budget
+    # usually writes nothing.
+    which = "shard = CAST(:own_shard AS integer) AND " if own_shard else ""
+    advance = (
+        "advanced AS (UPDATE hosted_rooms SET next_seq = next_seq + :fast_count, "  # noqa: S608
+        "event_bytes = event_bytes + :fast_size, updated_at = :fast_now "
+        "WHERE room_id = :fast_room_id AND authority_gateway_id = :fast_gateway_id "
+        "AND authority_epoch = :fast_epoch AND disbanded_at IS NULL AND next_seq <= :fast_max_events "
+        "AND event_bytes + :fast_size <= :fast_max_room_bytes AND NOT EXISTS (SELECT 1 FROM stored) "
+        "AND EXISTS (SELECT 1 FROM hosted_room_budget WHERE " + which +
+        "used + :fast_size <= allowance AND spread_limit <= :fast_spread_limit) "
+        "RETURNING next_seq, pg_notify(CAST(:notify_channel AS text), CAST(:fast_room_id AS text))), ")
+    if own_shard:
+        # Only once the room advanced (its row locked: the lock order). A writer holding the shard is waited for
+        # (an autocommit statement's lock is short; the exclusive re-spread's is the full path's), and the row is
+        # then checked again as committed.
+        return advance + (  # noqa: S608
+            "charged AS (UPDATE hosted_room_budget SET used = used + :fast_size "
+            "WHERE shard = CAST(:own_shard AS integer) AND EXISTS (SELECT 1 FROM advanced) "
+            "AND used + :fast_size <= allowance AND spread_limit <= :fast_spread_limit RETURNING shard), ")
     # Only once the room advanced (its row locked: the lock order), a shard with room, not locked by another
     # writer, the connection's own first.
-    "charged AS (UPDATE hosted_room_budget SET used = used + :fast_size WHERE shard = ("
-    "SELECT shard FROM hosted_room_budget WHERE EXISTS (SELECT 1 FROM advanced) "
-    "AND used + :fast_size <= allowance AND spread_limit <= :fast_spread_limit "
-    "ORDER BY mod(shard + 8 - mod(pg_backend_pid(), 8), 8) LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING shard), ")
+    return advance + (  # noqa: S608
+        "charged AS (UPDATE hosted_room_budget SET used = used + :fast_size WHERE shard = ("
+        "SELECT shard FROM hosted_room_budget WHERE EXISTS (SELECT 1 FROM advanced) "
+        "AND used + :fast_size <= allowance AND spread_limit <= :fast_spread_limit "
+        "ORDER BY mod(shard + 8 - mod(pg_backend_pid(), 8), 8) LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING shard), ")
+
 
 # The one-statement append: a data-modifying CTE, constant text (the budget shard is the connection's backend pid
 # modulo _SHARDS). Its rows: the room's new next_seq (the other columns NULL) when it advanced, else the stored rows
 # of the events' ids (_STORED_KEYS). One event binds its columns; a batch binds its rows as one JSON text (an array
 # of [event_id, kind, actor_json, authority_epoch, payload_json]: one parameter to send, which measured faster than
 # an array per column), inserted by one INSERT ... SELECT.
-_APPEND_ONE = (
+def _append_one(own_shard: bool) -> str:
+    return (
     "WITH stored AS (SELECT room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at "  # noqa: S608
     "FROM hosted_room_events WHERE room_id = :fast_room_id AND event_id = CAST(:event_id AS text)), "
-    + _ADVANCE_AND_CHARGE +
+    + _advance_and_charge(own_shard) +
     "inserted AS (INSERT INTO hosted_room_events "
     "(room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at) "
     "SELECT CAST(:fast_room_id AS text), next_seq - 1, CAST(:event_id AS text), CAST(:kind AS text), "
@@ -108,12 +130,13 @@ _APPEND_ONE = (
 # again) the primary key (room_id, seq) and the unique index cost the same to the planner, which keeps the unique
 # index, as for the single append's probe; an expression in the probe (``item ->> 0``) made the unique index cost
 # a little more, and the primary key, read with a filter, scanned the whole room for every id.
-_APPEND_BATCH = (
+def _append_batch(own_shard: bool) -> str:
+    return (
     "WITH stored AS (SELECT found.* FROM (SELECT value ->> 0 AS id "  # noqa: S608
     "FROM json_array_elements(CAST(:fast_rows AS json)) OFFSET 0) AS batch, LATERAL ("
     "SELECT room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at "
     "FROM hosted_room_events WHERE room_id = :fast_room_id AND event_id = batch.id LIMIT 1) AS found), "
-    + _ADVANCE_AND_CHARGE +
+    + _advance_and_charge(own_shard) +
     "inserted AS (INSERT INTO hosted_room_events "
     "(room_id, seq, event_id, kind, actor_json, authority_epoch, payload_json, created_at) "
     "SELECT CAST(:fast_room_id AS text), advanced.next_seq - :fast_count + item.ord - 1, item.row ->> 0, "
@@ -126,6 +149,11 @@ _APPEND_BATCH = (
     "FROM advanced "
     "UNION ALL "
     "SELECT seq, room_id, event_id, kind, actor_json, authority_epoch, payload_json, created_at FROM stored")
+_APPEND_ONE = _append_one(own_shard=False)
+_APPEND_BATCH = _append_batch(own_shard=False)
+#: The same on a held connection (:mod:`hostedrooms.held_autocommit`): its own shard, charged by primary key.
+_APPEND_ONE_OWN = _append_one(own_shard=True)
+_APPEND_BATCH_OWN = _append_batch(own_shard=True)
 #: The rows of a batch as JSON text (exact: every text round-trips; validated texts hold no NUL).
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 #: SQLSTATE division_by_zero: the append's advance found no budget shard to pay for it, or (a batch) not every row
@@ -154,6 +182,8 @@ class PostgreSQLRoomStore(RoomStore):
         super().__init__(backend)
         self._append_one = HotStatement(text(_APPEND_ONE).bindparams(*_int64_binds()))
         self._append_batch = HotStatement(text(_APPEND_BATCH).bindparams(*_int64_binds()))
+        self._append_one_own = HotStatement(text(_APPEND_ONE_OWN).bindparams(*_int64_binds()))
+        self._append_batch_own = HotStatement(text(_APPEND_BATCH_OWN).bindparams(*_int64_binds()))
         # The same append as a server-side function, for engines behind a transaction pooler (pg_function).
         self._pooler_append = PoolerAppend()
         # PostgreSQL sends a statement's whole result at once: the running byte sum is cut in the query, so no
@@ -225,17 +255,20 @@ class PostgreSQLRoomStore(RoomStore):
     ) -> OneStatementAppend | None:
         # The followers' channel of this engine's namespace (schema).
         params.update(self.backend.hot_params(self.connection, self.channel))
+        own = self.own_shard
+        if own is not None:  # a held connection: its own shard, by primary key
+            params["own_shard"] = own
         try:
             if len(events) == 1:
                 event = events[0]
                 params.update(event_id=event.event_id, kind=event.kind, actor_json=event.actor_json,
                               authority_epoch=event.authority_epoch, payload_json=event.payload_json)
-                statement = self._append_one
+                statement = self._append_one if own is None else self._append_one_own
             else:
                 params["fast_rows"] = _dumps([
                     (event.event_id, event.kind, event.actor_json, event.authority_epoch, event.payload_json)
                     for event in events])
-                statement = self._append_batch
+                statement = self._append_batch if own is None else self._append_batch_own
             if self._pooler_append.applies(self.connection):  # behind a transaction pooler: the function
                 rows = self._pooler_append.rows(self.connection, params, batch=len(events) > 1)
                 if rows is None:  # not installed (remembered): nothing written, the full path
