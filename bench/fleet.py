@@ -22,8 +22,8 @@ Every writer is its own process (as gateways are), with a pool of one connection
 (single appends, or ``--batch`` events per ``append_events``). Every round runs each layout once, in an order
 rotated by one place per round; each layout's writers connect and warm up, then start together. Per layout:
 appends/s (events/s with batches) over the round's wall time, p50/p99 of the calls' latencies; the ratios
-schema/database (target >= 0.9) and PgBouncer/direct (target >= 0.8) are computed per round, then the median and
-the min-max over the rounds.
+schema/database (target >= 0.9) and PgBouncer/direct (target >= 0.9, issue #36) are computed per round, then the
+median and the min-max over the rounds.
 """
 
 from __future__ import annotations
@@ -208,7 +208,8 @@ def prepare(admin_url: str, gateways: int, bouncer: Any, created: list[str]) -> 
 
 
 def _check_schemas(layouts: dict[str, list[Gateway]]) -> None:
-    """Each PgBouncer gateway's connections are in its own schema (the alias's connect_query took effect)."""
+    """Each PgBouncer gateway's connections are in its own schema (the alias's connect_query took effect), where
+    its appends find their server-side function (revision 0011: the pooled engines call it)."""
     from sqlalchemy import text
 
     from hostedrooms import create_engine
@@ -216,10 +217,12 @@ def _check_schemas(layouts: dict[str, list[Gateway]]) -> None:
     for gateway in layouts["schema-pgbouncer"]:
         engine = create_engine(gateway.url, **dict(gateway.options))
         with engine.connect() as connection:
-            current = connection.execute(text("SELECT current_schema()")).scalar()
+            current, function = connection.execute(text(
+                "SELECT current_schema(), CAST(to_regproc('hostedrooms_append_one') AS oid) <> 0")).one()
         engine.dispose()
-        if current != gateway.name:
-            raise RuntimeError(f"PgBouncer alias of {gateway.name} runs in schema {current}")
+        if current != gateway.name or not function:
+            raise RuntimeError(f"PgBouncer alias of {gateway.name} runs in schema {current} (append function "
+                               f"{'found' if function else 'missing'})")
 
 
 def _settings(admin_url: str) -> dict[str, str]:
@@ -309,7 +312,7 @@ def report(samples: dict[str, list[Sample]], settings: dict[str, str], *, gatewa
     out.write("\n" + render([
         ("ratio (per round, then median and min-max)", "measured", "target"),
         ("schema per gateway / database per gateway (direct)", _median_range(schema_db, ".2f", "x"), ">= 0.9x"),
-        ("PgBouncer / direct (schema per gateway)", _median_range(bouncer_direct, ".2f", "x"), ">= 0.8x"),
+        ("PgBouncer / direct (schema per gateway)", _median_range(bouncer_direct, ".2f", "x"), ">= 0.9x"),
         ("PgBouncer schemas / database per gateway direct", _median_range(bouncer_db, ".2f", "x"), ""),
         ("PgBouncer / direct without server prepares (the hop)", _median_range(hop, ".2f", "x"), ""),
         ("direct without / with server prepares", _median_range(unprepared, ".2f", "x"), ""),

@@ -200,3 +200,71 @@ def test_a_batch_repeating_a_stored_id_twice_beside_a_new_one(engine: Engine) ->
     again = rooms.append_events(engine, "r1", [stored, fresh, stored], authority_gateway_id=A, authority_epoch=1)
     assert [(event["seq"], event["idempotent"]) for event in again] == [(6, True), (11, True), (6, True)]
     assert rooms.room_state(engine, room_id="r1")["latest_seq"] == 11
+
+
+# --- the append functions behind a transaction pooler (revision 0011) ------------------------------------------------
+
+#: The functions' probes (their text inside the function, as auto_explain shows it).
+_FUNCTION_PROBES = ("WHERE room_id = p_room_id AND event_id = batch.id",
+                    "WHERE room_id = p_room_id AND event_id = p_event_id")
+_FUNCTION_CALLS = (
+    "SELECT * FROM hostedrooms_append_batch('r1', %(gateway)s, 1, 2, 10, 1000000000, 1000000000000, 1000000000000, "
+    "1.0, 'c', CAST(%(rows)s AS json))",
+    "SELECT * FROM hostedrooms_append_one('r1', %(gateway)s, 1, 1, 10, 1000000000, 1000000000000, 1000000000000, "
+    "1.0, 'c', 'e5', 'k', '{}', 1, '{}')")
+
+
+def _function_probe_plans(connection: sa.Connection) -> list[str]:
+    """The plans of the functions' id probes, custom (the first calls of a session) and generic (what PL/pgSQL may
+    settle on after five), as auto_explain reports the statements run inside a function (as notices)."""
+    notices: list[str] = []
+    connection.connection.driver_connection.add_notice_handler(
+        lambda notice: notices.append(notice.message_primary or ""))
+    try:
+        connection.exec_driver_sql("LOAD 'auto_explain'")
+    except sa.exc.DBAPIError as exc:  # a server of the user's own, where this role may not load it
+        pytest.skip(f"auto_explain cannot be loaded here: {exc.orig}")
+    for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                    "auto_explain.log_level = notice"):
+        connection.exec_driver_sql(f"SET LOCAL {setting}")
+    values = {"gateway": A, "rows": '[["e5","k","{}",1,"{}"],["new","k","{}",1,"{}"]]'}
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        connection.exec_driver_sql(f"SET LOCAL plan_cache_mode = {mode}")
+        for call in _FUNCTION_CALLS:
+            found = connection.exec_driver_sql(call, values).all()
+            assert [row[2] for row in found] == ["e5"]  # the stored row, nothing written
+    connection.rollback()
+    plans = [notice for notice in notices if any(probe in notice for probe in _FUNCTION_PROBES)]
+    assert len(plans) == 4, notices
+    assert "'r1'::text" in plans[0] and "$1" in plans[2], plans  # (each plan is what it says)
+    # Each plan, after its query's text.
+    return [next(plan.split(probe, 1)[1] for probe in _FUNCTION_PROBES if probe in plan) for plan in plans]
+
+
+def test_the_pooler_functions_probe_each_id_in_the_unique_index_under_stale_statistics(engine: Engine) -> None:
+    """The functions keep their plans for a server connection's life (PL/pgSQL may switch to a generic plan after
+    five calls): under statistics older than a growing room, custom and generic plans still probe each id in the
+    ``(room_id, event_id)`` index, never reading the room."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("the append functions are PostgreSQL's")
+    with engine.begin() as connection:  # no ANALYZE behind the test's back while the room grows
+        connection.exec_driver_sql("ALTER TABLE hosted_room_events SET (autovacuum_enabled = false)")
+    try:
+        for n in range(60):
+            rooms.create_room(engine, room_id=f"s{n}", name="S", members=[], authority_gateway_id=A)
+            rooms.append_events(engine, f"s{n}", [{**_batch(0, 1)[0], "event_id": f"s{n}-e0"}],
+                                authority_gateway_id=A, authority_epoch=1)
+        with engine.begin() as connection:
+            connection.exec_driver_sql("ANALYZE hosted_room_events")
+        rooms.create_room(engine, room_id="r1", name="R", members=[], authority_gateway_id=A)
+        for start in range(0, 2000, 100):
+            rooms.append_events(engine, "r1", _batch(start, 100), authority_gateway_id=A, authority_epoch=1)
+        with engine.connect() as connection:
+            plans = _function_probe_plans(connection)
+    finally:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("ALTER TABLE hosted_room_events RESET (autovacuum_enabled)")
+    for plan in plans:
+        assert re.search(r"Index Cond: .*room_id = .*event_id = ", plan), plan
+        assert "Hash" not in plan and "Filter" not in plan and "Seq Scan" not in plan, plan
+    assert rooms.room_state(engine, room_id="r1")["latest_seq"] == 2000

@@ -15,6 +15,9 @@ On a connection held by the calling thread (:mod:`hostedrooms.held_autocommit`; 
 the statement charges that connection's own shard (its backend pid modulo the shard count, known once) by primary
 key instead of searching for a free one: when that shard cannot pay, nothing is written and the caller takes the
 full path, which takes any free shard or re-spreads the budget.
+
+Behind a transaction pooler (nothing prepared on the server, so this CTE would be planned at every call) the same
+append runs as a server-side function, with the same rows and errors: :mod:`.pg_function`.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from .base import (
     event_rows,
     int64,
 )
+from .pg_function import PoolerAppend
 
 __all__ = ["PostgreSQLRoomStore"]
 
@@ -180,6 +184,8 @@ class PostgreSQLRoomStore(RoomStore):
         self._append_batch = HotStatement(text(_APPEND_BATCH).bindparams(*_int64_binds()))
         self._append_one_own = HotStatement(text(_APPEND_ONE_OWN).bindparams(*_int64_binds()))
         self._append_batch_own = HotStatement(text(_APPEND_BATCH_OWN).bindparams(*_int64_binds()))
+        # The same append as a server-side function, for engines behind a transaction pooler (pg_function).
+        self._pooler_append = PoolerAppend()
         # PostgreSQL sends a statement's whole result at once: the running byte sum is cut in the query, so no
         # more than one page ever leaves the server.
         page_of = self._page_of(bindparam("latest_seq"))
@@ -257,12 +263,19 @@ class PostgreSQLRoomStore(RoomStore):
                 event = events[0]
                 params.update(event_id=event.event_id, kind=event.kind, actor_json=event.actor_json,
                               authority_epoch=event.authority_epoch, payload_json=event.payload_json)
-                found = self._fetch(self._append_one if own is None else self._append_one_own, params)
+                statement = self._append_one if own is None else self._append_one_own
             else:
                 params["fast_rows"] = _dumps([
                     (event.event_id, event.kind, event.actor_json, event.authority_epoch, event.payload_json)
                     for event in events])
-                found = self._fetch(self._append_batch if own is None else self._append_batch_own, params)
+                statement = self._append_batch if own is None else self._append_batch_own
+            if self._pooler_append.applies(self.connection):  # behind a transaction pooler: the function
+                rows = self._pooler_append.rows(self.connection, params, batch=len(events) > 1)
+                if rows is None:  # not installed (remembered): nothing written, the full path
+                    return None
+                found = rows
+            else:
+                found = self._fetch(statement, params)
         except DataError as exc:
             if getattr(exc.orig, "sqlstate", None) == _NO_SHARD_PAID:
                 return None
