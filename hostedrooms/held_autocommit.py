@@ -39,7 +39,6 @@ What it keeps:
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -49,16 +48,13 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import Pool, QueuePool
 
 from .engine_profile import known_runtime, profile_of, runtime_of
+from .held_slots import HeldSlot, generation
 from .statements import DirectConnection, listened, statements_logged
 
 __all__ = ["HeldConnection", "allow", "held_count", "take", "without_held_connections"]
 
 #: Tests only (:func:`without_held_connections`): False makes every append take the pooled path.
 _enabled = True
-#: Bumped in every forked child: connections of an older generation belong to the parent.
-_generation = 0
-#: Slots inherited from the parent process: kept referenced so their connections are never closed here.
-_inherited: list[_Slot] = []
 #: psycopg's ``TransactionStatus.IDLE``: no transaction open, no statement running.
 _IDLE = 0
 
@@ -182,7 +178,7 @@ class _Slot:
     def __init__(self, engine: Engine, limit: int) -> None:
         self.engine = engine
         self.limit = limit
-        self.generation = _generation
+        self.generation = generation()  # a forked child never uses it (:mod:`hostedrooms.held_slots`)
         self.lock = threading.Lock()
         self.pool: Pool = engine.pool.recreate()  # its own: the same connect hooks, none of the services' slots
         self.held: dict[int, HeldConnection] = {}
@@ -245,16 +241,18 @@ class _Slot:
                 self.pool.dispose()
 
 
-class _Holder:
+class _Holder(HeldSlot[_Slot]):
     """An engine's current slot (None until the first attempt; replaced after a dispose or a fork); kept in the
     engine's :class:`~hostedrooms.engine_profile.EngineRuntime`."""
 
     def __init__(self, limit: int) -> None:
+        super().__init__()
         self.limit = limit
-        self.slot: _Slot | None = None
 
-
-_slots_lock = threading.Lock()
+    @property
+    def slot(self) -> _Slot | None:
+        """The current slot (of this process or, until it is replaced, of the parent)."""
+        return self.item
 
 
 def allow(engine: Engine, limit: int | None = None) -> None:
@@ -269,19 +267,7 @@ def allow(engine: Engine, limit: int | None = None) -> None:
     if runtime.held_autocommit is not None:
         return
     holder = runtime.held_autocommit = _Holder(max(1, engine.pool.size()) if limit is None else limit)
-    original = engine.dispose
-
-    def dispose(close: bool = True) -> None:
-        slot, holder.slot = holder.slot, None
-        if slot is not None:
-            if close and slot.generation == _generation:
-                slot.retire()
-            else:  # dispose(close=False): a forked child lets go of the parent's connections untouched
-                _inherited.append(slot)
-        original(close)
-
-    dispose.__doc__ = original.__doc__
-    engine.dispose = dispose  # type: ignore[method-assign]
+    holder.retire_on_dispose(engine)
 
     def invalidated(_dbapi_connection: Any, _record: Any, _exception: BaseException | None) -> None:
         # A connection of the engine was invalidated (a pooled unit found its server gone, a failed commit): drop
@@ -301,10 +287,7 @@ def take(engine: Engine) -> HeldConnection | None:
     holder: _Holder | None = None if runtime is None else runtime.held_autocommit
     if holder is None or not _enabled:
         return None
-    slot = holder.slot
-    if slot is None or slot.generation != _generation:
-        slot = _current(engine, holder)
-    return slot.lend()
+    return holder.current(lambda: _Slot(engine, holder.limit)).lend()
 
 
 def held_count(engine: Engine) -> int:
@@ -318,17 +301,6 @@ def held_count(engine: Engine) -> int:
         return sum(1 for held in slot.held.values() if held.connection is not None)
 
 
-def _current(engine: Engine, holder: _Holder) -> _Slot:
-    with _slots_lock:
-        slot = holder.slot
-        if slot is not None and slot.generation != _generation:
-            _inherited.append(slot)  # the parent's: never used, never closed here
-            slot = None
-        if slot is None:
-            slot = holder.slot = _Slot(engine, holder.limit)
-        return slot
-
-
 @contextlib.contextmanager
 def without_held_connections() -> Iterator[None]:
     """Tests only: inside the block every append takes the pooled path (the plain path)."""
@@ -339,12 +311,3 @@ def without_held_connections() -> Iterator[None]:
     finally:
         _enabled = previous
 
-
-def _forked() -> None:
-    global _generation, _slots_lock
-    _generation += 1
-    _slots_lock = threading.Lock()  # it may have been held by a thread that does not exist here
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
-    os.register_at_fork(after_in_child=_forked)

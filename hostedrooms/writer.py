@@ -26,9 +26,8 @@ a new one is opened.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import Engine
@@ -36,16 +35,13 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import Pool, QueuePool
 
 from .engine_profile import known_runtime, runtime_of
+from .held_slots import HeldSlot, generation
 from .statements import DIRECT_BEGUN, DirectConnection, listened, statements_logged
 
 __all__ = ["HeldWriter", "allow", "current_writer", "take", "without_held_writers"]
 
 #: Tests only (:func:`without_held_writers`): False makes every write unit take a pooled connection.
 _enabled = True
-#: Bumped in every forked child: writers of an older generation belong to the parent.
-_generation = 0
-#: Writers inherited from the parent process: kept referenced so their connections are never closed here.
-_inherited: list[HeldWriter] = []
 
 
 class HeldWriter:
@@ -54,7 +50,7 @@ class HeldWriter:
     def __init__(self, engine: Engine, wait: float) -> None:
         self.engine = engine
         self.wait = wait
-        self.generation = _generation
+        self.generation = generation()  # a forked child never uses it (:mod:`hostedrooms.held_slots`)
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._pool: Pool = engine.pool.recreate()  # its own: the same connect hooks, none of the services' slots
@@ -140,17 +136,19 @@ def _close(connection: DirectConnection) -> None:
         connection.close()
 
 
-class _Slot:
+class _Slot(HeldSlot[HeldWriter]):
     """An engine's current writer (None until the first write unit; replaced after a dispose or a fork); kept in
     the engine's :class:`~hostedrooms.engine_profile.EngineRuntime` (engines built or adopted by hostedrooms for
     SQLite files)."""
 
     def __init__(self, wait: float) -> None:
+        super().__init__()
         self.wait = wait
-        self.writer: HeldWriter | None = None
 
-
-_slots_lock = threading.Lock()
+    @property
+    def writer(self) -> HeldWriter | None:
+        """The current writer (of this process or, until it is replaced, of the parent)."""
+        return self.item
 
 
 def allow(engine: Engine, busy_timeout: float) -> None:
@@ -162,19 +160,7 @@ def allow(engine: Engine, busy_timeout: float) -> None:
     if runtime.writer_slot is not None:
         return
     slot = runtime.writer_slot = _Slot(busy_timeout)
-    original: Callable[..., None] = engine.dispose
-
-    def dispose(close: bool = True) -> None:
-        writer, slot.writer = slot.writer, None
-        if writer is not None:
-            if close and writer.generation == _generation:
-                writer.retire()
-            else:  # dispose(close=False): a forked child lets go of the parent's connections untouched
-                _inherited.append(writer)
-        original(close)
-
-    dispose.__doc__ = original.__doc__
-    engine.dispose = dispose  # type: ignore[method-assign]
+    slot.retire_on_dispose(engine)
 
 
 def take(engine: Engine) -> HeldWriter | None:
@@ -183,9 +169,7 @@ def take(engine: Engine) -> HeldWriter | None:
     slot: _Slot | None = None if runtime is None else runtime.writer_slot
     if slot is None or not _enabled:
         return None
-    writer = slot.writer
-    if writer is None or writer.generation != _generation:
-        writer = _current(engine, slot)
+    writer = slot.current(lambda: HeldWriter(engine, slot.wait))
     return writer if writer.take() else None
 
 
@@ -194,17 +178,6 @@ def current_writer(engine: Engine) -> HeldWriter | None:
     runtime = known_runtime(engine)
     slot: _Slot | None = None if runtime is None else runtime.writer_slot
     return None if slot is None else slot.writer
-
-
-def _current(engine: Engine, slot: _Slot) -> HeldWriter:
-    with _slots_lock:
-        writer = slot.writer
-        if writer is not None and writer.generation != _generation:
-            _inherited.append(writer)  # the parent's: never used, never closed here
-            writer = None
-        if writer is None:
-            writer = slot.writer = HeldWriter(engine, slot.wait)
-        return writer
 
 
 @contextlib.contextmanager
@@ -217,12 +190,3 @@ def without_held_writers() -> Iterator[None]:
     finally:
         _enabled = previous
 
-
-def _forked() -> None:
-    global _generation, _slots_lock
-    _generation += 1
-    _slots_lock = threading.Lock()  # it may have been held by a thread that does not exist here
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
-    os.register_at_fork(after_in_child=_forked)
