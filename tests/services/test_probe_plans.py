@@ -16,9 +16,11 @@ a batch costs no more as the room grows.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import factories
@@ -118,13 +120,11 @@ def _timed_batch(engine: Engine, start: int) -> float:
     return time.perf_counter() - began
 
 
-def test_the_probes_keep_the_unique_index_under_statistics_older_than_the_room(engine: Engine) -> None:
-    """Statistics analysed while every room held one event (a busy gateway's new room, before autovacuum analyses
-    the table again): a room growing by batches still has each id probed in the unique index, so a batch costs
-    no more at 3,000 events than at 100."""
-    if engine.dialect.name != "postgresql":
-        pytest.skip("the one-statement appends are PostgreSQL's")
-    with engine.begin() as connection:  # no ANALYZE behind the test's back while the room grows
+@contextlib.contextmanager
+def _statistics_older_than_room_r1(engine: Engine) -> Iterator[None]:
+    """Statistics analysed while each of 60 rooms held one event, then an empty room ``r1`` to grow inside the
+    block, with autovacuum off for the table meanwhile (no ANALYZE behind the test's back)."""
+    with engine.begin() as connection:
         connection.exec_driver_sql("ALTER TABLE hosted_room_events SET (autovacuum_enabled = false)")
     try:
         for n in range(60):
@@ -134,6 +134,19 @@ def test_the_probes_keep_the_unique_index_under_statistics_older_than_the_room(e
         with engine.begin() as connection:
             connection.exec_driver_sql("ANALYZE hosted_room_events")
         rooms.create_room(engine, room_id="r1", name="R", members=[], authority_gateway_id=A)
+        yield
+    finally:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("ALTER TABLE hosted_room_events RESET (autovacuum_enabled)")
+
+
+def test_the_probes_keep_the_unique_index_under_statistics_older_than_the_room(engine: Engine) -> None:
+    """Statistics analysed while every room held one event (a busy gateway's new room, before autovacuum analyses
+    the table again): a room growing by batches still has each id probed in the unique index, so a batch costs
+    no more at 3,000 events than at 100."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("the one-statement appends are PostgreSQL's")
+    with _statistics_older_than_room_r1(engine):
         seconds = [_timed_batch(engine, start) for start in range(0, 3000, 100)]
         store = room_store(backend_named("postgresql"))
         with engine.connect() as connection:
@@ -143,9 +156,6 @@ def test_the_probes_keep_the_unique_index_under_statistics_older_than_the_room(e
         # bound (a probe that reads the room for each id grows with the room well past it).
         first = statistics.median(seconds[1:4])
         last = statistics.median([*seconds[-2:], _timed_batch(engine, 3000)])
-    finally:
-        with engine.begin() as connection:
-            connection.exec_driver_sql("ALTER TABLE hosted_room_events RESET (autovacuum_enabled)")
     for plan in plans:
         _assert_probes_the_unique_index(plan)
     assert last < 4 * first, (first, last, seconds)
@@ -247,23 +257,11 @@ def test_the_pooler_functions_probe_each_id_in_the_unique_index_under_stale_stat
     ``(room_id, event_id)`` index, never reading the room."""
     if engine.dialect.name != "postgresql":
         pytest.skip("the append functions are PostgreSQL's")
-    with engine.begin() as connection:  # no ANALYZE behind the test's back while the room grows
-        connection.exec_driver_sql("ALTER TABLE hosted_room_events SET (autovacuum_enabled = false)")
-    try:
-        for n in range(60):
-            rooms.create_room(engine, room_id=f"s{n}", name="S", members=[], authority_gateway_id=A)
-            rooms.append_events(engine, f"s{n}", [{**_batch(0, 1)[0], "event_id": f"s{n}-e0"}],
-                                authority_gateway_id=A, authority_epoch=1)
-        with engine.begin() as connection:
-            connection.exec_driver_sql("ANALYZE hosted_room_events")
-        rooms.create_room(engine, room_id="r1", name="R", members=[], authority_gateway_id=A)
+    with _statistics_older_than_room_r1(engine):
         for start in range(0, 2000, 100):
             rooms.append_events(engine, "r1", _batch(start, 100), authority_gateway_id=A, authority_epoch=1)
         with engine.connect() as connection:
             plans = _function_probe_plans(connection)
-    finally:
-        with engine.begin() as connection:
-            connection.exec_driver_sql("ALTER TABLE hosted_room_events RESET (autovacuum_enabled)")
     for plan in plans:
         assert re.search(r"Index Cond: .*room_id = .*event_id = ", plan), plan
         assert "Hash" not in plan and "Filter" not in plan and "Seq Scan" not in plan, plan
