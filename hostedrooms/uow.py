@@ -22,7 +22,9 @@ On a SQLite file engine a write unit runs on the engine's one held writer connec
 (:mod:`hostedrooms.writer`), otherwise on a pooled connection; both give the same transaction, results and errors.
 Before either, a write unit on a SQLite file waits for its process's turn on the database's lock file, so the
 writers of several processes queue instead of polling (:mod:`hostedrooms.writelock`); the turn ends in
-``_close``, after the transaction committed or rolled back, however the unit ends.
+``_close``, after the transaction committed or rolled back, however the unit ends. The functions that end a write
+transaction (:func:`commit_transaction`, :func:`roll_back`) are shared with the single append's lone transaction
+on that writer (:func:`hostedrooms.rooms.transaction.append_room`), which ends its transaction the same way.
 """
 
 from __future__ import annotations

@@ -6,7 +6,11 @@ time under a lock, loses nothing, and spares each write the pool's checkout and 
 The unit runs on a :class:`~hostedrooms.statements.DirectConnection`, whose transaction and hot statements skip
 SQLAlchemy while nothing observes the engine, decided when each unit begins (:mod:`hostedrooms.statements`); with
 a listener installed (OpenTelemetry's SQLAlchemy instrumentation, a host's own) or statement logging on, the unit
-runs through SQLAlchemy's public execution path.
+runs through SQLAlchemy's public execution path. A single append's first attempt (the one-statement append) runs
+on it too, as a transaction of its own with no unit of work around it
+(:func:`hostedrooms.rooms.transaction.append_room`): it takes the writer only if it is free at once
+(``take(wait=False)``, having taken the process's turn already, so a busy writer is never waited for twice) and
+keeps the room store bound to the current connection in :attr:`HeldWriter.extra`.
 
 Which engines hold one: those :func:`hostedrooms.create_engine` configured for a SQLite file with SQLAlchemy's
 queue pool and the synchronous driver (:func:`allow`); never an in-memory database (one shared connection

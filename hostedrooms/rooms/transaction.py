@@ -34,6 +34,12 @@ The one-statement append (PostgreSQL) takes its shard inside its own statement, 
 connection (:func:`append_room`, :mod:`hostedrooms.held_autocommit`) that is the connection's own shard, by primary
 key, waiting for a writer that holds it (the lock order is unchanged: the room row first); SQLite's exclusive writer
 reads and updates the one counter row instead of summing every room.
+
+A single append (:func:`append_room`) tries the one-statement append first with no unit of work around it where the
+engine holds a connection for it: PostgreSQL's held autocommit connection (:func:`_held_attempt`), or SQLite's held
+writer (:func:`_writer_attempt`), on which it is a write transaction of its own with everything a write unit on that
+writer does around it (the lock file turn, the fork gate, the direct or observed transaction, the commit and the
+wake-up, the unit of work's own functions ending the transaction) and the same cleanup on every exit.
 """
 
 from __future__ import annotations
