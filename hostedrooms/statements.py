@@ -407,10 +407,11 @@ class DirectConnection(Connection):
         """Commit or roll back the transaction :meth:`begin_direct` began (if SQLAlchemy has not joined it)."""
         raw: Any = self.connection
         raw.info.pop(DIRECT_BEGUN, None)
+        driver = raw.dbapi_connection  # not through the pool's proxy, which finds commit() by a slow fallback
         try:
             if commit:
-                self.dialect.do_commit(raw)
+                self.dialect.do_commit(driver)
             else:
-                self.dialect.do_rollback(raw)
+                self.dialect.do_rollback(driver)
         except self.dialect.loaded_dbapi.Error as exc:
             raise wrap_driver_error(self, exc, None, None) from exc

@@ -70,8 +70,9 @@ class HeldWriter:
         """Lock the writer for this thread's unit; False (take a pooled connection) when this thread already holds
         it, it stays busy past the busy timeout (``wait=False``: it is busy now), or the engine was disposed."""
         ident = threading.get_ident()
-        if self._owner == ident or not (self._lock.acquire(timeout=self.wait) if wait
-                                        else self._lock.acquire(blocking=False)):
+        lock = self._lock
+        # A free lock is taken without the timed wait's set-up (the common case: writers are serialised already).
+        if self._owner == ident or not (lock.acquire(blocking=False) or (wait and lock.acquire(timeout=self.wait))):
             return False
         if self._retired:
             self._lock.release()
