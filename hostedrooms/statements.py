@@ -142,7 +142,8 @@ def _direct(connection: Connection, text: str, parameters: Any, cursor_options: 
             *, many: bool = False) -> Any:
     """Run ``text`` on a new DBAPI cursor of ``connection``; returns the cursor (close it)."""
     raw: Any = connection.connection
-    cursor = raw.cursor(**cursor_options)
+    # The driver's own cursor(): what the pool proxy's cursor() calls, without its arguments packed and unpacked.
+    cursor = raw.dbapi_connection.cursor(**cursor_options)
     try:
         if many:
             cursor.executemany(text, parameters)
