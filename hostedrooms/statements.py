@@ -29,10 +29,10 @@ Two paths, and only SQLAlchemy's public API on both:
   path saves.)
   Instrumentations that keep state in the execution context (OpenTelemetry's span) need this: SQLAlchemy's
   lower-level cursor helpers pass none.
-- **Unobserved**: the statement runs straight on a DBAPI cursor from the pool's public connection proxy
-  (``connection.connection.cursor()``), and a driver error is wrapped exactly as SQLAlchemy wraps it
-  (``DBAPIError.instance``: the same class, message, hidden parameters and ``orig``), so the unit of work translates
-  it in the same one place; a disconnect invalidates the connection as SQLAlchemy does.
+- **Unobserved**: the statement runs straight on a DBAPI cursor of the driver's connection behind the pool's public
+  connection proxy (``connection.connection.dbapi_connection.cursor()``), and a driver error is wrapped exactly as
+  SQLAlchemy wraps it (``DBAPIError.instance``: the same class, message, hidden parameters and ``orig``), so the unit
+  of work translates it in the same one place; a disconnect invalidates the connection as SQLAlchemy does.
 
 When it is decided: once per unit of work, that is per public call (listeners may be added at any time, as
 OpenTelemetry does to engines that already exist): on a pooled connection at the unit's first hot statement
