@@ -29,10 +29,10 @@ Two paths, and only SQLAlchemy's public API on both:
   path saves.)
   Instrumentations that keep state in the execution context (OpenTelemetry's span) need this: SQLAlchemy's
   lower-level cursor helpers pass none.
-- **Unobserved**: the statement runs straight on a DBAPI cursor from the pool's public connection proxy
-  (``connection.connection.cursor()``), and a driver error is wrapped exactly as SQLAlchemy wraps it
-  (``DBAPIError.instance``: the same class, message, hidden parameters and ``orig``), so the unit of work translates
-  it in the same one place; a disconnect invalidates the connection as SQLAlchemy does.
+- **Unobserved**: the statement runs straight on a DBAPI cursor of the driver's connection behind the pool's public
+  connection proxy (``connection.connection.dbapi_connection.cursor()``), and a driver error is wrapped exactly as
+  SQLAlchemy wraps it (``DBAPIError.instance``: the same class, message, hidden parameters and ``orig``), so the unit
+  of work translates it in the same one place; a disconnect invalidates the connection as SQLAlchemy does.
 
 When it is decided: once per unit of work, that is per public call (listeners may be added at any time, as
 OpenTelemetry does to engines that already exist): on a pooled connection at the unit's first hot statement
@@ -142,7 +142,8 @@ def _direct(connection: Connection, text: str, parameters: Any, cursor_options: 
             *, many: bool = False) -> Any:
     """Run ``text`` on a new DBAPI cursor of ``connection``; returns the cursor (close it)."""
     raw: Any = connection.connection
-    cursor = raw.cursor(**cursor_options)
+    # The driver's own cursor(): what the pool proxy's cursor() calls, without its arguments packed and unpacked.
+    cursor = raw.dbapi_connection.cursor(**cursor_options)
     try:
         if many:
             cursor.executemany(text, parameters)
@@ -407,10 +408,11 @@ class DirectConnection(Connection):
         """Commit or roll back the transaction :meth:`begin_direct` began (if SQLAlchemy has not joined it)."""
         raw: Any = self.connection
         raw.info.pop(DIRECT_BEGUN, None)
+        driver = raw.dbapi_connection  # not through the pool's proxy, which finds commit() by a slow fallback
         try:
             if commit:
-                self.dialect.do_commit(raw)
+                self.dialect.do_commit(driver)
             else:
-                self.dialect.do_rollback(raw)
+                self.dialect.do_rollback(driver)
         except self.dialect.loaded_dbapi.Error as exc:
             raise wrap_driver_error(self, exc, None, None) from exc

@@ -22,7 +22,9 @@ On a SQLite file engine a write unit runs on the engine's one held writer connec
 (:mod:`hostedrooms.writer`), otherwise on a pooled connection; both give the same transaction, results and errors.
 Before either, a write unit on a SQLite file waits for its process's turn on the database's lock file, so the
 writers of several processes queue instead of polling (:mod:`hostedrooms.writelock`); the turn ends in
-``_close``, after the transaction committed or rolled back, however the unit ends.
+``_close``, after the transaction committed or rolled back, however the unit ends. The functions that end a write
+transaction (:func:`commit_transaction`, :func:`roll_back`) are shared with the single append's lone transaction
+on that writer (:func:`hostedrooms.rooms.transaction.append_room`), which ends its transaction the same way.
 """
 
 from __future__ import annotations
@@ -227,7 +229,7 @@ class UnitOfWork:
             # The session joins the connection's transaction and never commits it: the unit of work does. (A
             # transaction the held writer began directly is joined by SQLAlchemy first, so the session sees one.)
             connection = self.connection
-            if self._begun_directly() and not connection.in_transaction():
+            if begun_directly(connection) and not connection.in_transaction():
                 connection.begin()
             self._session = Session(bind=connection, expire_on_commit=False)
         return self._session
@@ -256,45 +258,21 @@ class UnitOfWork:
 
     def commit(self) -> None:
         """Commit the transaction (flushing the ORM session first)."""
-        try:
-            if self._session is not None:
+        if self._session is not None:
+            try:
                 self._session.flush()
-            self._end(commit=True)
-        except sa_exc.SQLAlchemyError as exc:
-            # After a failed COMMIT the driver may still hold the transaction open while SQLAlchemy considers it
-            # over; discard the connection (closing it rolls back) rather than return it to the pool. (A held
-            # writer's that lost its server is closed already.)
-            if not self.connection.closed:
-                self.connection.invalidate()
-            raise translate(exc, self.engine.url) from exc
+            except sa_exc.SQLAlchemyError as exc:
+                drop_after_failed_commit(self.connection)
+                raise translate(exc, self.engine.url) from exc
+        commit_transaction(self.connection, self.engine)
         self._committed = True
         if self.write:
             committed(self.engine)  # this engine's followers look now (SQLite polls otherwise)
 
     def rollback(self) -> None:
         """Roll back whatever this unit wrote; safe to call more than once."""
-        if self._connection is not None and (self._connection.in_transaction() or self._begun_directly()):
-            try:
-                self._end(commit=False)
-            except sa_exc.SQLAlchemyError:  # the connection is gone; its transaction went with it
-                self._connection.invalidate()
-
-    def _begun_directly(self) -> bool:
-        """Whether the held writer's transaction is open without SQLAlchemy having joined it."""
-        connection = self._connection
-        return (isinstance(connection, DirectConnection) and not connection.closed and not connection.invalidated
-                and DIRECT_BEGUN in connection.connection.info)
-
-    def _end(self, *, commit: bool) -> None:
-        """Commit or roll back: SQLAlchemy's transaction if it has one, else the one the held writer began."""
-        connection = self.connection
-        if connection.in_transaction() or not isinstance(connection, DirectConnection):
-            if commit:
-                connection.commit()
-            else:
-                connection.rollback()
-        else:
-            connection.end_direct(commit=commit)
+        if self._connection is not None:
+            roll_back(self._connection)
 
     def _close(self) -> None:
         try:
@@ -318,3 +296,50 @@ class UnitOfWork:
                     self._gated = False
                     forkgate.leave()
 
+
+
+# -- ending a write transaction: shared by the unit of work and the lone append on SQLite's held writer
+# (hostedrooms.rooms.transaction), so both end theirs the same way --
+
+
+def begun_directly(connection: Connection) -> bool:
+    """Whether ``connection`` (a held writer's) has a transaction open that SQLAlchemy has not joined."""
+    return (isinstance(connection, DirectConnection) and not connection.closed and not connection.invalidated
+            and DIRECT_BEGUN in connection.connection.info)
+
+
+def end_transaction(connection: Connection, *, commit: bool) -> None:
+    """Commit or roll back: SQLAlchemy's transaction if it has one, else the one the held writer began."""
+    if connection.in_transaction() or not isinstance(connection, DirectConnection):
+        if commit:
+            connection.commit()
+        else:
+            connection.rollback()
+    else:
+        connection.end_direct(commit=commit)
+
+
+def commit_transaction(connection: Connection, engine: Engine) -> None:
+    """Commit ``connection``'s transaction; a driver error is raised translated, the connection dropped."""
+    try:
+        end_transaction(connection, commit=True)
+    except sa_exc.SQLAlchemyError as exc:
+        drop_after_failed_commit(connection)
+        raise translate(exc, engine.url) from exc
+
+
+def drop_after_failed_commit(connection: Connection) -> None:
+    """After a failed COMMIT the driver may still hold the transaction open while SQLAlchemy considers it over:
+    discard the connection (closing it rolls back) rather than return it to the pool. (A held writer's that lost
+    its server is closed already.)"""
+    if not connection.closed:
+        connection.invalidate()
+
+
+def roll_back(connection: Connection) -> None:
+    """Roll back whatever ``connection``'s transaction wrote, if one is open; safe to call more than once."""
+    if connection.in_transaction() or begun_directly(connection):
+        try:
+            end_transaction(connection, commit=False)
+        except sa_exc.SQLAlchemyError:  # the connection is gone; its transaction went with it
+            connection.invalidate()

@@ -48,7 +48,6 @@ busy timeout stays the backstop.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import stat
@@ -225,8 +224,10 @@ class FileWriteLock:
         try:
             if held is not None and os.getpid() == self.pid:  # a forked child never unlocks its parent's lock
                 self._turns += 1
-                with contextlib.suppress(OSError):  # the waiters only see less progress
+                try:
                     os.pwrite(held, _TURN.pack(self.pid, self._turns), 0)
+                except OSError:  # the waiters only see less progress
+                    pass
                 fcntl.flock(held, fcntl.LOCK_UN)
                 if held != self._fd:
                     _close(held)

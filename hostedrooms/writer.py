@@ -6,7 +6,11 @@ time under a lock, loses nothing, and spares each write the pool's checkout and 
 The unit runs on a :class:`~hostedrooms.statements.DirectConnection`, whose transaction and hot statements skip
 SQLAlchemy while nothing observes the engine, decided when each unit begins (:mod:`hostedrooms.statements`); with
 a listener installed (OpenTelemetry's SQLAlchemy instrumentation, a host's own) or statement logging on, the unit
-runs through SQLAlchemy's public execution path.
+runs through SQLAlchemy's public execution path. A single append's first attempt (the one-statement append) runs
+on it too, as a transaction of its own with no unit of work around it
+(:func:`hostedrooms.rooms.transaction.append_room`): it takes the writer only if it is free at once
+(``take(wait=False)``, having taken the process's turn already, so a busy writer is never waited for twice) and
+keeps the room store bound to the current connection in :attr:`HeldWriter.extra`.
 
 Which engines hold one: those :func:`hostedrooms.create_engine` configured for a SQLite file with SQLAlchemy's
 queue pool and the synchronous driver (:func:`allow`); never an in-memory database (one shared connection
@@ -38,10 +42,12 @@ from .engine_profile import known_runtime, runtime_of
 from .held_slots import HeldSlot, generation
 from .statements import DIRECT_BEGUN, DirectConnection, listened, statements_logged
 
-__all__ = ["HeldWriter", "allow", "current_writer", "take", "without_held_writers"]
+__all__ = ["HeldWriter", "allow", "current_writer", "take", "without_held_writers", "without_lone_appends"]
 
 #: Tests only (:func:`without_held_writers`): False makes every write unit take a pooled connection.
 _enabled = True
+#: Tests only (:func:`without_lone_appends`): False runs a lone append in a unit of work like every other write.
+lone_appends = True
 
 
 class HeldWriter:
@@ -56,12 +62,17 @@ class HeldWriter:
         self._pool: Pool = engine.pool.recreate()  # its own: the same connect hooks, none of the services' slots
         self._connection: DirectConnection | None = None
         self._retired = False
+        #: What a user of the writer keeps for its current connection (the lone append's store bound to it,
+        #: :mod:`hostedrooms.rooms.transaction`): a pair (that connection, the thing), dropped with the connection.
+        self.extra: tuple[DirectConnection, Any] | None = None
 
-    def take(self) -> bool:
+    def take(self, *, wait: bool = True) -> bool:
         """Lock the writer for this thread's unit; False (take a pooled connection) when this thread already holds
-        it, it stays busy past the busy timeout, or the engine was disposed."""
+        it, it stays busy past the busy timeout (``wait=False``: it is busy now), or the engine was disposed."""
         ident = threading.get_ident()
-        if self._owner == ident or not self._lock.acquire(timeout=self.wait):
+        lock = self._lock
+        # A free lock is taken without the timed wait's set-up (the common case: writers are serialised already).
+        if self._owner == ident or not (lock.acquire(blocking=False) or (wait and lock.acquire(timeout=self.wait))):
             return False
         if self._retired:
             self._lock.release()
@@ -98,7 +109,7 @@ class HeldWriter:
         """Unlock after a unit ended; drop the connection unless it is clean (valid, no transaction open)."""
         connection = self._connection
         if connection is not None and not _clean(connection):
-            self._connection = None
+            self._connection = self.extra = None
             _close(connection)
         self._owner = None
         self._lock.release()
@@ -114,7 +125,7 @@ class HeldWriter:
         if not self._lock.acquire(blocking=False):
             return  # the unit using it closes it when it releases
         try:
-            connection, self._connection = self._connection, None
+            connection, self._connection, self.extra = self._connection, None, None
             if connection is not None:
                 _close(connection)
             self._pool.dispose()
@@ -163,14 +174,15 @@ def allow(engine: Engine, busy_timeout: float) -> None:
     slot.retire_on_dispose(engine)
 
 
-def take(engine: Engine) -> HeldWriter | None:
-    """``engine``'s held writer, locked for the calling thread's write unit; None: take a pooled connection."""
+def take(engine: Engine, *, wait: bool = True) -> HeldWriter | None:
+    """``engine``'s held writer, locked for the calling thread's write unit; None: take a pooled connection
+    (``wait=False``: also when it is busy now)."""
     runtime = known_runtime(engine)
     slot: _Slot | None = None if runtime is None else runtime.writer_slot
     if slot is None or not _enabled:
         return None
     writer = slot.current(lambda: HeldWriter(engine, slot.wait))
-    return writer if writer.take() else None
+    return writer if writer.take(wait=wait) else None
 
 
 def current_writer(engine: Engine) -> HeldWriter | None:
@@ -178,6 +190,18 @@ def current_writer(engine: Engine) -> HeldWriter | None:
     runtime = known_runtime(engine)
     slot: _Slot | None = None if runtime is None else runtime.writer_slot
     return None if slot is None else slot.writer
+
+
+@contextlib.contextmanager
+def without_lone_appends() -> Iterator[None]:
+    """Tests only: inside the block a lone append runs in a unit of work on the held writer, as every other write
+    does (:func:`hostedrooms.rooms.transaction.append_room`)."""
+    global lone_appends
+    previous, lone_appends = lone_appends, False
+    try:
+        yield
+    finally:
+        lone_appends = previous
 
 
 @contextlib.contextmanager

@@ -64,11 +64,14 @@ class SQLiteBackend(Backend):
         # driver errors. Emitting BEGIN there, rather than in a "begin" event listener (SQLAlchemy's documented
         # recipe), keeps the engine free of Connection event listeners: with one, every new Connection builds
         # its event dispatch afresh, about a fifth of the library's cost of a single append.
-        def do_begin(dbapi_connection: Any) -> None:
-            if dbapi_connection.info.pop(DIRECT_BEGUN, False):
+        def do_begin(dbapi_connection: Any) -> None:  # the pool's proxy of the driver's connection
+            info = dbapi_connection.info
+            if info.pop(DIRECT_BEGUN, False):
                 return  # the held writer began this transaction directly: SQLAlchemy's joins it
-            deferred = dbapi_connection.info.pop(_DEFERRED_BEGIN, False)
-            dbapi_connection.execute("BEGIN" if deferred else "BEGIN IMMEDIATE")
+            # On the driver's connection itself: the pool's proxy finds execute() only through its slow
+            # attribute fallback (__getattr__), once per transaction.
+            begin = "BEGIN" if info.pop(_DEFERRED_BEGIN, False) else "BEGIN IMMEDIATE"
+            dbapi_connection.dbapi_connection.execute(begin)
 
         engine.dialect.do_begin = do_begin  # type: ignore[method-assign]
         held_writer.allow(engine, busy_timeout)  # writers are serialised: one held connection serves every write unit

@@ -34,6 +34,12 @@ The one-statement append (PostgreSQL) takes its shard inside its own statement, 
 connection (:func:`append_room`, :mod:`hostedrooms.held_autocommit`) that is the connection's own shard, by primary
 key, waiting for a writer that holds it (the lock order is unchanged: the room row first); SQLite's exclusive writer
 reads and updates the one counter row instead of summing every room.
+
+A single append (:func:`append_room`) tries the one-statement append first with no unit of work around it where the
+engine holds a connection for it: PostgreSQL's held autocommit connection (:func:`_held_attempt`), or SQLite's held
+writer (:func:`_writer_attempt`), on which it is a write transaction of its own with everything a write unit on that
+writer does around it (the lock file turn, the fork gate, the direct or observed transaction, the commit and the
+wake-up, the unit of work's own functions ending the transaction) and the same cleanup on every exit.
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 
-from .. import forkgate, held_autocommit
+from .. import forkgate, held_autocommit, writelock
+from .. import writer as held_writer
 from ..backends import backend_for
 from ..engines import EngineSource, resolve_engine
 from ..errors import (
@@ -57,9 +64,12 @@ from ..errors import (
     translate,
 )
 from ..limits import Limits, in_force
+from ..statements import DirectConnection
 from ..store import ROOM_CREATION_LOCK_KEY, RoomChange, RoomStore, RowLike, room_store
+from ..store.rooms import OneStatementAppend
 from ..telemetry import count_retry
-from ..uow import UnitOfWork
+from ..uow import UnitOfWork, commit_transaction, roll_back
+from ..wakeup import committed
 from .rules import PreparedEvent
 
 __all__ = [
@@ -384,21 +394,25 @@ def append_room(
     epoch: int, now: float,
 ) -> tuple[Sequence[RowLike], Mapping[str, RowLike]]:
     """A lone :meth:`RoomTransaction.append` (the rows written, the stored replays) as one room write, its first
-    attempt on the calling thread's held autocommit connection where the engine holds one
-    (:mod:`hostedrooms.held_autocommit`): the one-statement append alone, with no unit of work around it. Anything
-    else than rows written or a whole replay (the statement declined, no connection to lend) leaves the decision to
-    :func:`run_room_write` (on the full path when the held attempt ran: it wrote nothing); a driver error is raised
-    as the pooled attempt raises it."""
+    attempt the one-statement append alone, with no unit of work around it, where the engine holds a connection
+    for it: the calling thread's held autocommit connection (PostgreSQL, :mod:`hostedrooms.held_autocommit`), or
+    the held writer (SQLite, :func:`_writer_attempt`). Anything else than rows written or a whole replay (the
+    statement declined, no connection to lend) leaves the decision to :func:`run_room_write` (on the full path
+    when the attempt ran: it wrote nothing); a driver error is raised as the unit of work's attempt raises it."""
     bound = resolve_engine(engine)
     store = room_store(backend_for(bound))
     tried = False
-    if store.one_statement_enabled and store.one_statement_autocommits:
-        held = held_autocommit.take(bound)
-        if held is not None:
-            outcome = _held_attempt(bound, held, store, limits, room_id, events, gateway_id, now)
-            if outcome is not None and (not outcome[1] or _all_replays(events, outcome[1])):
-                return outcome
-            tried = True
+    if store.one_statement_enabled:
+        if store.one_statement_autocommits:
+            held = held_autocommit.take(bound)
+            tried = held is not None
+            outcome = None if held is None else _held_attempt(
+                bound, held, store, limits, room_id, events, gateway_id, now)
+        else:
+            tried, outcome = _writer_attempt(bound, store, limits, room_id, events, gateway_id, now)
+        if outcome is not None and (not outcome[1] or _all_replays(events, outcome[1])):
+            return outcome
+        if tried:
             count_retry("room_write.full_path")
     return run_room_write(
         bound, limits, lambda tx: tx.append(room_id, events, gateway_id=gateway_id, epoch=epoch, now=now),
@@ -435,3 +449,71 @@ def _held_attempt(
         finally:
             if gated:
                 forkgate.leave()
+
+
+def _writer_attempt(
+    engine: Engine, prototype: RoomStore, limits: Limits, room_id: str, events: Sequence[PreparedEvent],
+    gateway_id: str, now: float,
+) -> tuple[bool, OneStatementAppend | None]:
+    """The one-statement append as a write transaction of its own on SQLite's held writer (:mod:`hostedrooms.writer`):
+    what a write unit on the held writer does around it, without the unit. The same write-lock turn
+    (:mod:`hostedrooms.writelock`), then the fork gate, the writer lent to this thread, the transaction begun
+    directly while nothing observes the engine (else by SQLAlchemy, whose events then see it and every statement),
+    the commit and the followers' wake-up; every lock released however it ends (an interrupt too), a transaction
+    left open rolled back and the connection dropped unless clean (:meth:`HeldWriter.release
+    <hostedrooms.writer.HeldWriter.release>`). ``(False, None)``: not run (the engine queues no turn or this
+    thread holds it already, the writer is busy now: the unit of work decides then, as for every write);
+    ``(True, None)``: the statement declined, nothing was written."""
+    if not held_writer.lone_appends:
+        return False, None
+    turn = writelock.take(engine)  # as UnitOfWork.__enter__: the turn first, then the fork gate, then the writer
+    if turn is None:
+        return False, None
+    try:
+        forkgate.enter()
+        try:
+            writer = held_writer.take(engine, wait=False)
+            if writer is None:
+                return False, None
+            try:
+                return True, _on_writer(engine, writer, prototype, limits, room_id, events, gateway_id, now)
+            finally:
+                writer.release()
+        finally:
+            forkgate.leave()
+    finally:
+        turn.release()
+
+
+def _on_writer(
+    engine: Engine, writer: held_writer.HeldWriter, prototype: RoomStore, limits: Limits, room_id: str,
+    events: Sequence[PreparedEvent], gateway_id: str, now: float,
+) -> OneStatementAppend | None:
+    """:func:`_writer_attempt`'s transaction on ``writer`` (lent to this thread); None when the statement declined
+    (rolled back). A driver error is raised translated, as a unit of work raises it."""
+    connection: DirectConnection | None = None
+    done = False
+    try:
+        connection = writer.open()
+        kept = writer.extra
+        if kept is not None and kept[0] is connection:
+            store: RoomStore = kept[1]
+        else:  # bound once per held connection (the prototype's switches are read before each attempt)
+            store = prototype.bind(connection)
+            writer.extra = (connection, store)
+        if connection.fast:  # as UnitOfWork._enter_held
+            connection.begin_direct()
+        else:
+            connection.begin()
+        outcome = store.append_one_statement(room_id, events, gateway_id=gateway_id, now=now, limits=limits)
+        if outcome is None or (outcome[1] and not _all_replays(events, outcome[1])):
+            return None  # rolled back below (stored ids that are not all replays: nothing was written)
+        commit_transaction(connection, engine)
+        done = True
+        committed(engine)  # this engine's followers look now
+        return outcome
+    except sa_exc.SQLAlchemyError as exc:
+        raise translate(exc, engine.url) from exc
+    finally:
+        if connection is not None and not done:
+            roll_back(connection)

@@ -57,8 +57,8 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     counts = {"held": 0}
     original = writer.take
 
-    def counting(engine: Engine) -> Any:
-        found = original(engine)
+    def counting(engine: Engine, **kwargs: Any) -> Any:
+        found = original(engine, **kwargs)
         counts["held"] += found is not None
         return found
 

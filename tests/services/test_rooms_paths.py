@@ -1,9 +1,11 @@
 """The store's one-statement append and the full path agree on every outcome, on both backends.
 
 Each generated example runs one sequence of room operations three times on an emptied database: once as the
-services run it (the one-statement append first, on PostgreSQL on the thread's held autocommit connection), once
-with :func:`hostedrooms.held_autocommit.without_held_connections` (the one-statement append in a pooled unit of
-work), once with :meth:`RoomStore.without_one_statement`, so every append takes the full path. The runs must
+services run it (the one-statement append first, with no unit of work around it: on PostgreSQL on the thread's
+held autocommit connection, on SQLite on the held writer), once with
+:func:`hostedrooms.held_autocommit.without_held_connections` and :func:`hostedrooms.writer.without_lone_appends`
+(the one-statement append in a unit of work), once with :meth:`RoomStore.without_one_statement`, so every append
+takes the full path. The runs must
 return the same results, raise the same errors with the same messages (so the same precedence) and leave the same
 rows. Sequences mix fresh appends, batches, replays, conflicting ids, repeated
 ids within a batch, stale and moved authority, control kinds, disbanded rooms, absent rooms, and limits lowered
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import pytest
@@ -25,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
-from hostedrooms import held_autocommit, models, rooms
+from hostedrooms import held_autocommit, models, rooms, writer
 from hostedrooms.backends import backend_for
 from hostedrooms.errors import HostedRoomError
 from hostedrooms.store import RoomStore, room_store
@@ -124,13 +126,20 @@ def _fresh(engine: Engine, lim: Any = None) -> None:
     rooms.prune_disbanded_rooms(engine, limits=lim)
 
 
+@contextmanager
+def _in_units() -> Iterator[None]:
+    """The one-statement append in a unit of work (no held autocommit connection, no lone append on the writer)."""
+    with held_autocommit.without_held_connections(), writer.without_lone_appends():
+        yield
+
+
 def _every_way(
     engine: Engine, store: RoomStore, operations: list[tuple[Any, ...]], lim: Any
 ) -> Iterator[tuple[list[Any], dict[str, list[tuple[Any, ...]]]]]:
     """The outcomes and rows of ``operations`` run as the services run them (held connection), on a pooled unit of
     work's one-statement append, and on the full path only."""
     contexts: tuple[Callable[[], AbstractContextManager[None]], ...] = (
-        nullcontext, held_autocommit.without_held_connections, store.without_one_statement)
+        nullcontext, _in_units, store.without_one_statement)
     for context in contexts:
         _fresh(engine, lim)
         with context():
