@@ -4,8 +4,9 @@
     python bench/run.py --fleet --gateways 4 --writers 2 --appends 200 --rounds 5
     python bench/run.py --fleet --url postgresql://admin:pw@host/postgres   # your server (PgBouncer runs here)
     python bench/run.py --fleet --quick                # a smoke run
+    python bench/run.py --fleet --layouts schema-direct,schema-pgbouncer,schema-pgbouncer-unheld --appends 1000
 
-Three layouts of the same gateways:
+The layouts of the same gateways:
 
 - **schema, direct**: one database, a schema per gateway (``create_engine(url, schema="gwNN")``);
 - **schema, PgBouncer**: the same database and schemas through PgBouncer in transaction mode, started with
@@ -16,7 +17,14 @@ Three layouts of the same gateways:
 - **database, direct**: a database per gateway (the contrast the targets are set against);
 - **schema, direct, unprepared**: the first layout with psycopg's ``prepare_threshold=None``, as under transaction
   pooling: PgBouncer over this one is the cost of the pooler's hop alone, this one over the first the cost of
-  parsing and planning every statement again.
+  parsing and planning every statement again;
+- **schema, PgBouncer, unheld** (only when ``--layouts`` names it): the PgBouncer layout with
+  ``held_connections=0``, every single append taking a pooled connection: the PgBouncer layout over this one is
+  what the held client connections to the pooler bring, measured in the same rounds.
+
+``--layouts`` runs a subset (comma-separated names, in the order given; default the first four); a ratio is
+reported when both of its layouts ran. ``--appends`` sets the round's length (200 calls per writer by default:
+short rounds, noisy on a shared machine; 1,000 or more give steadier ratios).
 
 Every writer is its own process (as gateways are), with a pool of one connection, appending to a room of its own
 (single appends, or ``--batch`` events per ``append_events``). Every round runs each layout once, in an order
@@ -41,10 +49,13 @@ from typing import Any
 from bench.common import ACTOR, GATEWAY, KIND, PAYLOAD, postgres_connect, render
 
 LAYOUTS = ("schema-direct", "schema-pgbouncer", "database-direct", "schema-direct-unprepared")
+#: Every layout ``--layouts`` may name (the default runs :data:`LAYOUTS`).
+ALL_LAYOUTS = (*LAYOUTS, "schema-pgbouncer-unheld")
 LABELS = {"schema-direct": "schema per gateway, direct",
           "schema-pgbouncer": "schema per gateway, PgBouncer (transaction)",
           "database-direct": "database per gateway, direct",
-          "schema-direct-unprepared": "schema per gateway, direct, no server-side prepares"}
+          "schema-direct-unprepared": "schema per gateway, direct, no server-side prepares",
+          "schema-pgbouncer-unheld": "schema per gateway, PgBouncer (transaction), held_connections=0"}
 
 
 @dataclass(frozen=True)
@@ -183,7 +194,7 @@ def prepare(admin_url: str, gateways: int, bouncer: Any, created: list[str]) -> 
     suffix = uuid.uuid4().hex[:6]
     shared = create_database(admin_url, f"bench_fleet_{suffix}")
     names = [f"gw{index:02}" for index in range(gateways)]
-    layouts: dict[str, list[Gateway]] = {layout: [] for layout in LAYOUTS}
+    layouts: dict[str, list[Gateway]] = {layout: [] for layout in ALL_LAYOUTS}
     aliases: dict[str, tuple[str, str]] = {}
     from sqlalchemy import make_url
 
@@ -204,6 +215,8 @@ def prepare(admin_url: str, gateways: int, bouncer: Any, created: list[str]) -> 
         listen = _database_url(admin_url, shared_name, options=f"-csearch_path={name}")
         layouts["schema-pgbouncer"].append(Gateway(name, bouncer.url(f"{shared_name}_{name}"), (
             ("pooler", "transaction"), ("listen_url", listen))))
+        layouts["schema-pgbouncer-unheld"].append(Gateway(name, bouncer.url(f"{shared_name}_{name}"), (
+            ("pooler", "transaction"), ("listen_url", listen), ("held_connections", 0))))
     return layouts
 
 
@@ -244,7 +257,7 @@ def _median_range(values: list[float], digits: str, unit: str = "") -> str:
 
 
 def run_fleet(admin_url: str | None, *, gateways: int, writers: int, calls: int, batch: int, rounds: int,
-              pool_size: int | None, quick: bool, out: Any = sys.stdout) -> int:
+              pool_size: int | None, quick: bool, chosen: tuple[str, ...] = LAYOUTS, out: Any = sys.stdout) -> int:
     from hostedrooms import pgcluster
     from hostedrooms.testing import drop_database
 
@@ -257,12 +270,12 @@ def run_fleet(admin_url: str | None, *, gateways: int, writers: int, calls: int,
             admin_url = cluster.url
         server_pool = pool_size or writers
         bouncer = pgcluster.start_pgbouncer(admin_url, pool_mode="transaction", default_pool_size=server_pool)
-        _log(f"fleet: preparing {gateways} gateways in {len(LAYOUTS)} layouts")
+        _log(f"fleet: preparing {gateways} gateways in {len(chosen)} layouts")
         layouts = prepare(admin_url, gateways, bouncer, created)
         _check_schemas(layouts)
-        samples: dict[str, list[Sample]] = {layout: [] for layout in LAYOUTS}
+        samples: dict[str, list[Sample]] = {layout: [] for layout in chosen}
         for round_index in range(rounds):
-            order = list(LAYOUTS[round_index % len(LAYOUTS):] + LAYOUTS[:round_index % len(LAYOUTS)])
+            order = list(chosen[round_index % len(chosen):] + chosen[:round_index % len(chosen)])
             for layout in order:
                 _log(f"fleet: round {round_index + 1}/{rounds}, {layout}")
                 samples[layout].append(_round(layouts[layout], writers, calls, batch, round_index))
@@ -293,7 +306,7 @@ def report(samples: dict[str, list[Sample]], settings: dict[str, str], *, gatewa
               f"layout order rotated each round; {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, load "
               f"average {os.getloadavg()[0]:.1f} at the end{', --quick' if quick else ''}\n\n")
     rows = [("layout", f"{unit} (median, min-max)", "p50 ms (median)", "p99 ms (median, min-max)")]
-    for layout in LAYOUTS:
+    for layout in samples:
         rates = [sample.rate for sample in samples[layout]]
         p50 = [sample.percentile(0.5) * 1000 for sample in samples[layout]]
         p99 = [sample.percentile(0.99) * 1000 for sample in samples[layout]]
@@ -302,21 +315,27 @@ def report(samples: dict[str, list[Sample]], settings: dict[str, str], *, gatewa
     out.write(render(rows))
 
     def ratios(over: str, under: str) -> list[float]:
+        if over not in samples or under not in samples:
+            return []
         return [a.rate / b.rate for a, b in zip(samples[over], samples[under], strict=True) if b.rate]
 
-    schema_db = ratios("schema-direct", "database-direct")
-    bouncer_direct = ratios("schema-pgbouncer", "schema-direct")
-    bouncer_db = ratios("schema-pgbouncer", "database-direct")
-    hop = ratios("schema-pgbouncer", "schema-direct-unprepared")
-    unprepared = ratios("schema-direct-unprepared", "schema-direct")
-    out.write("\n" + render([
-        ("ratio (per round, then median and min-max)", "measured", "target"),
-        ("schema per gateway / database per gateway (direct)", _median_range(schema_db, ".2f", "x"), ">= 0.9x"),
-        ("PgBouncer / direct (schema per gateway)", _median_range(bouncer_direct, ".2f", "x"), ">= 0.9x"),
-        ("PgBouncer schemas / database per gateway direct", _median_range(bouncer_db, ".2f", "x"), ""),
-        ("PgBouncer / direct without server prepares (the hop)", _median_range(hop, ".2f", "x"), ""),
-        ("direct without / with server prepares", _median_range(unprepared, ".2f", "x"), ""),
-    ]) + "\n")
+    wanted = [
+        ("schema per gateway / database per gateway (direct)", "schema-direct", "database-direct", ">= 0.9x"),
+        ("PgBouncer / direct (schema per gateway)", "schema-pgbouncer", "schema-direct", ">= 0.9x"),
+        ("PgBouncer schemas / database per gateway direct", "schema-pgbouncer", "database-direct", ""),
+        ("PgBouncer / direct without server prepares (the hop)", "schema-pgbouncer", "schema-direct-unprepared", ""),
+        ("direct without / with server prepares", "schema-direct-unprepared", "schema-direct", ""),
+        ("PgBouncer held / without held connections", "schema-pgbouncer", "schema-pgbouncer-unheld", ""),
+        ("PgBouncer without held connections / direct", "schema-pgbouncer-unheld", "schema-direct", ""),
+    ]
+    measured = [(label, ratios(over, under), target) for label, over, under, target in wanted]
+    out.write("\n" + render([("ratio (per round, then median and min-max)", "measured", "target"), *(
+        (label, _median_range(values, ".2f", "x"), target) for label, values, target in measured if values)]))
+    # Every round's PgBouncer ratios, for pooling rounds over several runs.
+    per_round = [(label, values) for label, values, _ in measured if values and label.startswith("PgBouncer")
+                 and (label.endswith("(schema per gateway)") or "held" in label)]
+    out.write("".join(f"\nper round, {label}: {', '.join(f'{value:.3f}' for value in values)}"
+                      for label, values in per_round) + "\n")
 
 
 def _log(message: str) -> None:

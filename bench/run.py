@@ -100,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=1, help="--fleet: events per call (default 1: append_event)")
     parser.add_argument("--pool-size", type=int, default=None,
                         help="--fleet: PgBouncer server connections per gateway (default: --writers)")
+    parser.add_argument("--layouts", default=None,
+                        help="--fleet: comma-separated layouts to run (default: schema-direct, schema-pgbouncer, "
+                             "database-direct, schema-direct-unprepared; also schema-pgbouncer-unheld)")
     parser.add_argument("--fleet-upgrade", action="store_true",
                         help="one fleet upgrade vs separate upgrade processes on PostgreSQL (--url, else a throwaway "
                              "cluster); see bench/fleet_upgrade.py")
@@ -169,13 +172,17 @@ def _run_alone(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.fleet:
-        from bench.fleet import run_fleet
+        from bench.fleet import ALL_LAYOUTS, LAYOUTS, run_fleet
 
         if args.postgres or args.compare or args.workloads:
             parser.error("--fleet runs on its own (on --url, else on a throwaway cluster it starts)")
+        chosen = tuple(name.strip() for name in args.layouts.split(",")) if args.layouts else LAYOUTS
+        unknown = [name for name in chosen if name not in ALL_LAYOUTS]
+        if unknown or not chosen or len(set(chosen)) != len(chosen):
+            parser.error(f"--layouts: each of {', '.join(ALL_LAYOUTS)} at most once (got {args.layouts!r})")
         return run_fleet(args.url, gateways=args.gateways or (2 if args.quick else 4), writers=args.writers or 2,
                          calls=args.appends or (40 if args.quick else 200), batch=args.batch, rounds=args.rounds,
-                         pool_size=args.pool_size, quick=args.quick)
+                         pool_size=args.pool_size, quick=args.quick, chosen=chosen)
     return None
 
 

@@ -225,10 +225,11 @@ def create_engine(
     :param listen_url: a direct connection to the same database, bypassing the pooler, for the engine's one
         waiting connection (``LISTEN`` through a transaction pooler is lost); without it, with
         ``pooler="transaction"``, ``follow()`` and ledger wake-ups raise StoreConfigurationError.
-    :param held_connections: PostgreSQL, direct connections only: how many autocommit connections the engine may
-        hold, one per thread that appends, for the single append's first attempt (:mod:`hostedrooms.held_autocommit`),
-        beside its pool. None (the default): as many as ``pool_size``; 0: none (every append takes the pool, one
-        more round trip each: for a tight connection budget). Other backends and poolers hold none.
+    :param held_connections: PostgreSQL (psycopg): how many autocommit connections the engine may hold, one per
+        thread that appends, for the single append's first attempt (:mod:`hostedrooms.held_autocommit`), beside its
+        pool (with ``pooler="transaction"``: client connections to the pooler). None (the default): as many as
+        ``pool_size``; 0: none (every append takes the pool, one more round trip each: for a tight connection
+        budget). Other backends hold none.
     :param engine_kwargs: passed to :func:`sqlalchemy.create_engine` (a path or URL only).
     :returns: the Engine every hostedrooms call takes.
     :raises MisuseError: ``target`` is an async engine, or ``synchronous`` is no SQLite mode.

@@ -9,10 +9,22 @@ gives it back. The services use it only for that one statement's first attempt; 
 every other write, reads) keeps taking pooled connections.
 
 Which engines hold them: those :func:`hostedrooms.create_engine` built for PostgreSQL with psycopg's synchronous
-driver and SQLAlchemy's queue pool (:func:`allow`), not behind a pooler in transaction mode (a server connection
-is not the client's between statements there), never an AsyncEngine's ``sync_engine`` (its driver calls are
-awaited; the synchronous twin whose worker threads run the asyncio API's services is an engine of the first kind),
-never an engine a host built itself and gave hostedrooms (adopted: left as the host configured it).
+driver and SQLAlchemy's queue pool (:func:`allow`), direct or behind a pooler, never an AsyncEngine's
+``sync_engine`` (its driver calls are awaited; the synchronous twin whose worker threads run the asyncio API's
+services is an engine of the first kind), never an engine a host built itself and gave hostedrooms (adopted: left
+as the host configured it).
+
+Behind a pooler in transaction mode (``pooler="transaction"``: PgBouncer) the held connection is a client
+connection to the pooler, which costs the pooler little and the server nothing: each autocommit statement is a
+transaction of its own, which the pooler may run on any of its server connections. Nothing held depends on a server
+session between statements: nothing is prepared on the server (the engine's ``prepare_threshold=None`` holds for
+these connections too), and the connection's :attr:`HeldConnection.backend_pid` is None (what the client was told
+at startup is not the server process that runs the next statement), so no append charges a shard chosen from it:
+the server-side function (:mod:`hostedrooms.store.rooms.pg_function`) chooses its shard itself, from the server
+process that runs it, among those no other writer holds. A server connection the pooler has found lost between
+statements is the pooler's to replace (the client sees nothing); one lost under a statement, or the pooler itself
+gone, fails the statement with the error the pooler passes on or a closed client connection, raised and dropped
+as below, as on a pooled connection.
 
 What it keeps:
 
@@ -69,7 +81,8 @@ class HeldConnection:
         self.thread = thread
         self.busy = False
         self.connection: DirectConnection | None = None
-        #: The server process of the connection (None until opened).
+        #: The server process of the connection: None until opened, and always None behind a transaction pooler
+        #: (each statement may run on another server connection).
         self.backend_pid: int | None = None
         #: The slot's :attr:`_Slot.epoch` when the connection was opened.
         self.epoch = 0
@@ -100,7 +113,7 @@ class HeldConnection:
                     connection_invalidated=engine.dialect.is_disconnect(exc, None, None),
                     dialect=engine.dialect) from exc
             connection = self._build(fairy, logged)
-            self.backend_pid = int(fairy.dbapi_connection.info.backend_pid)
+            self.backend_pid = int(fairy.dbapi_connection.info.backend_pid) if slot.own_server else None
             self.epoch = slot.epoch
         elif connection.built_logging != logged:
             connection = self._build(connection.connection, logged)
@@ -183,6 +196,8 @@ class _Slot:
         self.pool: Pool = engine.pool.recreate()  # its own: the same connect hooks, none of the services' slots
         self.held: dict[int, HeldConnection] = {}
         self.retired = False
+        #: Whether a connection's server process is its own between statements (not behind a transaction pooler).
+        self.own_server = not _transaction_pooled(engine)
         #: Bumped when an attempt finds its server gone (a restart, a failover): older connections are dropped.
         self.epoch = 0
 
@@ -260,8 +275,7 @@ def allow(engine: Engine, limit: int | None = None) -> None:
     pool size; 0: none) where it can (see the module docstring); its ``dispose()`` then closes them too."""
     profile = profile_of(engine)
     if (limit == 0 or engine.dialect.is_async or engine.dialect.driver != "psycopg"
-            or type(engine.pool) is not QueuePool or profile is None
-            or (profile.pooler is not None and profile.pooler.mode == "transaction")):
+            or type(engine.pool) is not QueuePool or profile is None):
         return
     runtime = runtime_of(engine)
     if runtime.held_autocommit is not None:
@@ -278,6 +292,12 @@ def allow(engine: Engine, limit: int | None = None) -> None:
             slot.epoch += 1
 
     event.listen(engine.pool, "invalidate", invalidated)
+
+
+def _transaction_pooled(engine: Engine) -> bool:
+    """Whether ``engine`` was built behind a pooler in transaction mode (its statements' server connections vary)."""
+    profile = profile_of(engine)
+    return profile is not None and profile.pooler is not None and profile.pooler.mode == "transaction"
 
 
 def take(engine: Engine) -> HeldConnection | None:

@@ -32,7 +32,9 @@ SQLite serialises write transactions (``BEGIN IMMEDIATE``). On PostgreSQL (READ 
 
 The one-statement append (PostgreSQL) takes its shard inside its own statement, in autocommit; on the thread's held
 connection (:func:`append_room`, :mod:`hostedrooms.held_autocommit`) that is the connection's own shard, by primary
-key, waiting for a writer that holds it (the lock order is unchanged: the room row first); SQLite's exclusive writer
+key, waiting for a writer that holds it (the lock order is unchanged: the room row first); behind a transaction
+pooler, where the next statement may run on another server connection, the held connection has no shard of its
+own and the server-side function takes a free one as the pooled attempt does; SQLite's exclusive writer
 reads and updates the one counter row instead of summing every room.
 
 A single append (:func:`append_room`) tries the one-statement append first with no unit of work around it where the
@@ -434,7 +436,8 @@ def _held_attempt(
         store: RoomStore | None = held.extra
         if store is None:  # bound once per held Connection (its shard: the server process's, known once)
             store = prototype.bind(connection)
-            store.own_shard = (held.backend_pid or 0) % store.budget_shards
+            if held.backend_pid is not None:  # else behind a transaction pooler: the server chooses per statement
+                store.own_shard = held.backend_pid % store.budget_shards
             held.extra = store
         return store.append_one_statement(room_id, events, gateway_id=gateway_id, now=now, limits=limits)
     except sa_exc.SQLAlchemyError as exc:  # raised as a unit of work raises it (nothing was written)

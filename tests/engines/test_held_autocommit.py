@@ -1,16 +1,21 @@
 """The held autocommit connections of a PostgreSQL engine (hostedrooms/held_autocommit.py): the one-statement
 append's first attempt on a connection per engine and thread, and its lifecycle (dispose, fork, a broken
 connection, one left in a transaction or interrupted, threads that come and go, the observed and unobserved
-paths). That the held path stores and raises what the pooled path and the full path do is
-tests/services/test_rooms_paths.py's comparison (it runs all three).
+paths), directly and (``any_room``) through PgBouncer in transaction mode, where the held connection is a client
+connection to the pooler: no shard of its own, nothing prepared, a server lost under a statement or the pooler
+gone dropping it as a lost server does. That the held path stores and raises what the pooled path and the full
+path do is tests/services/test_rooms_paths.py's comparison (it runs all three) and, behind the pooler,
+tests/engines/test_pooler_function.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,9 +26,11 @@ from sqlalchemy import Engine, event
 from waits import wait_child
 
 import hostedrooms
-from hostedrooms import aio, errors, held_autocommit, models, rooms, verify
+from hostedrooms import aio, errors, held_autocommit, models, pgcluster, rooms, verify
+from hostedrooms.backends import backend_for, pooler_of
 from hostedrooms.engine_profile import known_runtime
 from hostedrooms.rooms import transaction
+from hostedrooms.store import room_store
 
 pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 
@@ -89,6 +96,41 @@ def room(engine: Engine) -> Iterator[Engine]:
     yield engine
 
 
+def _emptied(url: str) -> None:
+    engine = hostedrooms.create_engine(url)
+    try:
+        with engine.begin() as connection:
+            for table in reversed(models.metadata.sorted_tables):
+                connection.execute(sa.delete(table))
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def bounced(backend: str, pgbouncer_url: str, pgbouncer_direct_url: str) -> Iterator[Engine]:
+    """room-1 on an engine through PgBouncer (``pooler="transaction"``, its waiter direct), the budget spread."""
+    _emptied(pgbouncer_direct_url)
+    engine = hostedrooms.create_engine(pgbouncer_url, pooler="transaction", listen_url=pgbouncer_direct_url)
+    try:
+        make_room(engine, "room-1")
+        rooms.prune_disbanded_rooms(engine)
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=["direct", "pgbouncer"])
+def any_room(request: pytest.FixtureRequest, backend: str) -> Engine:
+    """``room`` (direct) or ``bounced`` (through PgBouncer in transaction mode)."""
+    engine: Engine = request.getfixturevalue("room" if request.param == "direct" else "bounced")
+    return engine
+
+
+def _behind_pooler(engine: Engine) -> bool:
+    pooler = pooler_of(engine)
+    return pooler is not None and pooler.mode == "transaction"
+
+
 def test_appends_run_on_one_held_connection_charging_its_own_shard(room: Engine, taken: dict[str, int]) -> None:
     before = _shards(room)
     first = message(room, "room-1", "e1")
@@ -117,7 +159,8 @@ def test_a_short_own_shard_writes_nothing_and_the_full_path_appends(room: Engine
     assert _seqs(room) == [1, 2] and verify(room) == []
 
 
-def test_dispose_closes_held_connections_at_once_or_when_their_attempt_ends(room: Engine) -> None:
+def test_dispose_closes_held_connections_at_once_or_when_their_attempt_ends(any_room: Engine) -> None:
+    room = any_room
     message(room, "room-1", "e1")
     raw = _raw(room)
     room.dispose()
@@ -175,7 +218,8 @@ def test_a_lost_server_raises_as_the_pooled_path_does_and_every_older_connection
     assert _seqs(room) == [1, 2, 3, 4, 5] and verify(room) == []
 
 
-def test_a_connection_left_in_a_transaction_or_interrupted_is_dropped(room: Engine) -> None:
+def test_a_connection_left_in_a_transaction_or_interrupted_is_dropped(any_room: Engine) -> None:
+    room = any_room
     message(room, "room-1", "e1")
     held = held_autocommit.take(room)
     assert held is not None
@@ -186,7 +230,6 @@ def test_a_connection_left_in_a_transaction_or_interrupted_is_dropped(room: Engi
     assert raw.closed or raw.info.transaction_status == 0
 
     message(room, "room-1", "e2")
-    pid = int(_raw(room).info.backend_pid)
 
     def interrupt(*_args: Any) -> None:
         raise KeyboardInterrupt
@@ -198,15 +241,17 @@ def test_a_connection_left_in_a_transaction_or_interrupted_is_dropped(room: Engi
     finally:
         event.remove(room, "before_cursor_execute", interrupt)
     assert _held(room).connection is None  # dropped, never reused
-    with room.connect() as connection:  # and no transaction of it is left open on the server
-        states = connection.execute(sa.text("SELECT state FROM pg_stat_activity WHERE pid = :pid"),
-                                    {"pid": pid}).scalars().all()
+    with room.connect() as connection:  # and no transaction of it is left open on the server (nor of any other)
+        states = connection.execute(sa.text(
+            "SELECT state FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )).scalars().all()
     assert all(state not in ("idle in transaction", "active") for state in states), states
     assert message(room, "room-1", "e3")["seq"] == 3 and _seqs(room) == [1, 2, 3]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
-def test_a_forked_child_never_uses_nor_closes_the_parents_held_connection(room: Engine) -> None:
+def test_a_forked_child_never_uses_nor_closes_the_parents_held_connection(any_room: Engine) -> None:
+    room = any_room
     message(room, "room-1", "e1")
     parent = _raw(room)
     pid = os.fork()
@@ -227,7 +272,8 @@ def test_a_forked_child_never_uses_nor_closes_the_parents_held_connection(room: 
     assert _seqs(room) == [1, 2, 3, 4, 5] and verify(room) == []
 
 
-def test_threads_that_come_and_go_hold_no_more_than_the_pool_size(room: Engine, taken: dict[str, int]) -> None:
+def test_threads_that_come_and_go_hold_no_more_than_the_pool_size(any_room: Engine, taken: dict[str, int]) -> None:
+    room = any_room
     limit = room.pool.size()  # type: ignore[attr-defined]
     for wave in range(3):  # short-lived threads, three times as many as may be held
         results = run_together(lambda index, wave=wave: message(room, "room-1", f"w{wave}-{index}")["seq"], limit)
@@ -258,8 +304,12 @@ def test_threads_that_come_and_go_hold_no_more_than_the_pool_size(room: Engine, 
 
 
 def test_observed_engines_run_the_held_statement_through_sqlalchemy(
-    room: Engine, taken: dict[str, int], caplog: pytest.LogCaptureFixture
+    any_room: Engine, taken: dict[str, int], caplog: pytest.LogCaptureFixture
 ) -> None:
+    room = any_room
+    # Direct: the statement; behind the pooler: the call of the append function.
+    first, logged = ("SELECT", "SELECT * FROM hostedrooms_append_one(") if _behind_pooler(room) else (
+        "WITH", "WITH stored")
     message(room, "room-1", "e1")
     raw = _raw(room)
     seen: list[str] = []
@@ -270,7 +320,7 @@ def test_observed_engines_run_the_held_statement_through_sqlalchemy(
     event.listen(room, "before_cursor_execute", cursor)
     try:
         message(room, "room-1", "e2")
-        assert seen == ["WITH"]  # the one statement, on SQLAlchemy's path
+        assert seen == [first]  # the one statement, on SQLAlchemy's path
         # A replay answered by the statement, a conflict by the full path: the held connection stays clean.
         assert message(room, "room-1", "e2")["idempotent"] is True
         with pytest.raises(hostedrooms.EventConflictError):
@@ -282,7 +332,7 @@ def test_observed_engines_run_the_held_statement_through_sqlalchemy(
     assert len(seen) == count  # unobserved again: straight on the cursor
     with caplog.at_level(logging.INFO, logger="sqlalchemy.engine.Engine"):
         message(room, "room-1", "e4")
-    assert any(record.getMessage().startswith("WITH stored") for record in caplog.records)
+    assert any(record.getMessage().startswith(logged) for record in caplog.records)
     assert _raw(room) is raw and taken == {"held": 6, "pooled": 0}  # all on the one held connection
     assert not _held(room).connection.in_transaction()  # type: ignore[union-attr]
     assert _seqs(room) == [1, 2, 3, 4]
@@ -308,7 +358,7 @@ def test_the_asyncio_api_appends_on_its_twins_held_connections(target: str) -> N
     assert seqs == [1, 2] and held_autocommit.held_count(twin) == 0  # disposed with the AsyncEngine
 
 
-def test_only_engines_built_for_psycopg_without_a_transaction_pooler_hold_connections(target: str) -> None:
+def test_only_engines_built_for_psycopg_hold_connections(target: str) -> None:
     def holds(engine: Engine) -> bool:
         runtime = known_runtime(engine)
         return runtime is not None and runtime.held_autocommit is not None
@@ -319,8 +369,8 @@ def test_only_engines_built_for_psycopg_without_a_transaction_pooler_hold_connec
     nullpool = hostedrooms.create_engine(target, poolclass=sa.pool.NullPool)
     async_engine = aio.create_async_engine(target)
     try:
-        assert holds(built)
-        assert not holds(pooled) and not holds(adopted) and not holds(nullpool)
+        assert holds(built) and holds(pooled)  # behind a transaction pooler: client connections to it
+        assert not holds(adopted) and not holds(nullpool)
         assert not holds(async_engine.sync_engine)
     finally:
         for engine in (built, pooled, adopted, nullpool):
@@ -353,3 +403,134 @@ def test_held_connections_refuses_what_is_not_a_count(target: str, bad: object) 
         hostedrooms.create_engine(target, held_connections=bad)  # type: ignore[arg-type]
     with pytest.raises(errors.InvalidInputError, match="held_connections"):
         aio.create_async_engine(target, held_connections=bad)  # type: ignore[arg-type]
+
+
+# --- behind a transaction pooler ------------------------------------------------------------------------------
+
+
+def test_behind_the_pooler_appends_run_on_the_held_client_connection_with_no_shard_of_its_own(
+        bounced: Engine, taken: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No pool checkout per append (the services' pool never asked), the function called with no shard chosen by
+    the client (PgBouncer's startup key is no server process), nothing prepared; the plain pooled path checks a
+    connection out per append; the budget stays exact."""
+    checkouts: list[int] = []
+    # The held connections' private pool, built at the first append, copies the engine pool's listeners.
+    event.listen(bounced.pool, "checkout", lambda *_args: checkouts.append(1))
+    own: list[int | None] = []
+    original = type(room_store_of(bounced)).append_one_statement
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> Any:
+        own.append(self.own_shard)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(room_store_of(bounced)), "append_one_statement", recording)
+    message(bounced, "room-1", "e1")  # opens the thread's held connection (one checkout of the private pool)
+    opened = len(checkouts)
+    assert opened == 1 and held_autocommit.held_count(bounced) == 1
+    assert _held(bounced).backend_pid is None and _raw(bounced).prepare_threshold is None
+    for n in range(2, 7):
+        message(bounced, "room-1", f"e{n}")
+    assert len(checkouts) == opened and bounced.pool.checkedout() == 0  # type: ignore[attr-defined]
+    with held_autocommit.without_held_connections():
+        for n in range(7, 10):
+            message(bounced, "room-1", f"e{n}")
+    assert len(checkouts) == opened + 3  # one per append on the pooled path
+    assert taken == {"held": 6, "pooled": 3} and own == [None] * 9
+    assert _seqs(bounced) == list(range(1, 10)) and verify(bounced) == []
+
+
+def room_store_of(engine: Engine) -> Any:
+    return room_store(backend_for(engine))
+
+
+def test_behind_the_pooler_a_server_lost_under_the_statement_raises_as_the_pooled_path_and_drops_the_held(
+        bounced: Engine, pgbouncer_direct_url: str, taken: dict[str, int]) -> None:
+    """The server connection PgBouncer ran the statement on is terminated while the statement waits for the room
+    row: the held attempt raises what the pooled attempt raises (nothing written) and its connection is dropped;
+    the next append works."""
+    message(bounced, "room-1", "e1")
+    direct = hostedrooms.create_engine(pgbouncer_direct_url)
+    outcomes: dict[str, Any] = {}
+    try:
+        for way in ("held", "pooled"):
+            with direct.connect() as locker:
+                locker.execute(sa.select(models.rooms.c.room_id).where(models.rooms.c.room_id == "room-1")
+                               .with_for_update())
+                thread = threading.Thread(target=_append_then_again, args=(bounced, way, outcomes))
+                thread.start()
+                _terminate_the_waiting_backend(direct)
+                locker.rollback()
+            thread.join(timeout=60)
+            assert not thread.is_alive()
+    finally:
+        direct.dispose()
+    for way in ("held", "pooled"):  # the same error either way, and the next append of the thread works
+        failed, _, after = outcomes[way]
+        assert failed is hostedrooms.StoreUnavailableError and after is not None, outcomes
+    assert outcomes["held"][1] is True and taken == {"held": 3, "pooled": 2}  # the held connection was dropped
+    assert _seqs(bounced) == [1, 2, 3] and verify(bounced) == []  # the failed appends wrote nothing
+
+
+def _append_then_again(engine: Engine, way: str, outcomes: dict[str, Any]) -> None:
+    """On its own thread: an append that is to fail (its server terminated), then one that must work."""
+    failed: type[BaseException] | None = None
+    with contextlib.nullcontext() if way == "held" else held_autocommit.without_held_connections():
+        try:
+            message(engine, "room-1", f"lost-{way}")
+        except hostedrooms.HostedRoomError as exc:
+            failed = type(exc)
+        runtime = known_runtime(engine)
+        slot = None if runtime is None or runtime.held_autocommit is None else runtime.held_autocommit.slot
+        held = None if slot is None else slot.held.get(threading.get_ident())
+        dropped = held is None or held.connection is None
+        after = message(engine, "room-1", f"after-{way}")["seq"]
+    outcomes[way] = (failed, dropped, after)
+
+
+def _terminate_the_waiting_backend(direct: Engine) -> None:
+    """Terminate the one server backend waiting for a lock in this database (within a bounded wait)."""
+    deadline = time.monotonic() + 60
+    with direct.connect() as connection:
+        while time.monotonic() < deadline:
+            pids = connection.execute(sa.text(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )).scalars().all()
+            connection.rollback()
+            if pids:
+                assert len(pids) == 1
+                connection.execute(sa.select(sa.func.pg_terminate_backend(pids[0])))
+                connection.commit()
+                return
+            time.sleep(0.02)
+    raise AssertionError("no append waited for the room row")
+
+
+def test_behind_the_pooler_the_pooler_gone_drops_the_held_connection_as_a_lost_server(
+        backend: str, pg_admin_url: str, pgbouncer_direct_url: str) -> None:
+    """PgBouncer stopped: the held connection's next statement fails as a pooled one would
+    (StoreUnavailableError, nothing written), and the connection is dropped."""
+    _emptied(pgbouncer_direct_url)
+    database = str(sa.make_url(pgbouncer_direct_url).database)
+    bouncer = pgcluster.start_pgbouncer(pg_admin_url)
+    engine = hostedrooms.create_engine(bouncer.url(database), pooler="transaction")
+    try:
+        make_room(engine, "room-1")
+        message(engine, "room-1", "e1")
+        assert _held(engine).connection is not None
+    finally:
+        bouncer.stop()
+    try:
+        with pytest.raises(hostedrooms.StoreUnavailableError):
+            message(engine, "room-1", "e2")
+        assert _held(engine).connection is None
+    finally:
+        engine.dispose()
+    assert _seqs_of(pgbouncer_direct_url) == [1]
+
+
+def _seqs_of(url: str) -> list[int]:
+    engine = hostedrooms.create_engine(url)
+    try:
+        return _seqs(engine)
+    finally:
+        engine.dispose()

@@ -1,9 +1,10 @@
 """Behind a transaction pooler the one-statement append runs as the server-side function revision
 ``0011_pooler_append_functions`` installs (issue #36 item 3; ``hostedrooms.store.rooms.pg_function``).
 
-Through PgBouncer in transaction mode: the function path, the statement path (the same database, direct) and the
-full path return the same results, raise the same errors and leave the same rows on generated sequences (fenced,
-disbanded, capacity, stored and repeated ids, batches holding a stored id); several writers through the pooler
+Through PgBouncer in transaction mode: the function path (on the thread's held client connection to PgBouncer, and
+on a pooled one), the statement path (the same database, direct) and the full path return the same results, raise
+the same errors and leave the same rows on generated sequences (fenced, disbanded, capacity, stored and repeated
+ids, batches holding a stored id); several writers through the pooler
 leave contiguous seqs and each id once; the function is what runs (a statement listener sees its call, and with
 the function dropped the append still works, on the statement, saying once to upgrade). The revision creates the
 functions in the migration's schema, bound to that schema's tables, and its downgrade drops them.
@@ -14,7 +15,8 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import pytest
@@ -27,9 +29,10 @@ from test_fleet_pooler import emptied, whole_log
 from test_rooms_paths import _fresh, _item, _limits, _operation, _outcomes
 
 import hostedrooms
-from hostedrooms import migrate, models, rooms
+from hostedrooms import held_autocommit, migrate, models, rooms
 from hostedrooms.backends import backend_for
 from hostedrooms.errors import HostedRoomError
+from hostedrooms.rooms import transaction
 from hostedrooms.store import room_store
 from hostedrooms.store.rooms import pg_function
 
@@ -68,6 +71,20 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     return counts
 
 
+@pytest.fixture
+def held_attempts(monkeypatch: pytest.MonkeyPatch) -> list[Engine]:
+    """The engine of each append whose first attempt ran on a held connection while the test ran."""
+    seen: list[Engine] = []
+    original = transaction._held_attempt
+
+    def counting(engine: Engine, *args: Any) -> Any:
+        seen.append(engine)
+        return original(engine, *args)
+
+    monkeypatch.setattr(transaction, "_held_attempt", counting)
+    return seen
+
+
 def _functions(connection: sa.Connection) -> list[tuple[str, str]]:
     return [tuple(row) for row in connection.execute(sa.text(
         "SELECT n.nspname, p.proname FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace "
@@ -89,9 +106,13 @@ def _batch(engine: Engine, event_ids: list[str], room_id: str = "r1") -> Any:
 
 
 def test_function_statement_and_full_path_agree_on_generated_sequences(
-        engines: tuple[Engine, Engine], calls: dict[str, int]) -> None:
+        engines: tuple[Engine, Engine], calls: dict[str, int], held_attempts: list[Engine]) -> None:
+    """Four ways: through the pooler on the held connection and on a pooled one; direct (held); the full path."""
     pooled, direct = engines
     store = room_store(backend_for(direct))
+    ways: tuple[tuple[Engine, Callable[[], AbstractContextManager[None]]], ...] = (
+        (pooled, nullcontext), (pooled, held_autocommit.without_held_connections), (direct, nullcontext),
+        (direct, store.without_one_statement))
 
     @settings(max_examples=40, deadline=None, database=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -100,18 +121,16 @@ def test_function_statement_and_full_path_agree_on_generated_sequences(
         operations = [_operation(rng) for _ in range(rng.randint(1, 20))]
         lim = _limits(rng)
         runs = []
-        for engine, full in ((pooled, False), (direct, False), (direct, True)):
+        for engine, context in ways:
             _fresh(engine, lim)
-            if full:
-                with store.without_one_statement():
-                    outcomes = _outcomes(engine, operations, lim)
-            else:
+            with context():
                 outcomes = _outcomes(engine, operations, lim)
             runs.append((outcomes, snapshot(direct, TABLES)))
-        assert runs[0] == runs[1] == runs[2]
+        assert runs[0] == runs[1] == runs[2] == runs[3]
 
     agree()
     assert calls["function"] > 0  # the pooled runs did call the function
+    assert pooled in held_attempts  # through the pooler on the held connection too
 
 
 @pytest.mark.parametrize(("case", "refused"), [
@@ -120,12 +139,16 @@ def test_function_statement_and_full_path_agree_on_generated_sequences(
     ("batch-conflict", "EventConflictError"), ("batch-repeats", None), ("absent", "RoomNotFoundError")])
 def test_function_and_statement_agree_on_each_refusal_and_replay(
         engines: tuple[Engine, Engine], calls: dict[str, int], case: str, refused: str | None) -> None:
-    """Each case named in the issue, run through the function (pooled) and the statement (direct)."""
+    """Each case named in the issue, run through the function (pooler: held and pooled connection) and the
+    statement (direct)."""
+    pooled, direct = engines
     outcomes = []
-    for engine in engines:
+    for engine, context in ((pooled, nullcontext), (pooled, held_autocommit.without_held_connections),
+                            (direct, nullcontext)):
         _fresh(engine)
-        outcomes.append((_case(engine, case), snapshot(engine, TABLES)))
-    assert outcomes[0] == outcomes[1]
+        with context():
+            outcomes.append((_case(engine, case), snapshot(engine, TABLES)))
+    assert outcomes[0] == outcomes[1] == outcomes[2]
     result = outcomes[0][0]
     if refused is None:
         assert not isinstance(result, tuple), result
@@ -215,10 +238,12 @@ def test_the_function_wakes_followers_for_single_and_batch_appends_and_not_for_r
 
 
 def test_writers_through_the_pooler_leave_contiguous_seqs_and_each_id_once(
-        engines: tuple[Engine, Engine], calls: dict[str, int], pgbouncer_url: str) -> None:
-    """Six writers on two engines (more clients than PgBouncer's four server connections): each writes ids of
-    its own and all of them the same shared ids (single and in batches); every id is stored once, at contiguous
-    seqs, and exactly one caller of each shared id saw it written."""
+        engines: tuple[Engine, Engine], calls: dict[str, int], held_attempts: list[Engine], pgbouncer_url: str
+) -> None:
+    """Six writers on two engines (more clients than PgBouncer's four server connections; each writer's single
+    appends on its held client connection, whose statements PgBouncer spreads over its server connections): each
+    writes ids of its own and all of them the same shared ids (single and in batches); every id is stored once, at
+    contiguous seqs, and exactly one caller of each shared id saw it written; the budget's shards add up."""
     pooled, _ = engines
     other = hostedrooms.create_engine(pgbouncer_url, pooler="transaction", pool_size=4, max_overflow=0)
     _fresh(pooled)
@@ -254,6 +279,8 @@ def test_writers_through_the_pooler_leave_contiguous_seqs_and_each_id_once(
     assert set(ids) == set(written) and set(written.values()) == {1}  # one caller wrote each id, once
     assert rooms.room_state(pooled, room_id="r1")["latest_seq"] == len(log)
     assert calls["function"] > 0
+    assert {id(engine) for engine in held_attempts} == {id(pooled), id(other)}
+    assert hostedrooms.verify(pooled) == []  # among others: the shards' used bytes sum to the rooms' bytes
 
 
 # --- that the function runs --------------------------------------------------------------------------------------
@@ -277,9 +304,11 @@ def test_the_pooled_engine_calls_the_function_and_a_direct_one_the_statement(eng
 
 
 def test_without_the_functions_the_pooled_engine_runs_the_statement_and_says_to_upgrade(
-        pgbouncer_url: str, pgbouncer_direct_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    """A database below revision 0011 (a library newer than its schema): the first append finds the function
-    missing, writes nothing there, takes the full path; the engine then runs the statement; one warning."""
+        pgbouncer_url: str, pgbouncer_direct_url: str, caplog: pytest.LogCaptureFixture,
+        held_attempts: list[Engine]) -> None:
+    """A database below revision 0011 (a library newer than its schema): the first append (on the thread's held
+    connection) finds the function missing, writes nothing there, takes the full path; the engine then runs the
+    statement (on the same held connection, kept); one warning."""
     emptied(pgbouncer_direct_url)
     migrate.downgrade(pgbouncer_direct_url, BEFORE)
     caplog.set_level(logging.WARNING, logger=pg_function.__name__)
@@ -295,6 +324,7 @@ def test_without_the_functions_the_pooled_engine_runs_the_statement_and_says_to_
         assert pg_function.function_missing(engine.dialect)
         warnings = [record.getMessage() for record in caplog.records if record.name == pg_function.__name__]
         assert len(warnings) == 1 and "hostedrooms upgrade" in warnings[0] and "0011" in warnings[0], warnings
+        assert held_attempts == [engine] * 4 and held_autocommit.held_count(engine) == 1  # kept, clean
     finally:
         engine.dispose()
         migrate.upgrade(pgbouncer_direct_url)

@@ -17,7 +17,8 @@ key instead of searching for a free one: when that shard cannot pay, nothing is 
 full path, which takes any free shard or re-spreads the budget.
 
 Behind a transaction pooler (nothing prepared on the server, so this CTE would be planned at every call) the same
-append runs as a server-side function, with the same rows and errors: :mod:`.pg_function`.
+append runs as a server-side function, with the same rows and errors: :mod:`.pg_function`. A held connection there
+has no ``own_shard`` (the next statement may run on another server connection): the function picks a free shard.
 """
 
 from __future__ import annotations
