@@ -51,6 +51,10 @@ if TYPE_CHECKING:  # the stores import the models: the unit imports them at firs
     from .store.ledger import LedgerStore
     from .store.peers import PeerStore
 
+#: The public API; the functions that end a write transaction (below) are shared with the rooms service's lone
+#: append, not offered to hosts.
+__all__ = ["UnitOfWork"]
+
 _S = TypeVar("_S")
 _B = TypeVar("_B", bound="BoundStore")
 
