@@ -23,6 +23,7 @@ import pytest
 import sqlalchemy as sa
 from factories import make_room, message, run_together
 from sqlalchemy import Engine, event
+from test_fleet_pooler import emptied
 from waits import wait_child
 
 import hostedrooms
@@ -96,20 +97,10 @@ def room(engine: Engine) -> Iterator[Engine]:
     yield engine
 
 
-def _emptied(url: str) -> None:
-    engine = hostedrooms.create_engine(url)
-    try:
-        with engine.begin() as connection:
-            for table in reversed(models.metadata.sorted_tables):
-                connection.execute(sa.delete(table))
-    finally:
-        engine.dispose()
-
-
 @pytest.fixture
 def bounced(backend: str, pgbouncer_url: str, pgbouncer_direct_url: str) -> Iterator[Engine]:
     """room-1 on an engine through PgBouncer (``pooler="transaction"``, its waiter direct), the budget spread."""
-    _emptied(pgbouncer_direct_url)
+    emptied(pgbouncer_direct_url)
     engine = hostedrooms.create_engine(pgbouncer_url, pooler="transaction", listen_url=pgbouncer_direct_url)
     try:
         make_room(engine, "room-1")
@@ -509,7 +500,7 @@ def test_behind_the_pooler_the_pooler_gone_drops_the_held_connection_as_a_lost_s
         backend: str, pg_admin_url: str, pgbouncer_direct_url: str) -> None:
     """PgBouncer stopped: the held connection's next statement fails as a pooled one would
     (StoreUnavailableError, nothing written), and the connection is dropped."""
-    _emptied(pgbouncer_direct_url)
+    emptied(pgbouncer_direct_url)
     database = str(sa.make_url(pgbouncer_direct_url).database)
     bouncer = pgcluster.start_pgbouncer(pg_admin_url)
     engine = hostedrooms.create_engine(bouncer.url(database), pooler="transaction")

@@ -11,8 +11,6 @@ The generated agreement with the unit-of-work and full paths is in tests/service
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -24,9 +22,10 @@ import sqlalchemy as sa
 from factories import USER, make_room
 from sqlalchemy import Engine, event
 from sqlalchemy import exc as sa_exc
+from test_writelock import lock_is_free
 
 import hostedrooms
-from hostedrooms import forkgate, migrate, models, rooms, uow, verify, wakeup, writelock, writer
+from hostedrooms import forkgate, migrate, models, rooms, uow, verify, wakeup, writer
 from hostedrooms.backends import backend_for
 from hostedrooms.engine_profile import known_runtime
 from hostedrooms.errors import HostedRoomError, StorageError
@@ -101,17 +100,6 @@ def _seqs(engine: Engine) -> list[int]:
         return list(connection.execute(sa.select(models.events.c.seq).order_by(models.events.c.seq)).scalars())
 
 
-def _lock_is_free(database: Path) -> bool:
-    fd = os.open(writelock.lock_file(str(database)), os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
-
-
 def _writer_of(engine: Engine) -> writer.HeldWriter:
     runtime = known_runtime(engine)
     held = None if runtime is None or runtime.writer_slot is None else runtime.writer_slot.writer
@@ -122,7 +110,7 @@ def _writer_of(engine: Engine) -> writer.HeldWriter:
 def _all_released(engine: Engine, path: Path) -> None:
     """Nothing the attempt took is still held, and no transaction is left open on the writer's connection."""
     held = _writer_of(engine)
-    assert _lock_is_free(path)
+    assert lock_is_free(path)
     assert forkgate._depth() == 0 and forkgate._gate.inside == 0
     assert held.take(wait=False)  # free: neither this thread nor another holds it
     try:
