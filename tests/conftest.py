@@ -35,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import empty_tables
 from sqlalchemy import Engine, make_url
+from sqlalchemy.exc import IntegrityError
 
 from hostedrooms import pgcluster, testing
+from hostedrooms.models import metadata
 
 # The pytester fixture (some tests run a pytest of their own) removes, when it ends, every module imported while it
 # ran. Were psycopg first imported then, the next import would build new Python exception classes while psycopg's
@@ -188,6 +189,21 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+def _truncate_all(engine: Engine) -> None:
+    """Every hostedrooms table emptied: ``DELETE`` (the tables hold a test's few rows; ``TRUNCATE`` gives each
+    table, index and TOAST table a new file and syncs them at commit, ten times the cost, before every test), or
+    ``TRUNCATE ... CASCADE`` when a foreign key of a table a test left behind refuses the ``DELETE``."""
+    try:
+        with engine.begin() as connection:
+            for table in reversed(metadata.sorted_tables):
+                connection.execute(table.delete())
+    except IntegrityError:
+        with engine.begin() as connection:
+            prepare = connection.dialect.identifier_preparer
+            names = ", ".join(prepare.quote(table.name) for table in metadata.sorted_tables)
+            connection.exec_driver_sql(f"TRUNCATE {names} CASCADE")
+
+
 @pytest.fixture
 def target(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> str:
     """A migrated, empty database as a facade target string (SQLite file path or PostgreSQL URL)."""
@@ -195,7 +211,7 @@ def target(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> str:
         return testing.copy_template(request.getfixturevalue("sqlite_template"), tmp_path / "state.db")
     url: str = request.getfixturevalue("pg_worker_url")
     with testing.open_engine(url) as engine:
-        empty_tables(engine)
+        _truncate_all(engine)
     return url
 
 

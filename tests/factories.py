@@ -10,8 +10,8 @@ error it returns is raised.
   :func:`replica_snapshot`
 - peer links: :func:`link`
 - the delivery ledger: :func:`envelope`, :func:`prepare`, :func:`outbound`, :func:`outbound_snapshot`
-- harness: :func:`empty_tables`, :func:`private_store`, :func:`file_mode`, :func:`run_together`, :func:`race`,
-  :func:`run_cli`, :func:`captured`, :func:`every_text`, :func:`connect_error`
+- harness: :func:`private_store`, :func:`file_mode`, :func:`run_together`, :func:`race`, :func:`run_cli`,
+  :func:`captured`, :func:`every_text`, :func:`connect_error`
 """
 
 from __future__ import annotations
@@ -39,21 +39,6 @@ from hostedrooms.uow import UnitOfWork
 
 if TYPE_CHECKING:  # not imported at run time: the child scripts use these builders too, and start often
     import pytest
-
-def empty_tables(engine: Engine) -> None:
-    """Every hostedrooms table emptied: ``DELETE`` (the tables hold a test's few rows; ``TRUNCATE`` gives each
-    table, index and TOAST table a new file and syncs them at commit, ten times the cost, before every test), or
-    ``TRUNCATE ... CASCADE`` when a foreign key of a table a test left behind refuses the ``DELETE``."""
-    tables = models.metadata.sorted_tables
-    try:
-        with engine.begin() as connection:
-            for table in reversed(tables):
-                connection.execute(table.delete())
-    except sa.exc.IntegrityError:
-        with engine.begin() as connection:
-            quote = connection.dialect.identifier_preparer.quote
-            connection.exec_driver_sql(f"TRUNCATE {', '.join(quote(table.name) for table in tables)} CASCADE")
-
 
 #: The local gateway of most tests, and a user actor.
 LOCAL = "install:gw-local"
