@@ -189,6 +189,8 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+# (standby_fixtures.truncate_all is the same: this file keeps its own, since it also runs alone in a host's folder,
+# tests/packaging/test_harness_smoke.py, where no test helper module can be imported.)
 def _truncate_all(engine: Engine) -> None:
     """Every hostedrooms table emptied: ``DELETE`` (the tables hold a test's few rows; ``TRUNCATE`` gives each
     table, index and TOAST table a new file and syncs them at commit, ten times the cost, before every test), or
